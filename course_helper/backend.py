@@ -1,0 +1,240 @@
+"""Which backend runs the course: a CUDA GPU through CuPy, or NumPy on the CPU.
+
+The choice is made once, on first use:
+
+* ``COURSE_HELPER_BACKEND=auto`` (the default) takes the GPU when CuPy imports
+  **and** a tiny real kernel compiles and runs on a device; anything else (no
+  CuPy, no device, a driver without NVRTC...) falls back to the CPU backend;
+* ``COURSE_HELPER_BACKEND=gpu`` insists on the GPU and raises
+  :class:`BackendUnavailable` saying why when it cannot have it;
+* ``COURSE_HELPER_BACKEND=cpu`` always uses NumPy.
+
+:func:`set_backend` switches in the same process (the tests use it).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import threading
+
+import numpy as np
+
+ENV_VAR = "COURSE_HELPER_BACKEND"
+CHOICES = ("auto", "gpu", "cpu")
+
+__all__ = ["BackendUnavailable", "backend_name", "set_backend", "gpu_available",
+           "device_report", "print_device_report", "synchronize"]
+
+
+class BackendUnavailable(RuntimeError):
+    """The GPU backend was asked for but cannot run here."""
+
+
+class _State:
+    name = None          # "gpu" or "cpu" once chosen
+    reason = ""          # why that backend, in words
+    announced = False
+    probe = None         # (ok: bool, why: str), cached
+    lock = threading.RLock()
+
+
+_state = _State()
+
+_PROBE_SOURCE = r"""
+extern "C" __global__ void course_helper_probe(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = 2.0f * x[i] + 1.0f;
+}
+"""
+
+
+def _probe_gpu():
+    """Try CuPy for real: import it, find a device, compile and run a kernel."""
+    if _state.probe is not None:
+        return _state.probe
+    try:
+        import cupy
+    except ImportError:
+        _state.probe = (False, "CuPy is not installed")
+        return _state.probe
+    except Exception as exc:  # a broken CUDA install
+        _state.probe = (False, f"CuPy could not be imported ({type(exc).__name__}: {exc})")
+        return _state.probe
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        _state.probe = (False, f"no CUDA device found ({exc})")
+        return _state.probe
+    if count < 1:
+        _state.probe = (False, "no CUDA device found")
+        return _state.probe
+    try:
+        kernel = cupy.RawKernel(_PROBE_SOURCE, "course_helper_probe")
+        x = cupy.arange(8, dtype=cupy.float32)
+        kernel((1,), (32,), (x, np.int32(8)))
+        got = cupy.asnumpy(x)
+        if not np.array_equal(got, 2 * np.arange(8, dtype=np.float32) + 1):
+            raise RuntimeError(f"probe kernel returned wrong values {got}")
+    except Exception as exc:
+        _state.probe = (False, f"the probe kernel failed to run ({type(exc).__name__}: {exc})")
+        return _state.probe
+    _state.probe = (True, "CuPy ran a probe kernel on the device")
+    return _state.probe
+
+
+def gpu_available() -> bool:
+    """True when CuPy can compile and run a kernel on a CUDA device here."""
+    return _probe_gpu()[0]
+
+
+def _choose(requested):
+    requested = (requested or "auto").strip().lower()
+    if requested not in CHOICES:
+        raise ValueError(
+            f"{ENV_VAR}={requested!r} is not a backend; use one of {', '.join(CHOICES)} "
+            "(auto picks the GPU when one works, else the CPU)")
+    if requested == "cpu":
+        return "cpu", f"{ENV_VAR}=cpu" if os.environ.get(ENV_VAR) else "asked for the CPU"
+    ok, why = _probe_gpu()
+    if ok:
+        return "gpu", why
+    if requested == "gpu":
+        raise BackendUnavailable(
+            f"the GPU backend was requested but cannot run here: {why}. "
+            f"Unset {ENV_VAR} (or set it to auto or cpu) to use the CPU backend.")
+    return "cpu", why
+
+
+def _announce():
+    if _state.announced:
+        return
+    _state.announced = True
+    if _state.name == "gpu":
+        import cupy
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        print(f"course_helper: GPU backend on {name} ({_state.reason})")
+    else:
+        print(f"course_helper: CPU backend ({_state.reason}) "
+              "- results are identical, timings are not GPU timings")
+
+
+def backend_name() -> str:
+    """The active backend, ``"gpu"`` or ``"cpu"``; chooses it on first call.
+
+    The first call prints one line saying which backend is active and why.
+    """
+    with _state.lock:
+        if _state.name is None:
+            _state.name, _state.reason = _choose(os.environ.get(ENV_VAR))
+        _announce()
+        return _state.name
+
+
+def set_backend(name: str) -> str:
+    """Switch the backend for the rest of the process (``"auto"``, ``"gpu"`` or ``"cpu"``).
+
+    Streams, events and arrays made before the switch belong to the old
+    backend; make new ones after switching. Returns the active backend name.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"set_backend takes a string, one of {CHOICES}, not {type(name).__name__}")
+    with _state.lock:
+        chosen, reason = _choose(name)      # raises before changing anything
+        if chosen != _state.name:
+            _state.announced = False
+        _state.name, _state.reason = chosen, reason
+        _announce()
+        return chosen
+
+
+def on_gpu() -> bool:
+    return backend_name() == "gpu"
+
+
+def cupy_module():
+    """CuPy, imported (only call on the GPU backend)."""
+    import cupy
+    return cupy
+
+
+def synchronize():
+    """Block the host until all work on the active backend's device has finished.
+
+    On the CPU backend this also raises any exception stored by a stream.
+    """
+    from . import streams
+    if on_gpu():
+        cupy_module().cuda.Device().synchronize()
+    else:
+        streams._synchronize_all_cpu()
+
+
+# --------------------------------------------------------------------------
+# Device report
+# --------------------------------------------------------------------------
+_NA = "n/a (CPU backend)"
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_report(print_it: bool = False) -> dict:
+    """What a learner needs to reason about overlap on this machine.
+
+    Returns a dict with ``backend``, ``device``, ``memory_gib``,
+    ``multiprocessors``, ``compute_capability``, ``async_engine_count`` (how
+    many copies can run beside a kernel), ``concurrent_kernels``,
+    ``runtime_version``, ``driver_version`` and, on the CPU backend, ``cpu``,
+    ``cores`` and ``numpy``. GPU-only fields read ``"n/a (CPU backend)"`` on
+    the CPU. With ``print_it=True`` it also prints the report as a table.
+    """
+    report = {"backend": backend_name(), "python": platform.python_version(),
+              "numpy": np.__version__}
+    if report["backend"] == "gpu":
+        cupy = cupy_module()
+        rt = cupy.cuda.runtime
+        dev = cupy.cuda.Device().id
+        props = rt.getDeviceProperties(dev)
+        name = props["name"]
+        report.update(
+            device=name.decode() if isinstance(name, bytes) else str(name),
+            memory_gib=round(props["totalGlobalMem"] / 2**30, 1),
+            multiprocessors=int(props["multiProcessorCount"]),
+            compute_capability=f"{props['major']}.{props['minor']}",
+            async_engine_count=int(props["asyncEngineCount"]),
+            concurrent_kernels=bool(props["concurrentKernels"]),
+            runtime_version=_cuda_version(rt.runtimeGetVersion()),
+            driver_version=_cuda_version(rt.driverGetVersion()),
+            cupy=cupy.__version__,
+            cpu=_cpu_model(), cores=os.cpu_count())
+    else:
+        report.update(
+            device=f"CPU: {_cpu_model()}", memory_gib=_NA, multiprocessors=_NA,
+            compute_capability=_NA, async_engine_count=_NA, concurrent_kernels=_NA,
+            runtime_version=_NA, driver_version=_NA, cupy=_NA,
+            cpu=_cpu_model(), cores=os.cpu_count())
+    if print_it:
+        print_device_report(report)
+    return report
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def print_device_report(report: dict | None = None, file=None):
+    """Print :func:`device_report` as a two-column table."""
+    report = device_report() if report is None else report
+    width = max(len(k) for k in report)
+    for key, value in report.items():
+        print(f"{key:<{width}}  {value}", file=file or sys.stdout)

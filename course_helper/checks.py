@@ -1,0 +1,71 @@
+"""Argument checks shared by the public API.
+
+Every public function checks its arguments here *before* it allocates memory
+or queues work, so a mistake costs nothing and the message says what was
+wrong, what is allowed and what to do instead.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def positive_int(name, value, *, minimum=1, hint=""):
+    """Return ``value`` as an int, refusing non-integers and values below ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}" + (f"; {hint}" if hint else ""))
+    return int(value)
+
+
+def positive_float(name, value, *, hint=""):
+    """Return ``value`` as a float, refusing non-numbers, NaN, infinities and values <= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number above 0, got {value}" + (f"; {hint}" if hint else ""))
+    return value
+
+
+def one_of(name, value, choices):
+    """Refuse ``value`` unless it is one of ``choices`` (strings)."""
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of: {', '.join(map(repr, choices))}")
+    return value
+
+
+def instance(name, value, cls, what):
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    return value
+
+
+def shape_tuple(name, shape):
+    """Normalise an int or a tuple of ints into a shape tuple of non-negative ints."""
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a tuple of ints, got {shape!r}") from None
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0:
+            raise ValueError(f"{name} must hold non-negative whole numbers, got {shape!r}")
+    return tuple(int(s) for s in shape)
+
+
+def same_layout(dst, src):
+    """A copy needs equal shapes and dtypes and C-contiguous buffers on both sides."""
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"shape mismatch: destination {tuple(dst.shape)} vs source {tuple(src.shape)}; "
+                         "copy into a slice of the same shape (e.g. out[k] for a stack of images)")
+    if np.dtype(dst.dtype) != np.dtype(src.dtype):
+        raise ValueError(f"dtype mismatch: destination {np.dtype(dst.dtype)} vs source {np.dtype(src.dtype)}; "
+                         "allocate both with the same dtype (the course uses float32)")
+    for side, arr in (("destination", dst), ("source", src)):
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"the {side} is not C-contiguous (a strided view); an async copy moves one "
+                             "contiguous block - copy whole rows/planes, or make a contiguous buffer first")

@@ -1,0 +1,104 @@
+"""Command line: ``python -m course_helper compare`` (also installed as ``course-compare``).
+
+Run it with::
+
+    python -m course_helper compare --n 256 --nt 640 --repeats 3 --out results/
+
+It prints the comparison table, writes each strategy's Chrome trace (open it
+in https://ui.perfetto.dev) and a PNG timeline to ``--out``, and exits with
+status 1 if the strategies do not give identical images.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m course_helper",
+                                description="Overlapping GPU compute with IO: the course's headless tools.")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("compare", help="run the IO strategies on one size and compare them")
+    c.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
+    c.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
+    c.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
+    c.add_argument("--strategies", default="sequential,streams,events",
+                   help="comma-separated strategies (default: all three)")
+    c.add_argument("--repeats", type=int, default=3, help="timed runs per strategy (default 3)")
+    c.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+                   help="backend (default: $COURSE_HELPER_BACKEND or auto)")
+    c.add_argument("--out", default=None, help="folder for traces (JSON) and timelines (PNG)")
+    c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p
+
+
+def _check_out(folder):
+    """Make sure the output folder exists and is writable before any run starts."""
+    os.makedirs(folder, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"the output folder {folder} is not writable; choose another with --out")
+
+
+def compare_main(args):
+    from . import backend, compare, wave
+    from .timeline import write_atomically
+
+    if args.backend:
+        backend.set_backend(args.backend)
+    else:
+        backend.backend_name()
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+    if args.out:
+        _check_out(args.out)
+    total = (len(set(names) | {"sequential"})) * args.repeats
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, desc="runs", unit="run", file=sys.stderr, leave=False)
+    try:
+        cmp = compare.compare_strategies(problem, names, repeats=args.repeats, every=args.every,
+                                         progress=(lambda s, i: bar.update(1)) if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels, every {args.every}, "
+          f"{args.repeats} repeats, {backend.backend_name()} backend")
+    print(cmp.table())
+    if args.out:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        for name, res in cmp.results.items():
+            path = res.trace.to_chrome_json(os.path.join(args.out, f"trace_{name}.json"))
+            fig, axes = plt.subplots(2, 1, figsize=(11, 1.0 * len(res.trace.tracks) + 3))
+            res.trace.plot(ax=axes[0], title=f"{name}: whole run")
+            mid = problem.nt // 2
+            res.trace.plot(ax=axes[1], levels=(mid, mid + 4), title=f"{name}: levels {mid}..{mid + 4}")
+            fig.tight_layout()
+            png = os.path.join(args.out, f"timeline_{name}.png")
+            write_atomically(png, lambda f: fig.savefig(f, format="png", dpi=110))
+            plt.close(fig)
+            print(f"wrote {path} and {png}")
+    if not cmp.agree:
+        print("ERROR: the strategies do not give identical images", file=sys.stderr)
+        return 1
+    print("all strategies gave identical images")
+    return 0
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "compare":
+            return compare_main(args)
+    except (ValueError, TypeError, MemoryError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def compare_entry():
+    """Console-script alias: ``course-compare [options]``."""
+    sys.exit(main(["compare", *sys.argv[1:]]))

@@ -1,0 +1,128 @@
+"""Run several strategies on one problem and put them side by side."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import checks
+from .solver import STRATEGIES, solve
+from .wave import WaveProblem
+
+__all__ = ["compare_strategies", "Comparison"]
+
+
+class Comparison:
+    """The table :func:`compare_strategies` returns.
+
+    ``rows`` is a list of dicts with ``strategy``, ``median_ms``, ``min_ms``,
+    ``max_ms``, ``speedup`` (sequential median / this median),
+    ``max_diff`` (largest difference from the sequential images) and
+    ``overlap`` (fraction of copy time hidden behind kernels). ``results``
+    keeps the last Result of each strategy (with its trace).
+    """
+
+    def __init__(self, rows, results, problem, every):
+        self.rows = rows
+        self.results = results
+        self.problem = problem
+        self.every = every
+
+    @property
+    def agree(self):
+        """True when every strategy gave exactly the sequential images."""
+        return all(r["max_diff"] == 0.0 for r in self.rows)
+
+    def table(self, timings=True):
+        """The rows as aligned text. ``timings=False`` leaves out machine-dependent columns."""
+        head = ["strategy"] + (["median ms", "min ms", "max ms", "speedup", "overlap"] if timings else []) \
+            + ["max diff"]
+        lines = []
+        for r in self.rows:
+            cells = [r["strategy"]]
+            if timings:
+                cells += [f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
+                          f"{r['speedup']:.2f}x", f"{100 * r['overlap']:.0f}%"]
+            cells.append(f"{r['max_diff']:.3g}")
+            lines.append(cells)
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+        fmt = lambda cells: "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths))  # noqa: E731
+        return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(c) for c in lines])
+
+    def __str__(self):
+        return self.table()
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(self.table())
+
+    def plot(self, ax=None):
+        """Bar chart of the median times, annotated with the speedup."""
+        import matplotlib.pyplot as plt
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3.2))
+        names = [r["strategy"] for r in self.rows]
+        med = [r["median_ms"] for r in self.rows]
+        err = [[r["median_ms"] - r["min_ms"] for r in self.rows],
+               [r["max_ms"] - r["median_ms"] for r in self.rows]]
+        bars = ax.bar(names, med, yerr=err, capsize=4,
+                      color=["#7f7f7f" if n == "sequential" else "#1f77b4" for n in names])
+        for bar, r in zip(bars, self.rows):
+            ax.annotate(f"{r['speedup']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", xytext=(0, 3), textcoords="offset points")
+        ax.set_ylabel("time (ms), median over repeats")
+        p = self.problem
+        ax.set_title(f"{p.n0}x{p.n1}, {p.nt} levels, every {self.every}")
+        ax.set_ylim(0, max(med) * 1.25)
+        return ax
+
+
+def compare_strategies(problem=None, strategies=("sequential", "streams", "events"), repeats=3,
+                       every=1, nscratch=None, progress=None):
+    """Run each strategy ``repeats`` times on the same problem and tabulate them.
+
+    The sequential strategy is always run (first) as the baseline for speedup
+    and difference, even when not listed. Each strategy is run once more
+    before timing, as a warm-up (kernel compilation, pinned pool).
+
+    Parameters
+    ----------
+    progress : callable, optional
+        Called as ``progress(strategy, repeat)`` after each run (the CLI hangs
+        a progress bar on it).
+
+    Returns
+    -------
+    Comparison
+    """
+    problem = WaveProblem() if problem is None else problem
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    if isinstance(strategies, str):
+        strategies = [strategies]
+    strategies = list(strategies)
+    if not strategies:
+        raise ValueError(f"give at least one strategy out of {', '.join(STRATEGIES)}")
+    for s in strategies:
+        checks.one_of("strategy", s, tuple(STRATEGIES))
+    repeats = checks.positive_int("repeats", repeats)
+    order = ["sequential"] + [s for s in dict.fromkeys(strategies) if s != "sequential"]
+
+    results, times = {}, {}
+    for name in order:
+        ns = None if name == "sequential" else nscratch
+        solve(problem, name, every=every, nscratch=ns, trace=False)      # warm-up
+        runs = []
+        for i in range(repeats):
+            # Time untraced runs; keep one traced run for the overlap figure and pictures.
+            runs.append(solve(problem, name, every=every, nscratch=ns, trace=False).elapsed_ms)
+            if progress is not None:
+                progress(name, i)
+        results[name] = solve(problem, name, every=every, nscratch=ns, trace=True)
+        times[name] = runs
+    base = np.median(times["sequential"])
+    reference = results["sequential"].images
+    rows = []
+    for name in order:
+        t = np.asarray(times[name])
+        rows.append({"strategy": name, "median_ms": float(np.median(t)), "min_ms": float(t.min()),
+                     "max_ms": float(t.max()), "speedup": float(base / np.median(t)),
+                     "max_diff": results[name].max_difference(reference),
+                     "overlap": results[name].trace.summary()["overlap_fraction"]})
+    return Comparison(rows, results, problem, every)

@@ -1,0 +1,341 @@
+"""Device arrays, pinned host memory and copies between them.
+
+The rule the course is built around: a copy between device and host can only
+run *asynchronously* (return at once and overlap with kernels) when the host
+buffer is **pinned** (page-locked). From ordinary pageable memory the driver
+first stages the data through a pinned buffer of its own, and the "async"
+call returns only after the copy has finished. :func:`copy_to_host_async` and
+:func:`copy_to_device_async` therefore refuse pageable buffers.
+
+On the CPU backend "device" arrays are NumPy arrays of the type
+:class:`CpuDeviceArray`, and pinned arrays are ordinary arrays registered as
+pinned, so the same checks and the same code work everywhere.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from . import checks, streams, tracing
+from .backend import backend_name, cupy_module
+
+__all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
+           "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
+           "copy_to_host_async", "copy_to_device_async", "copy_on_device_async",
+           "copy_to_host", "measure_bandwidth", "host_memory_available"]
+
+_D2H, _H2D, _D2D = 2, 1, 3      # cudaMemcpyKind values
+
+
+class CpuDeviceArray(np.ndarray):
+    """An array in the CPU backend's stand-in for device memory."""
+
+
+# --------------------------------------------------------------------------
+# Device arrays
+# --------------------------------------------------------------------------
+def device_empty(shape, dtype=np.float32):
+    """An uninitialised array in device memory (``cupy.ndarray`` on the GPU)."""
+    shape = checks.shape_tuple("shape", shape)
+    dtype = np.dtype(dtype)
+    if backend_name() == "gpu":
+        return cupy_module().empty(shape, dtype)
+    return np.empty(shape, dtype).view(CpuDeviceArray)
+
+
+def device_zeros(shape, dtype=np.float32):
+    """A zero-filled array in device memory."""
+    shape = checks.shape_tuple("shape", shape)
+    dtype = np.dtype(dtype)
+    if backend_name() == "gpu":
+        return cupy_module().zeros(shape, dtype)
+    return np.zeros(shape, dtype).view(CpuDeviceArray)
+
+
+def is_device_array(a) -> bool:
+    """True for an array in device memory of the active backend."""
+    if backend_name() == "gpu":
+        return isinstance(a, cupy_module().ndarray)
+    return isinstance(a, CpuDeviceArray)
+
+
+def to_device(host):
+    """A new device array holding a copy of the host array ``host`` (blocking)."""
+    _require_host("host", host)
+    if backend_name() == "gpu":
+        return cupy_module().asarray(host)
+    streams.default_stream().synchronize()
+    return np.array(host, copy=True).view(CpuDeviceArray)
+
+
+def to_host(device_array):
+    """A new NumPy array holding a copy of ``device_array`` (waits for the device)."""
+    _require_device("device_array", device_array)
+    if backend_name() == "gpu":
+        cupy = cupy_module()
+        cupy.cuda.Device().synchronize()
+        return cupy.asnumpy(device_array)
+    from .backend import synchronize
+    synchronize()
+    return np.array(device_array.view(np.ndarray), copy=True)
+
+
+# --------------------------------------------------------------------------
+# Pinned host memory
+# --------------------------------------------------------------------------
+_pinned_ranges = {}          # id(owner) -> (first byte, one past last byte)
+_pinned_lock = threading.Lock()
+
+
+def _register_pinned(arr):
+    start = arr.ctypes.data
+    key = id(arr)
+    with _pinned_lock:
+        _pinned_ranges[key] = (start, start + arr.nbytes)
+    weakref.finalize(arr, _unregister_pinned, key)
+
+
+def _unregister_pinned(key):
+    with _pinned_lock:
+        _pinned_ranges.pop(key, None)
+
+
+def pinned_empty(shape, dtype=np.float32):
+    """An uninitialised page-locked (pinned) host array.
+
+    On the GPU backend this is CuPy's pinned allocator (``cupyx.empty_pinned``);
+    on the CPU backend an ordinary array registered as pinned.
+    """
+    shape = checks.shape_tuple("shape", shape)
+    dtype = np.dtype(dtype)
+    if backend_name() == "gpu":
+        import cupyx
+        arr = cupyx.empty_pinned(shape, dtype)
+    else:
+        arr = np.empty(shape, dtype)
+    _register_pinned(arr)
+    return arr
+
+
+def pinned_zeros(shape, dtype=np.float32):
+    """A zero-filled page-locked (pinned) host array."""
+    arr = pinned_empty(shape, dtype)
+    arr[...] = 0
+    return arr
+
+
+def is_pinned(array) -> bool:
+    """True when ``array`` (or the allocation it is a view into) is pinned host memory."""
+    if not isinstance(array, np.ndarray) or isinstance(array, CpuDeviceArray):
+        return False
+    start = array.ctypes.data
+    end = start + max(array.nbytes, 1)
+    with _pinned_lock:
+        for lo, hi in _pinned_ranges.values():
+            if lo <= start and end <= max(hi, lo + 1):
+                return True
+    if backend_name() == "gpu" and array.nbytes:
+        # Pinned by other means (e.g. cupyx.empty_pinned called directly).
+        try:
+            attrs = cupy_module().cuda.runtime.pointerGetAttributes(start)
+            return int(attrs.type) == 1          # cudaMemoryTypeHost
+        except Exception:
+            return False
+    return False
+
+
+# --------------------------------------------------------------------------
+# Copies
+# --------------------------------------------------------------------------
+def _require_host(label, a):
+    if isinstance(a, CpuDeviceArray) or type(a).__module__.startswith("cupy"):
+        raise TypeError(f"{label} is a device array but a host (NumPy) array is expected here; "
+                        "use to_host() to bring it to the host first")
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{label} must be a host NumPy array, got {type(a).__name__}")
+
+
+def _require_device(label, a):
+    if is_device_array(a):
+        return
+    if isinstance(a, np.ndarray):
+        raise TypeError(f"{label} is a host (NumPy) array but a device array is expected here; "
+                        "allocate it with device_empty()/device_zeros() or copy it with to_device()")
+    raise TypeError(f"{label} must be a device array of the {backend_name()} backend, got {type(a).__name__}")
+
+
+def _require_pinned(label, a, direction):
+    if not is_pinned(a):
+        raise ValueError(
+            f"{label} is pageable host memory: an asynchronous {direction} copy from pageable memory "
+            "is silently staged by the driver and returns only when the copy has finished, so "
+            "nothing overlaps. Allocate the host buffer with pinned_empty()/pinned_zeros(), or use "
+            "copy_to_host() for a deliberate blocking copy.")
+
+
+def _ptr(a):
+    return a.data.ptr if backend_name() == "gpu" and not isinstance(a, np.ndarray) else a.ctypes.data
+
+
+def _memcpy_async(dst, src, kind, stream):
+    cupy_module().cuda.runtime.memcpyAsync(_ptr(dst), _ptr(src), src.nbytes, kind, stream.raw.ptr)
+
+
+def _np(a):
+    return a.view(np.ndarray)
+
+
+def copy_to_host_async(dst, src, stream=None, *, level=None):
+    """Queue a device-to-host copy of ``src`` into the pinned host array ``dst``.
+
+    Returns at once; the data is in ``dst`` only after the stream (or an event
+    recorded after the copy) has been synchronised. ``dst`` may be a slice of
+    a larger pinned allocation, e.g. ``images[k]``. ``level`` labels the copy
+    on timelines.
+    """
+    _require_host("dst", dst)
+    _require_device("src", src)
+    checks.same_layout(dst, src)
+    _require_pinned("dst", dst, "device-to-host")
+    stream = streams.resolve(stream)
+    tracing.enqueue(stream, kind="D2H", name=_label("D2H", level), nbytes=src.nbytes, level=level,
+                    gpu=lambda: _memcpy_async(dst, src, _D2H, stream),
+                    cpu=lambda: np.copyto(dst, _np(src)))
+
+
+def copy_to_device_async(dst, src, stream=None, *, level=None):
+    """Queue a host-to-device copy of the pinned host array ``src`` into ``dst``."""
+    _require_device("dst", dst)
+    _require_host("src", src)
+    checks.same_layout(dst, src)
+    _require_pinned("src", src, "host-to-device")
+    stream = streams.resolve(stream)
+    tracing.enqueue(stream, kind="H2D", name=_label("H2D", level), nbytes=src.nbytes, level=level,
+                    gpu=lambda: _memcpy_async(dst, src, _H2D, stream),
+                    cpu=lambda: np.copyto(_np(dst), src))
+
+
+def copy_on_device_async(dst, src, stream=None, *, level=None):
+    """Queue a device-to-device copy (fast: it never leaves the GPU's memory)."""
+    _require_device("dst", dst)
+    _require_device("src", src)
+    checks.same_layout(dst, src)
+    stream = streams.resolve(stream)
+    tracing.enqueue(stream, kind="D2D", name=_label("D2D", level), nbytes=src.nbytes, level=level,
+                    gpu=lambda: _memcpy_async(dst, src, _D2D, stream),
+                    cpu=lambda: np.copyto(_np(dst), _np(src)))
+
+
+def copy_to_host(dst, src, stream=None, *, level=None):
+    """Copy ``src`` (device) into ``dst`` (host, pinned or pageable) and wait for it.
+
+    This is the blocking copy of the sequential strategy: the host does not
+    return until the data has arrived.
+    """
+    _require_host("dst", dst)
+    _require_device("src", src)
+    checks.same_layout(dst, src)
+    stream = streams.resolve(stream)
+    tracing.enqueue(stream, kind="D2H", name=_label("D2H", level), nbytes=src.nbytes, level=level,
+                    gpu=lambda: _memcpy_async(dst, src, _D2H, stream),
+                    cpu=lambda: np.copyto(dst, _np(src)))
+    with tracing.host_wait("blocking copy"):
+        stream.raw.synchronize()
+
+
+def _label(kind, level):
+    return kind if level is None else f"{kind} level {level}"
+
+
+# --------------------------------------------------------------------------
+# Bandwidth
+# --------------------------------------------------------------------------
+def _copy_any(dst_host, src_dev, stream):
+    """A raw 'async' D2H copy that accepts pageable memory, as the driver does.
+
+    Pageable: the driver stages the copy and the call returns only when it has
+    finished (on the CPU backend: the copy runs on the calling thread after the
+    stream's earlier work). Pinned: queued on the stream, returns at once.
+    """
+    if backend_name() == "gpu":
+        _memcpy_async(dst_host, src_dev, _D2H, stream)
+    elif is_pinned(dst_host):
+        stream.raw.submit(lambda: np.copyto(dst_host, _np(src_dev)))
+    else:
+        stream.raw.synchronize()
+        np.copyto(dst_host, _np(src_dev))
+
+
+def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
+    """Measure device-to-host copy speed from pinned and from pageable host memory.
+
+    For each size and memory kind, copies ``repeats`` times, timed with events
+    on the stream, and checks after each call whether it returned *before* the
+    copy had finished (the sign of a truly asynchronous copy).
+
+    Returns
+    -------
+    list of dict
+        One row per (size, memory): ``size_mib``, ``memory`` ("pinned" or
+        "pageable"), ``gb_per_s`` (median, 1 GB = 1e9 bytes),
+        ``returned_early`` (fraction of calls that returned before the copy
+        finished) and ``correct`` (the data arrived intact).
+    """
+    try:
+        sizes = [float(s) for s in sizes_mib]
+    except TypeError:
+        raise TypeError("sizes_mib must be a list of sizes in MiB, e.g. (1, 4, 16)") from None
+    if not sizes or any(not np.isfinite(s) or s <= 0 for s in sizes):
+        raise ValueError(f"sizes_mib must be a non-empty list of positive sizes in MiB, got {sizes_mib!r}")
+    repeats = checks.positive_int("repeats", repeats)
+    largest = max(sizes) * 2**20 * 3          # device source + two host buffers
+    avail = host_memory_available()
+    if avail is not None and largest > avail:
+        raise MemoryError(f"measuring {max(sizes)} MiB needs about {largest / 2**20:.0f} MiB of host "
+                          f"memory but only {avail / 2**20:.0f} MiB are available; use smaller sizes")
+    stream = streams.resolve(stream) if stream is not None else streams.create_streams(1, name="copy")[0]
+    start, end = streams.create_events(2, timing=True)
+    rows = []
+    for size in sizes:
+        n = max(1, int(size * 2**20) // 4)
+        src_host = np.arange(n, dtype=np.float32)
+        src = to_device(src_host)
+        for memory in ("pinned", "pageable"):
+            dst = pinned_empty(n) if memory == "pinned" else np.empty(n, np.float32)
+            times, early, ok = [], 0, True
+            for _ in range(repeats + 1):          # the first run warms up
+                dst[...] = -1
+                stream.synchronize()
+                start.record(stream)
+                _copy_any(dst, src, stream)
+                returned_before_done = not stream.query()
+                end.record(stream)
+                end.synchronize()
+                times.append(streams.elapsed_ms(start, end))
+                early += returned_before_done
+                ok = ok and bool(np.array_equal(dst, src_host))
+            med = float(np.median(times[1:]))
+            rows.append({"size_mib": size, "memory": memory,
+                         "gb_per_s": (n * 4) / (med * 1e-3) / 1e9 if med > 0 else float("inf"),
+                         "returned_early": early / (repeats + 1), "correct": ok})
+            del dst
+    return rows
+
+
+def host_memory_available():
+    """Bytes of host memory available now (None when the OS does not say)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+

@@ -1,0 +1,238 @@
+"""``solve``: allocate, run one IO strategy's loop, time it, and return the result.
+
+The helper owns the plumbing (argument checks, memory checks, allocation,
+streams and events, timing, tracing); the loops in
+:mod:`course_helper.strategies` own the lesson.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import checks, strategies, tracing
+from .backend import backend_name, cupy_module, synchronize
+from .memory import device_zeros, host_memory_available, pinned_empty, to_device
+from .streams import create_events, create_streams
+from .wave import WaveProblem
+
+__all__ = ["solve", "Result", "STRATEGIES", "Run", "plan_memory"]
+
+#: strategy name -> the loop that runs it
+STRATEGIES = {
+    "sequential": strategies.sequential,
+    "streams": strategies.with_streams,
+    "events": strategies.with_events,
+}
+_CONCURRENT = ("streams", "events")
+DEFAULT_NSCRATCH = 5
+MIN_SAFE_NSCRATCH = 4
+
+
+@dataclass
+class Run:
+    """Everything a strategy's loop needs: the problem, buffers, streams and events."""
+    problem: WaveProblem
+    every: int
+    nscratch: int
+    U: list                  # scratch wavefields on the device, level L in U[L % nscratch]
+    V: object                # velocity model on the device
+    images: np.ndarray       # host output, one slice per saved level
+    compute: object = None
+    io: list = field(default_factory=list)
+    ready: list = field(default_factory=list)    # ready[b]: level in U[b] is computed
+    copied: list = field(default_factory=list)   # copied[b]: the copy out of U[b] is done
+
+    @property
+    def nt(self):
+        return self.problem.nt
+
+    def slot(self, level):
+        """Index of ``level`` in the output, or None if it is not saved (or out of range)."""
+        if 0 <= level < self.problem.nt and level % self.every == 0:
+            return level // self.every
+        return None
+
+
+class Result:
+    """What :func:`solve` returns.
+
+    Attributes
+    ----------
+    images : numpy.ndarray
+        Host array (nsaved, n0, n1): one slice per saved level.
+    levels : numpy.ndarray
+        The time level of each slice.
+    times_ms : numpy.ndarray
+        Simulated time of each slice in ms.
+    elapsed_ms : float
+        Host wall time of the loop, device synchronised at the end.
+    strategy, backend : str
+    every, nscratch : int
+    problem : WaveProblem
+    """
+
+    def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace):
+        self.images = images
+        self.levels = levels
+        self.times_ms = levels * problem.dt * 1e3
+        self.elapsed_ms = elapsed_ms
+        self.strategy = strategy
+        self.problem = problem
+        self.every = every
+        self.nscratch = nscratch
+        self.backend = backend
+        self._trace = trace
+
+    @property
+    def trace(self):
+        """The run's :class:`~course_helper.timeline.Trace` (only if it was recorded)."""
+        if self._trace is None:
+            raise ValueError(f"this {self.strategy!r} run did not record a trace; "
+                             "run solve(..., trace=True) to get one")
+        return self._trace
+
+    @property
+    def has_trace(self):
+        return self._trace is not None
+
+    def max_difference(self, other):
+        """Largest absolute difference from another Result (or image stack)."""
+        b = other.images if isinstance(other, Result) else np.asarray(other)
+        if b.shape != self.images.shape:
+            raise ValueError(f"cannot compare stacks of shapes {self.images.shape} and {b.shape}")
+        return float(np.max(np.abs(self.images.astype(np.float64) - b)))
+
+    def __repr__(self):
+        return (f"<Result {self.strategy!r} on {self.backend}: {len(self.levels)} levels of "
+                f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms>")
+
+
+def plan_memory(problem, every=1, nscratch=DEFAULT_NSCRATCH):
+    """Bytes a run needs: ``{"device": ..., "host": ...}`` (scratch + velocity; saved output)."""
+    nsaved = len(range(0, problem.nt, every))
+    return {"device": (nscratch + 1) * problem.nbytes_level, "host": nsaved * problem.nbytes_level}
+
+
+def _check_memory(problem, every, nscratch):
+    need = plan_memory(problem, every, nscratch)
+    avail = host_memory_available()
+    if avail is not None and need["host"] > 0.8 * avail:
+        suggest = every * math.ceil(need["host"] / (0.5 * avail))
+        raise MemoryError(
+            f"the output stack needs {need['host'] / 2**20:,.0f} MiB of host memory "
+            f"({len(range(0, problem.nt, every))} levels x {problem.nbytes_level / 2**20:,.1f} MiB) but "
+            f"only {avail / 2**20:,.0f} MiB are available; save fewer levels, e.g. every={suggest}, "
+            "or use a smaller grid")
+    if backend_name() == "gpu":
+        cupy = cupy_module()
+        free, _total = cupy.cuda.runtime.memGetInfo()
+        free += cupy.get_default_memory_pool().free_bytes()
+        if need["device"] > 0.9 * free:
+            raise MemoryError(
+                f"the scratch wavefields need {need['device'] / 2**20:,.0f} MiB of device memory "
+                f"but only {free / 2**20:,.0f} MiB are free; use a smaller grid or fewer scratch buffers")
+
+
+def _validate(problem, strategy, every, nscratch, unsafe):
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    checks.one_of("strategy", strategy, tuple(STRATEGIES))
+    every = checks.positive_int("every", every)
+    if every >= problem.nt:
+        raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 (the zero "
+                         "initial state) would be saved; choose every < nt")
+    if strategy == "sequential":
+        if nscratch not in (None, 3):
+            raise ValueError("the sequential strategy always uses 3 scratch wavefields; leave nscratch=None")
+        return every, 3
+    if nscratch is None:
+        return every, DEFAULT_NSCRATCH
+    nscratch = checks.positive_int("nscratch", nscratch, minimum=3,
+                                   hint="the kernel itself reads two levels and writes a third")
+    if nscratch < MIN_SAFE_NSCRATCH and not unsafe:
+        raise ValueError(
+            f"nscratch={nscratch} is unsafe for the {strategy!r} strategy: the kernel touches three "
+            "levels, so with fewer than 4 buffers the level being copied shares a buffer with the "
+            "level being computed and the copy reads overwritten data (a race). Use nscratch >= 4 "
+            "(default 5), or pass unsafe=True to watch the race happen.")
+    return every, nscratch
+
+
+def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False):
+    """Solve the wave problem with one IO strategy and return a :class:`Result`.
+
+    Parameters
+    ----------
+    problem : WaveProblem, optional
+        Default: ``WaveProblem()``, the lesson's 256 x 256 x 640 problem.
+    strategy : {"sequential", "streams", "events"}
+        Which loop of :mod:`course_helper.strategies` to run.
+    every : int
+        Save every ``every``-th level from 0 to nt-1 (1: all of them).
+    nscratch : int, optional
+        Scratch wavefields of the concurrent strategies (default 5, at least 4).
+    trace : bool
+        Record a timeline of every kernel, copy and host wait (``result.trace``).
+    unsafe : bool
+        Allow ``nscratch=3`` for a concurrent strategy, to demonstrate the race.
+
+    Examples
+    --------
+    >>> r = solve(WaveProblem(n0=64, n1=64, nt=40), strategy="streams")   # doctest: +SKIP
+    >>> r.images.shape                                                     # doctest: +SKIP
+    (40, 64, 64)
+    """
+    problem = WaveProblem() if problem is None else problem
+    every, nscratch = _validate(problem, strategy, every, nscratch, unsafe)
+    _check_memory(problem, every, nscratch)
+    backend = backend_name()
+    levels = np.arange(0, problem.nt, every)
+
+    # Allocation (outside the timed loop). The output is poisoned with NaN so
+    # that a level that was never written cannot pass for a quiet wavefield.
+    concurrent = strategy in _CONCURRENT
+    shape = (len(levels), *problem.shape)
+    images = pinned_empty(shape) if concurrent else np.empty(shape, np.float32)
+    images.fill(np.nan)
+    run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
+              V=to_device(problem.velocity), images=images)
+    if concurrent:
+        run.compute = create_streams(1, name="compute")[0]
+        run.io = create_streams(nscratch, name="io")
+        run.ready = create_events(nscratch)
+        run.copied = create_events(nscratch)
+    synchronize()   # the zeroed buffers are ready before any stream touches them
+
+    recorder = None
+    try:
+        if trace:
+            recorder = tracing.Recorder({"strategy": strategy, "n0": problem.n0, "n1": problem.n1,
+                                         "nt": problem.nt, "every": every, "nscratch": nscratch})
+            tracing._current = recorder
+        t0 = time.perf_counter()
+        STRATEGIES[strategy](run)
+        synchronize()
+        elapsed = (time.perf_counter() - t0) * 1e3
+        timeline = recorder.finish() if recorder is not None else None
+    except BaseException:
+        # Leave the process usable: drain queued work, stop recording, re-raise.
+        if tracing._current is recorder:
+            tracing._current = None
+        try:
+            synchronize()
+        except BaseException:  # noqa: BLE001 - the original error matters more
+            pass
+        raise
+    finally:
+        _close_streams(run)
+    return Result(images, levels, elapsed, strategy, problem, every, nscratch, backend, timeline)
+
+
+def _close_streams(run):
+    """Stop the CPU backend's worker threads of this run (GPU streams are freed by CuPy)."""
+    for s in ([run.compute] if run.compute is not None else []) + list(run.io):
+        close = getattr(s.raw, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,236 @@
+"""A recorded timeline: export to Perfetto, plot inline, summarise in numbers."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, asdict
+
+import numpy as np
+
+__all__ = ["Trace", "TraceEvent", "KINDS", "write_atomically"]
+
+#: Kinds of timeline entry and the colour each is drawn in.
+KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
+         "host wait": "#7f7f7f"}
+_COPIES = ("D2H", "H2D", "D2D")
+
+
+@dataclass
+class TraceEvent:
+    """One operation on one track; times in ms from the start of the recording."""
+    track: str
+    kind: str
+    name: str
+    start_ms: float
+    end_ms: float
+    bytes: int = 0
+    level: int | None = None
+
+    @property
+    def duration_ms(self):
+        return self.end_ms - self.start_ms
+
+
+def _union(intervals):
+    """Merge intervals into a sorted list of disjoint ones."""
+    merged = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def _length(intervals):
+    return float(sum(b - a for a, b in intervals))
+
+
+def _intersection(x, y):
+    """Total length where two disjoint sorted interval lists overlap."""
+    i = j = 0
+    total = 0.0
+    while i < len(x) and j < len(y):
+        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if hi > lo:
+            total += hi - lo
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def write_atomically(path, write):
+    """Write a file through a temporary name in the same folder, then rename it.
+
+    ``write(f)`` receives the open temporary file. A failure leaves no
+    half-written file behind.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot write {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(f"cannot write {path}: the folder {folder} is not writable")
+    binary = path.endswith(".png")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+class Trace:
+    """The timeline of one run: a list of :class:`TraceEvent` on named tracks.
+
+    Attributes
+    ----------
+    events : list of TraceEvent
+    tracks : list of str
+        Track names in display order ("compute", "io 0", ..., "host").
+    meta : dict
+        What was run (strategy, sizes, backend).
+    """
+
+    def __init__(self, events, tracks, meta=None):
+        self.events = sorted(events, key=lambda e: (e.start_ms, e.end_ms))
+        self.tracks = list(tracks)
+        for e in self.events:
+            if e.track not in self.tracks:
+                self.tracks.append(e.track)
+        self.meta = dict(meta or {})
+
+    # -- selections -------------------------------------------------------
+    def of_kind(self, *kinds):
+        return [e for e in self.events if e.kind in kinds]
+
+    @property
+    def kernels(self):
+        return self.of_kind("kernel")
+
+    @property
+    def copies(self):
+        return self.of_kind(*_COPIES)
+
+    def window_for_levels(self, first, last):
+        """(start_ms, end_ms) covering every event of levels ``first`` .. ``last``."""
+        sel = [e for e in self.events if e.level is not None and first <= e.level <= last]
+        if not sel:
+            raise ValueError(f"no traced work belongs to levels {first}..{last}")
+        return min(e.start_ms for e in sel), max(e.end_ms for e in sel)
+
+    # -- numbers ----------------------------------------------------------
+    def summary(self):
+        """Busy times and overlap, in ms.
+
+        Returns a dict: ``compute_ms`` (time at least one kernel ran),
+        ``copy_ms`` (time at least one copy ran), ``overlap_ms`` (both at
+        once), ``host_wait_ms``, ``total_ms`` (first start to last end) and
+        ``overlap_fraction`` = overlap / copy time (how much of the copying
+        was hidden behind compute; 0 when nothing was copied).
+        """
+        kern = _union((e.start_ms, e.end_ms) for e in self.kernels)
+        copy = _union((e.start_ms, e.end_ms) for e in self.copies)
+        host = _union((e.start_ms, e.end_ms) for e in self.of_kind("host wait"))
+        overlap = _intersection(kern, copy)
+        copy_ms = _length(copy)
+        total = (max(e.end_ms for e in self.events) - min(e.start_ms for e in self.events)) if self.events else 0.0
+        return {"compute_ms": _length(kern), "copy_ms": copy_ms, "overlap_ms": overlap,
+                "host_wait_ms": _length(host), "total_ms": total,
+                "overlap_fraction": overlap / copy_ms if copy_ms > 0 else 0.0}
+
+    def describe(self):
+        """One sentence stating what the timeline shows."""
+        s = self.summary()
+        return (f"{len(self.kernels)} kernels and {len(self.copies)} copies in {s['total_ms']:.2f} ms: "
+                f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
+                f"{100 * s['overlap_fraction']:.0f}% of copy time overlapped a kernel, "
+                f"host waited {s['host_wait_ms']:.2f} ms")
+
+    # -- export -----------------------------------------------------------
+    def to_chrome(self):
+        """The trace as a Chrome Trace Event Format dict (what Perfetto opens)."""
+        pid = 1
+        device = self.meta.get("device", self.meta.get("backend", "device"))
+        out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                "args": {"name": f"course_helper ({device})"}}]
+        tid = {name: i + 1 for i, name in enumerate(self.tracks)}
+        for name, t in tid.items():
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": t, "args": {"name": name}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": t,
+                        "args": {"sort_index": t}})
+        strategy = self.meta.get("strategy")
+        for e in self.events:
+            args = {"bytes": int(e.bytes)}
+            if e.level is not None:
+                args["level"] = int(e.level)
+            if strategy is not None:
+                args["strategy"] = strategy
+            out.append({"ph": "X", "name": e.name, "cat": e.kind, "pid": pid, "tid": tid[e.track],
+                        "ts": e.start_ms * 1e3, "dur": max(e.end_ms - e.start_ms, 0.0) * 1e3,
+                        "args": args})
+        return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": dict(self.meta)}
+
+    def to_chrome_json(self, path):
+        """Write the trace for https://ui.perfetto.dev or chrome://tracing; returns the path.
+
+        Written under a temporary name and renamed, so a failure leaves nothing half-written.
+        """
+        doc = self.to_chrome()
+        return write_atomically(path, lambda f: json.dump(doc, f))
+
+    def to_dict(self):
+        return {"tracks": self.tracks, "meta": self.meta, "events": [asdict(e) for e in self.events]}
+
+    # -- picture ------------------------------------------------------------
+    def plot(self, ax=None, window=None, levels=None, title=None):
+        """Draw the timeline: one lane per track, kernels and copies in their colours.
+
+        Parameters
+        ----------
+        ax : matplotlib Axes, optional
+        window : (start_ms, end_ms), optional
+            Zoom to this time range.
+        levels : (first, last), optional
+            Zoom to the work of these time levels (e.g. ``(100, 104)``).
+        title : str, optional
+        """
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(10, 0.45 * len(self.tracks) + 1.4))
+        if levels is not None:
+            window = self.window_for_levels(*levels)
+        lane = {name: i for i, name in enumerate(self.tracks)}
+        for kind, colour in KINDS.items():
+            for track in self.tracks:
+                bars = [(e.start_ms, max(e.duration_ms, 1e-4)) for e in self.events
+                        if e.kind == kind and e.track == track]
+                if bars:
+                    ax.broken_barh(bars, (lane[track] - 0.4, 0.8), facecolors=colour, edgecolor="none")
+        ax.set_yticks(range(len(self.tracks)), self.tracks)
+        ax.set_ylim(len(self.tracks) - 0.5, -0.5)
+        ax.set_xlabel("time (ms)")
+        if window is not None:
+            pad = 0.02 * (window[1] - window[0])
+            ax.set_xlim(window[0] - pad, window[1] + pad)
+        elif self.events:
+            ax.set_xlim(0, max(e.end_ms for e in self.events) * 1.01)
+        present = {e.kind for e in self.events}
+        ax.legend(handles=[Patch(color=c, label=k) for k, c in KINDS.items() if k in present],
+                  loc="upper right", fontsize="small", ncols=len(present) or 1)
+        if title is None:
+            title = self.meta.get("strategy", "timeline")
+        ax.set_title(title)
+        ax.grid(axis="x", alpha=0.3)
+        return ax

@@ -1,0 +1,189 @@
+"""Recording a timeline of device work while it is queued.
+
+Every helper operation (kernel launch, copy) goes through :func:`enqueue`, and
+every host-side wait through :func:`host_wait`. While a recorder is active
+(``with tracing() as trace:`` or ``solve(..., trace=True)``) each operation is
+timed *on its own stream*:
+
+* GPU backend: a CUDA event is recorded just before and just after the
+  operation on the operation's stream; after the run every timestamp is read
+  relative to one reference event, so all streams share the device clock;
+* CPU backend: the stream's worker thread reads its clock when it starts and
+  finishes the task.
+
+Host waits are timed with the host clock, aligned with the device clock at
+the start of the recording (to within a few microseconds).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from .backend import backend_name, cupy_module, synchronize
+
+_clock = time.perf_counter
+_current = None
+_gpu_event_pool = []   # raw cudaEvent_t handles, reused between recordings
+
+
+def current():
+    """The active recorder, or None when nothing is being traced."""
+    return _current
+
+
+class _Pending:
+    __slots__ = ("track", "kind", "name", "start", "end", "nbytes", "level")
+
+    def __init__(self, track, kind, name, start, end, nbytes, level):
+        self.track, self.kind, self.name = track, kind, name
+        self.start, self.end, self.nbytes, self.level = start, end, nbytes, level
+
+
+class Recorder:
+    """Collects the operations of one run; :meth:`finish` turns them into a Trace."""
+
+    def __init__(self, meta=None):
+        self.backend = backend_name()
+        self.meta = dict(meta or {})
+        self.items = []
+        self.hosts = []
+        self.tracks = []
+        synchronize()
+        if self.backend == "gpu":
+            rt = cupy_module().cuda.runtime
+            self._rt = rt
+            self._used = []
+            self._t0 = self._new_event()
+            rt.eventRecord(self._t0, 0)
+            rt.eventSynchronize(self._t0)
+        self._host_t0 = _clock()
+
+    # -- GPU event marks --------------------------------------------------
+    def _new_event(self):
+        ev = _gpu_event_pool.pop() if _gpu_event_pool else self._rt.eventCreate()
+        self._used.append(ev)
+        return ev
+
+    def mark(self, stream):
+        ev = self._new_event()
+        self._rt.eventRecord(ev, stream.raw.ptr)
+        return ev
+
+    def _track(self, name):
+        if name not in self.tracks:
+            self.tracks.append(name)
+
+    def add(self, stream, kind, name, start, end, nbytes, level):
+        self._track(stream.name)
+        item = _Pending(stream.name, kind, name, start, end, nbytes, level)
+        self.items.append(item)
+        return item
+
+    def add_host(self, name, t_start, t_end):
+        self.hosts.append((name, t_start, t_end))
+
+    # -- turning marks into times -------------------------------------------
+    def finish(self):
+        """Wait for the device, read every timestamp, and return a :class:`Trace`."""
+        from .timeline import Trace, TraceEvent
+        global _current
+        if _current is self:
+            _current = None
+        synchronize()
+        events = []
+        if self.backend == "gpu":
+            rt, t0 = self._rt, self._t0
+            for it in self.items:
+                events.append(TraceEvent(it.track, it.kind, it.name,
+                                         rt.eventElapsedTime(t0, it.start),
+                                         rt.eventElapsedTime(t0, it.end), it.nbytes, it.level))
+            _gpu_event_pool.extend(self._used)
+            self._used = []
+        else:
+            for it in self.items:
+                if it.start is None or it.end is None:   # skipped after a failure
+                    continue
+                events.append(TraceEvent(it.track, it.kind, it.name,
+                                         (it.start - self._host_t0) * 1e3,
+                                         (it.end - self._host_t0) * 1e3, it.nbytes, it.level))
+        for name, a, b in self.hosts:
+            events.append(TraceEvent("host", "host wait", name,
+                                     (a - self._host_t0) * 1e3, (b - self._host_t0) * 1e3, 0, None))
+        tracks = list(self.tracks) + (["host"] if self.hosts else [])
+        return Trace(events, tracks, dict(self.meta, backend=self.backend))
+
+
+def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None):
+    """Queue one operation on ``stream``: call ``gpu()`` on the GPU backend or
+    submit ``cpu`` to the stream's worker on the CPU backend; trace it if a
+    recorder is active."""
+    rec = _current
+    if stream.on_gpu:
+        if rec is None:
+            gpu()
+            return
+        start = rec.mark(stream)
+        gpu()
+        rec.add(stream, kind, name, start, rec.mark(stream), nbytes, level)
+        return
+    if rec is None:
+        stream.raw.submit(cpu)
+        return
+    item = rec.add(stream, kind, name, None, None, nbytes, level)
+
+    def timed():
+        item.start = _clock()
+        cpu()
+        item.end = _clock()
+
+    stream.raw.submit(timed)
+
+
+@contextlib.contextmanager
+def host_wait(name):
+    """Time a host-side wait on the host track (when a recorder is active)."""
+    rec = _current
+    if rec is None:
+        yield
+        return
+    t = _clock()
+    try:
+        yield
+    finally:
+        rec.add_host(name, t, _clock())
+
+
+class _TraceHandle:
+    """What ``with tracing() as trace`` gives: the Trace, once the block ends."""
+
+    def __init__(self):
+        self.trace = None
+
+    def __getattr__(self, attr):
+        if self.trace is None:
+            raise RuntimeError("the trace is ready only after the `with tracing()` block ends")
+        return getattr(self.trace, attr)
+
+
+@contextlib.contextmanager
+def tracing(**meta):
+    """Record a timeline of the helper operations queued inside the block.
+
+    Examples
+    --------
+    >>> with tracing(label="my loop") as t:
+    ...     launch_wave2d(...)                       # doctest: +SKIP
+    >>> t.plot()                                     # doctest: +SKIP
+    """
+    global _current
+    if _current is not None:
+        raise RuntimeError("a trace is already being recorded; nested tracing() blocks are not supported")
+    rec = Recorder(meta)
+    _current = rec
+    handle = _TraceHandle()
+    try:
+        yield handle
+    finally:
+        if _current is rec:
+            _current = None
+    handle.trace = rec.finish()

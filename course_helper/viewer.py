@@ -1,0 +1,197 @@
+"""Looking at the wavefield: the interactive slice widget, side-by-side comparison, animation."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["plot_slices", "compare_slices", "animate", "SliceViewer", "colour_limit"]
+
+
+def _stack_of(result_or_images):
+    """(images, levels, times_ms or None) from a Result or an array of shape (n, n0, n1)."""
+    images = getattr(result_or_images, "images", result_or_images)
+    if type(images).__module__.startswith("cupy"):
+        raise TypeError("plot a host array: bring device data back with to_host() first")
+    images = np.asarray(images)
+    if images.ndim != 3 or images.shape[0] < 1:
+        raise ValueError(f"expected a stack of 2D slices with shape (n, n0, n1), got shape {images.shape}")
+    levels = getattr(result_or_images, "levels", np.arange(images.shape[0]))
+    times = getattr(result_or_images, "times_ms", None)
+    return images, np.asarray(levels), times
+
+
+def colour_limit(images, clip=0.05):
+    """Symmetric colour limit shared by all slices.
+
+    ``clip`` is the fraction of the largest amplitude to saturate at: 1.0
+    shows the full range; the default 0.05 keeps the faint wavefront visible
+    next to the strong source.
+    """
+    if not 0 < clip <= 1:
+        raise ValueError(f"clip must be in (0, 1], got {clip}")
+    finite = np.abs(images[np.isfinite(images)])
+    peak = float(finite.max()) if finite.size else 0.0
+    return peak * clip if peak > 0 else 1.0
+
+
+def _ipympl_active():
+    import matplotlib
+    return "ipympl" in matplotlib.get_backend().lower() or "widget" in matplotlib.get_backend().lower()
+
+
+class SliceViewer:
+    """The slice widget: a slider and a play button over the saved levels.
+
+    Attributes
+    ----------
+    slider : ipywidgets.IntSlider
+        Move it (or set ``slider.value``) to show another slice.
+    play : ipywidgets.Play
+    figure, image : the matplotlib figure and its AxesImage
+    index : int
+        The slice shown now.
+    """
+
+    def __init__(self, result_or_images, clip=0.05, cmap="seismic", title="wavefield"):
+        import ipywidgets as widgets
+        import matplotlib.pyplot as plt
+
+        self.images, self.levels, self.times_ms = _stack_of(result_or_images)
+        self.label = title
+        self.vlim = colour_limit(self.images, clip)
+        self.interactive = _ipympl_active()
+        n = self.images.shape[0]
+        self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description="slice",
+                                        continuous_update=True, layout=widgets.Layout(width="60%"))
+        self.play = widgets.Play(value=0, min=0, max=n - 1, interval=60, description="play")
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        # The Python side also follows the play button (no front end needed).
+        self.play.observe(lambda ch: setattr(self.slider, "value", ch["new"]), names="value")
+
+        if self.interactive:
+            self.figure, ax = plt.subplots(figsize=(5.5, 4.6))
+            self.out = None
+        else:
+            self.out = widgets.Output()
+            with plt.ioff():
+                self.figure, ax = plt.subplots(figsize=(5.5, 4.6))
+        self.ax = ax
+        self.image = ax.imshow(self.images[0], cmap=cmap, vmin=-self.vlim, vmax=self.vlim,
+                               origin="upper", interpolation="nearest")
+        self.figure.colorbar(self.image, ax=ax, label="amplitude", shrink=0.85)
+        ax.set_xlabel("cell index (dimension 1)")
+        ax.set_ylabel("cell index (dimension 0)")
+        self.index = -1
+        self.show(0)
+        self.slider.observe(lambda ch: self.show(ch["new"]), names="value")
+        children = [widgets.HBox([self.play, self.slider])]
+        children.append(self.figure.canvas if self.interactive else self.out)
+        self.widget = widgets.VBox(children)
+
+    def title_for(self, i):
+        level = int(self.levels[i])
+        if self.times_ms is not None:
+            return f"{self.label}: level {level}, t = {float(self.times_ms[i]):.2f} ms"
+        return f"{self.label}: slice {level}"
+
+    def show(self, i):
+        """Display slice ``i``."""
+        i = int(i)
+        if not 0 <= i < self.images.shape[0]:
+            raise IndexError(f"slice {i} is outside 0..{self.images.shape[0] - 1}")
+        self.index = i
+        self.image.set_data(self.images[i])
+        self.ax.set_title(self.title_for(i))
+        if self.interactive:
+            self.figure.canvas.draw_idle()
+        else:
+            from IPython.display import display
+            self.out.clear_output(wait=True)
+            with self.out:
+                display(self.figure)
+
+    @property
+    def title(self):
+        return self.ax.get_title()
+
+    def _ipython_display_(self):
+        from IPython.display import display
+        display(self.widget)
+
+
+def plot_slices(result_or_images, clip=0.05, cmap="seismic", title="wavefield"):
+    """Explore a stack of wavefield slices with a slider and a play button.
+
+    Works with ``%matplotlib widget`` (ipympl: the figure redraws in place)
+    and with the inline backend (the figure is redrawn into an output area).
+
+    Parameters
+    ----------
+    result_or_images : Result or array (n, n0, n1)
+    clip : float
+        Saturate the colour scale at this fraction of the peak amplitude
+        (same limits for every slice, symmetric about zero).
+
+    Returns
+    -------
+    SliceViewer
+        Display it (it is the cell's value); ``viewer.slider.value = k`` moves it.
+    """
+    return SliceViewer(result_or_images, clip=clip, cmap=cmap, title=title)
+
+
+def compare_slices(a, b, index=None, clip=0.05, labels=("a", "b")):
+    """Two stacks side by side with their difference, at one slice.
+
+    ``index`` defaults to the slice where the two differ most (or the last
+    one when they are identical). Returns the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    ia, levels, _ = _stack_of(a)
+    ib, _, _ = _stack_of(b)
+    if ia.shape != ib.shape:
+        raise ValueError(f"the stacks differ in shape: {ia.shape} vs {ib.shape}")
+    diff = ia.astype(np.float64) - ib
+    per_slice = np.nanmax(np.abs(diff).reshape(len(ia), -1), axis=1)
+    if index is None:
+        index = int(np.argmax(per_slice)) if per_slice.max() > 0 else len(ia) - 1
+    vlim = colour_limit(np.stack([ia, ib]), clip)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, img, name in zip(axes, (ia[index], ib[index]), labels):
+        im = ax.imshow(img, cmap="seismic", vmin=-vlim, vmax=vlim)
+        ax.set_title(f"{name}, level {int(levels[index])}")
+    fig.colorbar(im, ax=axes[:2], shrink=0.8)
+    dmax = float(np.nanmax(np.abs(diff[index])))
+    im = axes[2].imshow(diff[index], cmap="PuOr", vmin=-(dmax or 1), vmax=dmax or 1)
+    axes[2].set_title(f"difference (max {dmax:.3g})")
+    fig.colorbar(im, ax=axes[2], shrink=0.8)
+    return fig
+
+
+def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield"):
+    """A self-contained HTML/JavaScript animation (it survives notebook export).
+
+    ``step`` shows every ``step``-th slice to keep the HTML small.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib import animation
+    from IPython.display import HTML
+
+    images, levels, times = _stack_of(result_or_images)
+    if not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be a whole number >= 1, got {step!r}")
+    vlim = colour_limit(images, clip)
+    frames = list(range(0, len(images), step))
+    with plt.ioff():
+        fig, ax = plt.subplots(figsize=(4.5, 4))
+    im = ax.imshow(images[0], cmap="seismic", vmin=-vlim, vmax=vlim)
+
+    def draw(i):
+        im.set_data(images[i])
+        ax.set_title(f"{title}: level {int(levels[i])}")
+        return (im,)
+
+    anim = animation.FuncAnimation(fig, draw, frames=frames, interval=interval, blit=False)
+    html = anim.to_jshtml()
+    plt.close(fig)
+    return HTML(html)

@@ -1,0 +1,267 @@
+"""The running example: a 2D acoustic wave, "a firework in a box".
+
+:class:`WaveProblem` holds the physics and the derived numbers;
+:func:`launch_wave2d` queues one time step of the ``wave2d_4o`` stencil on a
+stream (the CUDA kernel in ``kernels/wave2d_4o.cu`` on the GPU, the same
+update in NumPy on the CPU); :func:`reference_solution` is the plain NumPy
+answer every strategy is checked against.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from importlib import resources
+
+import numpy as np
+
+from . import checks, streams, tracing
+from .backend import backend_name, cupy_module
+
+__all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
+           "STENCIL"]
+
+#: 4th-order central-difference coefficients of the second derivative, as float32.
+STENCIL = np.array([-1 / 12, 4 / 3, -5 / 2, 4 / 3, -1 / 12], dtype=np.float32)
+PAD = 2           # untouched cells on each side: the reflecting walls
+_BLOCK = (32, 8)  # threads per block along (dimension 1, dimension 0)
+
+
+def ricker(t, fm):
+    """The Ricker wavelet (1 - 2 pi^2 fm^2 t^2) exp(-pi^2 fm^2 t^2) at time ``t`` (s)."""
+    a = (math.pi * fm * t) ** 2
+    return (1.0 - 2.0 * a) * math.exp(-a)
+
+
+class WaveProblem:
+    """The 2D wave problem and every number derived from it.
+
+    Parameters
+    ----------
+    n0, n1 : int
+        Grid size in cells along dimensions 0 and 1 (default 256 x 256),
+        including the two padding cells on each side.
+    dx : float or (float, float)
+        Grid spacing in metres (default 1 m).
+    velocity : float or array of shape (n0, n1)
+        Wave speed in m/s (default 343, sound in air); an array gives a
+        heterogeneous medium, e.g. layers.
+    cfl : float
+        Courant number ``Vmax dt / min(dx)`` (default 0.4); must stay below
+        :attr:`cfl_limit`, the stability limit of this scheme.
+    nt : int, optional
+        Number of time levels. Default: long enough for the wave to cross the
+        box, ``floor(max(n0 dx0, n1 dx1) / (dt Vmax))``.
+    source : (int, int), optional
+        Source cell, default the centre ``(n0 // 2, n1 // 2)``.
+    points_per_wavelength : float
+        Sets the Ricker peak frequency ``fm = Vmax / (ppw max(dx))`` (default 10).
+
+    Attributes
+    ----------
+    dt : float
+        Time step in seconds.
+    fm : float
+        Peak frequency of the Ricker wavelet in Hz.
+    td : float
+        Wavelet delay ``sqrt(6) / (pi fm)`` in seconds.
+    vmax : float
+        Largest velocity in m/s.
+    cfl_limit : float
+        Largest stable Courant number for this grid.
+    nt : int
+        Number of time levels (level 0 and 1 are the zero initial state).
+    velocity : numpy.ndarray
+        The (n0, n1) float32 velocity model.
+
+    Examples
+    --------
+    >>> p = WaveProblem()
+    >>> p.nt, round(p.fm, 1)
+    (640, 34.3)
+    """
+
+    def __init__(self, n0=256, n1=256, dx=1.0, velocity=343.0, cfl=0.4, nt=None,
+                 source=None, points_per_wavelength=10.0):
+        self.n0 = checks.positive_int("n0", n0, minimum=2 * PAD + 1,
+                                      hint="the stencil needs 2 padding cells on each side of at least one interior cell")
+        self.n1 = checks.positive_int("n1", n1, minimum=2 * PAD + 1,
+                                      hint="the stencil needs 2 padding cells on each side of at least one interior cell")
+        if isinstance(dx, (tuple, list)):
+            if len(dx) != 2:
+                raise ValueError(f"dx must be one spacing or a pair (dx0, dx1), got {dx!r}")
+            dx0, dx1 = dx
+        else:
+            dx0 = dx1 = dx
+        self.dx0 = checks.positive_float("dx0 (grid spacing, m)", dx0)
+        self.dx1 = checks.positive_float("dx1 (grid spacing, m)", dx1)
+        self.velocity = self._velocity_model(velocity)
+        self.vmax = float(self.velocity.max())
+        self.cfl_limit = math.sqrt(3 / 4) * min(self.dx0, self.dx1) / math.hypot(1 / self.dx0, 1 / self.dx1)
+        self.cfl = checks.positive_float("cfl", cfl)
+        if self.cfl > self.cfl_limit:
+            raise ValueError(f"cfl={self.cfl} is above this scheme's stability limit {self.cfl_limit:.4f}: "
+                             "the solution would blow up; choose a smaller cfl (0.4 is the course default)")
+        ppw = checks.positive_float("points_per_wavelength", points_per_wavelength)
+        self.points_per_wavelength = ppw
+        self.dt = self.cfl * min(self.dx0, self.dx1) / self.vmax
+        self.fm = self.vmax / (ppw * max(self.dx0, self.dx1))
+        self.td = math.sqrt(6.0) / (math.pi * self.fm)
+        if nt is None:
+            crossing = max(self.n0 * self.dx0, self.n1 * self.dx1) / (self.dt * self.vmax)
+            nt = int(math.floor(crossing + 1e-9))   # guard against 639.9999999 for 640
+        self.nt = checks.positive_int("nt (number of time levels)", nt, minimum=3,
+                                      hint="levels 0 and 1 are the initial state, so at least one step needs nt >= 3")
+        if source is None:
+            source = (self.n0 // 2, self.n1 // 2)
+        try:
+            p0, p1 = source
+        except (TypeError, ValueError):
+            raise TypeError(f"source must be a pair of cell indices (P0, P1), got {source!r}") from None
+        p0 = checks.positive_int("source P0", p0, minimum=0)
+        p1 = checks.positive_int("source P1", p1, minimum=0)
+        if not (PAD <= p0 < self.n0 - PAD and PAD <= p1 < self.n1 - PAD):
+            raise ValueError(f"source {(p0, p1)} is outside the interior [{PAD}, {self.n0 - PAD - 1}] x "
+                             f"[{PAD}, {self.n1 - PAD - 1}]; padding cells are walls and never updated")
+        self.source = (p0, p1)
+
+    def _velocity_model(self, velocity):
+        if np.isscalar(velocity):
+            v = checks.positive_float("velocity (m/s)", velocity)
+            return np.full((self.n0, self.n1), v, dtype=np.float32)
+        if type(velocity).__module__.startswith("cupy"):
+            raise TypeError("velocity must be a host (NumPy) array; WaveProblem copies it to the device itself")
+        v = np.asarray(velocity)
+        if v.shape != (self.n0, self.n1):
+            raise ValueError(f"velocity array has shape {v.shape} but the grid is {(self.n0, self.n1)}; "
+                             "give one velocity per cell")
+        if not np.issubdtype(v.dtype, np.number) or not np.all(np.isfinite(v)) or v.min() <= 0:
+            raise ValueError("velocity must hold finite numbers above 0 m/s in every cell")
+        return np.ascontiguousarray(v, dtype=np.float32)
+
+    # -- derived numbers the kernel needs --------------------------------
+    @property
+    def shape(self):
+        return (self.n0, self.n1)
+
+    @property
+    def nbytes_level(self):
+        """Bytes of one wavefield (one saved level)."""
+        return self.n0 * self.n1 * 4
+
+    def source_amplitude(self, n):
+        """The wavelet value added at step ``n`` (which computes level n+2), as float32."""
+        return np.float32(ricker(n * self.dt - 2.0 * self.td, self.fm))
+
+    def time_of_level(self, level):
+        """Simulated time of a level in seconds (level 2 is the first computed)."""
+        return level * self.dt
+
+    def describe(self):
+        """A dict of the problem's numbers with their units (rounded for printing)."""
+        return {"grid (cells)": f"{self.n0} x {self.n1}", "spacing (m)": (self.dx0, self.dx1),
+                "Vmax (m/s)": self.vmax, "CFL": self.cfl, "CFL limit": round(self.cfl_limit, 4),
+                "dt (s)": float(f"{self.dt:.6g}"), "fm (Hz)": round(self.fm, 4),
+                "td (s)": float(f"{self.td:.6g}"), "NT (levels)": self.nt, "source": self.source}
+
+    def __repr__(self):
+        return (f"WaveProblem({self.n0}x{self.n1}, dx=({self.dx0}, {self.dx1}) m, Vmax={self.vmax} m/s, "
+                f"cfl={self.cfl}, dt={self.dt:.6g} s, fm={self.fm:.4g} Hz, nt={self.nt})")
+
+
+def kernel_source() -> str:
+    """The CUDA C source of ``wave2d_4o`` shipped with the package."""
+    return resources.files("course_helper").joinpath("kernels/wave2d_4o.cu").read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_kernel(device_id):
+    cupy = cupy_module()
+    module = cupy.RawModule(code=kernel_source(), options=("--fmad=false",))
+    return module.get_function("wave2d_4o")
+
+
+def _numpy_step(U0, U1, U2, V, dt2, inv_dx02, inv_dx12, p0, p1, amp):
+    """The same update as the CUDA kernel, operation for operation, in float32."""
+    n0, n1 = U1.shape
+    c = STENCIL
+    core = (slice(PAD, n0 - PAD), slice(PAD, n1 - PAD))
+    d0 = c[0] * U1[0:n0 - 4, PAD:n1 - PAD]
+    d1 = c[0] * U1[PAD:n0 - PAD, 0:n1 - 4]
+    for m in range(1, 5):
+        d0 = d0 + c[m] * U1[m:n0 - 4 + m, PAD:n1 - PAD]
+        d1 = d1 + c[m] * U1[PAD:n0 - PAD, m:n1 - 4 + m]
+    v = V[core]
+    u = (np.float32(2) * U1[core] - U0[core]) + ((dt2 * v) * v) * (d0 * inv_dx02 + d1 * inv_dx12)
+    u[p0 - PAD, p1 - PAD] += amp
+    U2[core] = u
+
+
+def _step_args(problem):
+    return (np.float32(problem.dt ** 2), np.float32(1 / problem.dx0 ** 2), np.float32(1 / problem.dx1 ** 2))
+
+
+def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
+    """Queue step ``n``: compute level n+2 into ``U2`` from levels n (``U0``) and n+1 (``U1``).
+
+    Parameters
+    ----------
+    U0, U1, U2, V : device arrays of shape (n0, n1), float32
+        Two older levels, the output level and the velocity model. ``U2`` must
+        be a different buffer from ``U0`` and ``U1``.
+    problem : WaveProblem
+    n : int
+        The step number (sets the source term's time ``n dt - 2 td``).
+    stream : Stream, optional
+        Where to queue the kernel (default: the current stream).
+    """
+    from .memory import is_device_array
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    n = checks.positive_int("n (step number)", n, minimum=0)
+    for label, a in (("U0", U0), ("U1", U1), ("U2", U2), ("V", V)):
+        if not is_device_array(a):
+            raise TypeError(f"{label} must be a device array (device_zeros/to_device), got {type(a).__name__}")
+        if tuple(a.shape) != problem.shape or a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError(f"{label} must be a C-contiguous float32 array of shape {problem.shape}, "
+                             f"got {a.dtype} {tuple(a.shape)}")
+    if U2 is U0 or U2 is U1:
+        raise ValueError("U2 must be a different buffer from U0 and U1: the kernel reads its "
+                         "neighbours' old values while it writes, so an in-place update is a race")
+    stream = streams.resolve(stream)
+    dt2, idx0, idx1 = _step_args(problem)
+    amp = problem.source_amplitude(n)
+    p0, p1 = problem.source
+    n0, n1 = problem.shape
+
+    def gpu():
+        kernel = _gpu_kernel(cupy_module().cuda.Device().id)
+        grid = ((n1 + _BLOCK[0] - 1) // _BLOCK[0], (n0 + _BLOCK[1] - 1) // _BLOCK[1])
+        with stream.raw:
+            kernel(grid, _BLOCK, (U0, U1, U2, V, np.int32(n0), np.int32(n1), dt2, idx0, idx1,
+                                  np.int32(p0), np.int32(p1), amp))
+
+    def cpu():
+        _numpy_step(U0.view(np.ndarray), U1.view(np.ndarray), U2.view(np.ndarray), V.view(np.ndarray),
+                    dt2, idx0, idx1, p0, p1, amp)
+
+    tracing.enqueue(stream, kind="kernel", name=f"wave2d_4o level {n + 2}", level=n + 2, gpu=gpu, cpu=cpu)
+
+
+def reference_solution(problem, every=1):
+    """Plain NumPy answer: every ``every``-th level from 0 to nt-1, shape (nsaved, n0, n1).
+
+    No streams, no device: the ground truth the strategies are checked against.
+    """
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    every = checks.positive_int("every", every)
+    levels = np.arange(0, problem.nt, every)
+    out = np.empty((len(levels), *problem.shape), np.float32)
+    ring = [np.zeros(problem.shape, np.float32) for _ in range(3)]
+    dt2, idx0, idx1 = _step_args(problem)
+    for level in range(problem.nt):
+        if level >= 2:
+            n = level - 2
+            _numpy_step(ring[n % 3], ring[(n + 1) % 3], ring[level % 3], problem.velocity,
+                        dt2, idx0, idx1, *problem.source, problem.source_amplitude(n))
+        if level % every == 0:
+            out[level // every] = ring[level % 3]
+    return out
