@@ -13,6 +13,7 @@ runtime in :mod:`course_helper.cpu_runtime`, which has the same semantics.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -170,8 +171,21 @@ def _same_backend(a, b):
 def stream_priority_range():
     """``(lowest, highest)`` stream priority on this device; lower numbers are higher priority."""
     if backend_name() == "gpu":
-        return tuple(cupy_module().cuda.runtime.deviceGetStreamPriorityRange())
+        return _gpu_priority_range()
     return _CPU_PRIORITY_RANGE
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_priority_range():
+    rt = cupy_module().cuda.runtime
+    if hasattr(rt, "deviceGetStreamPriorityRange"):
+        return tuple(rt.deviceGetStreamPriorityRange())
+    # CUDA clamps a requested priority into the device's range, so asking for
+    # two extreme priorities and reading them back gives the range.
+    cuda = cupy_module().cuda
+    lowest = cuda.Stream(non_blocking=True, priority=1 << 20).priority
+    highest = cuda.Stream(non_blocking=True, priority=-(1 << 20)).priority
+    return (int(lowest), int(highest))
 
 
 def create_streams(n, synchronise=False, priority=None, name="stream"):
