@@ -24,7 +24,8 @@ from .streams import (Event, Stream, create_events, create_streams, current_stre
                       elapsed_ms, stream_priority_range)
 from .timeline import Trace, TraceEvent
 from .tracing import tracing
-from .viewer import SliceViewer, animate, compare_slices, plot_slices
+from .viewer import SliceViewer, animate, compare_slices, plot_slices, show_code
+from .exercise import LayerCakeError, bake_layer, check_layer_cake, layer_values
 from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution, ricker
 
 __version__ = "0.1.0"
@@ -40,5 +41,6 @@ __all__ = [
     "WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
     "solve", "Result", "STRATEGIES", "plan_memory",
     "tracing", "Trace", "TraceEvent", "compare_strategies", "Comparison",
-    "plot_slices", "compare_slices", "animate", "SliceViewer",
+    "plot_slices", "compare_slices", "animate", "SliceViewer", "show_code",
+    "bake_layer", "layer_values", "check_layer_cake", "LayerCakeError",
 ]

@@ -88,6 +88,21 @@ class Stream:
         event.record(self)
         return event
 
+    def launch_host_func(self, fn):
+        """Queue a Python function to run (on a driver/worker thread) when the
+        stream reaches this point, like ``cudaLaunchHostFunc``.
+
+        Handy to simulate slow work or to log when a stream gets somewhere.
+        The function must not queue device work itself. On the CPU backend an
+        exception it raises comes back at the next synchronisation.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        if self.on_gpu:
+            self.raw.launch_host_func(lambda _arg: fn(), None)
+        else:
+            self.raw.submit(fn)
+
     def query(self):
         """True when all work queued on this stream has finished (never blocks)."""
         return bool(self.raw.done)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["plot_slices", "compare_slices", "animate", "SliceViewer", "colour_limit"]
+__all__ = ["plot_slices", "compare_slices", "animate", "SliceViewer", "colour_limit", "show_code"]
 
 
 def _stack_of(result_or_images):
@@ -195,3 +195,13 @@ def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield")
     html = anim.to_jshtml()
     plt.close(fig)
     return HTML(html)
+
+
+def show_code(obj):
+    """Display the source of a function (e.g. a strategy's loop) as highlighted code.
+
+    The notebooks show the loops this way, so the code you read is the code that runs.
+    """
+    import inspect
+    from IPython.display import Code
+    return Code(inspect.getsource(obj), language="python")

@@ -1,0 +1,106 @@
+"""The layer-cake exercise: fill the planes of a 3D stack on the device, one
+kernel per plane, and copy each plane to the host while the next is baked.
+
+:func:`bake_layer` is the "kernel", :func:`check_layer_cake` the checker that
+says what is wrong with a learner's result, and :func:`layer_values` the
+expected content of a plane.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import checks, streams, tracing
+from .backend import cupy_module
+
+__all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
+
+_SOURCE = r"""
+extern "C" __global__ void bake_layer(float* plane, const int n0, const int n1, const int k) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int i = blockIdx.y * blockDim.y + threadIdx.y;
+    if (i >= n0 || j >= n1) return;
+    // Layer k holds k + a small pattern in [0, 0.5): the integer part says which layer it is.
+    plane[(long long)i * n1 + j] = (float)k + 0.5f * (float)((i * 7 + j * 3) % 64) / 64.0f;
+}
+"""
+
+
+class LayerCakeError(AssertionError):
+    """The stack is not what the exercise expects; the message says why and what to try."""
+
+
+def layer_values(k, shape):
+    """The expected content of plane ``k`` (float32), computed on the host."""
+    n0, n1 = shape
+    i = np.arange(n0)[:, None]
+    j = np.arange(n1)[None, :]
+    pattern = ((i * 7 + j * 3) % 64).astype(np.float32)
+    return np.float32(k) + np.float32(0.5) * pattern / np.float32(64.0)
+
+
+def _kernel():
+    cupy = cupy_module()
+    return cupy.RawKernel(_SOURCE, "bake_layer")
+
+
+def bake_layer(plane, k, stream=None):
+    """Queue the kernel that fills the device array ``plane`` with layer ``k``."""
+    from .memory import is_device_array
+    if not is_device_array(plane):
+        raise TypeError("plane must be a device array (device_empty/device_zeros)")
+    if plane.ndim != 2 or plane.dtype != np.float32 or not plane.flags.c_contiguous:
+        raise ValueError(f"plane must be a C-contiguous 2D float32 array, got {plane.dtype} {plane.shape}")
+    k = checks.positive_int("k (layer number)", k, minimum=0)
+    stream = streams.resolve(stream)
+    n0, n1 = plane.shape
+
+    def gpu():
+        with stream.raw:
+            _kernel()(((n1 + 31) // 32, (n0 + 7) // 8), (32, 8), (plane, np.int32(n0), np.int32(n1), np.int32(k)))
+
+    def cpu():
+        np.copyto(plane.view(np.ndarray), layer_values(k, (n0, n1)))
+
+    tracing.enqueue(stream, kind="kernel", name=f"bake layer {k}", level=k, gpu=gpu, cpu=cpu)
+
+
+def check_layer_cake(stack, nplanes=None):
+    """Check a finished layer cake; raise :class:`LayerCakeError` saying what is wrong.
+
+    Returns a one-line success message when every plane holds its own layer.
+    """
+    from .memory import is_device_array, is_pinned
+    if is_device_array(stack):
+        raise LayerCakeError("the stack is still on the device: the exercise copies every plane to a "
+                             "host array made with pinned_empty((nplanes, n0, n1))")
+    stack = np.asarray(stack)
+    if stack.ndim != 3:
+        raise LayerCakeError(f"the stack should be 3D (nplanes, n0, n1), got shape {stack.shape}")
+    nplanes = stack.shape[0] if nplanes is None else nplanes
+    if stack.shape[0] != nplanes:
+        raise LayerCakeError(f"the stack has {stack.shape[0]} planes but the cake has {nplanes}")
+    problems = []
+    for k in range(nplanes):
+        plane = stack[k]
+        if np.isnan(plane).any():
+            problems.append(f"plane {k} was never (fully) written - is every plane copied, and did you "
+                            "synchronise before checking?")
+            continue
+        expected = layer_values(k, plane.shape)
+        if np.array_equal(plane, expected):
+            continue
+        layers = np.unique(np.floor(plane).astype(np.int64))
+        if len(layers) == 1 and layers[0] != k:
+            problems.append(f"plane {k} holds layer {layers[0]}: its buffer was refilled before the copy "
+                            "read it (a race) - make the bake of a buffer wait for the copy out of it "
+                            "(record an event after the copy; compute_stream.wait_event(it))")
+        elif len(layers) > 1:
+            problems.append(f"plane {k} mixes layers {list(layers)}: the copy overlapped the bake of the "
+                            "same buffer - the IO stream must wait for the event recorded after the bake")
+        else:
+            problems.append(f"plane {k} has the right layer number but wrong values")
+    if problems:
+        head = f"{len(problems)} of {nplanes} planes are wrong:\n  - "
+        raise LayerCakeError(head + "\n  - ".join(problems[:6]) + ("\n  ..." if len(problems) > 6 else ""))
+    pinned = "" if is_pinned(stack) else " (note: the host stack is not pinned, so copies could not overlap)"
+    return f"all {nplanes} layers are correct{pinned}"

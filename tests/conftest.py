@@ -1,0 +1,55 @@
+"""Shared fixtures: every backend-dependent test runs on the CPU backend, and on
+the GPU backend too when a GPU works here (skipped cleanly otherwise)."""
+import gc
+import os
+import threading
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+import course_helper as ch  # noqa: E402
+
+
+def _gpu_reason():
+    return None if ch.gpu_available() else "no working CUDA GPU here (the GPU tests run on a GPU machine)"
+
+
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def backend(request):
+    """Run the test on this backend, then restore the one chosen at start."""
+    if request.param == "gpu":
+        reason = _gpu_reason()
+        if reason:
+            pytest.skip(reason)
+    previous = ch.backend_name()
+    ch.set_backend(request.param)
+    yield request.param
+    ch.synchronize()
+    ch.set_backend(previous)
+
+
+@pytest.fixture
+def cpu():
+    """CPU backend only (tests of CPU-runtime semantics)."""
+    previous = ch.backend_name()
+    ch.set_backend("cpu")
+    yield "cpu"
+    ch.set_backend(previous)
+
+
+@pytest.fixture
+def small():
+    """A small problem that keeps the tests fast on any backend."""
+    return ch.WaveProblem(n0=48, n1=48, nt=50)
+
+
+def course_threads():
+    gc.collect()
+    return [t for t in threading.enumerate() if t.name.startswith("course_helper-") and t.is_alive()]
+
+
+def pytest_report_header(config):
+    return (f"course_helper backend: {ch.backend_name()} "
+            f"(COURSE_HELPER_BACKEND={os.environ.get('COURSE_HELPER_BACKEND', 'unset')})")

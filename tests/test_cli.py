@@ -1,0 +1,52 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from course_helper.cli import main
+
+
+def test_compare_end_to_end_on_the_cpu_backend(tmp_path, capsys):
+    out = tmp_path / "results"
+    code = main(["compare", "--n", "40", "--nt", "30", "--repeats", "2", "--backend", "cpu",
+                 "--out", str(out), "--no-progress"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "identical images" in text
+    for s in ("sequential", "streams", "events"):
+        assert s in text
+        doc = json.loads((out / f"trace_{s}.json").read_text())
+        assert any(e["ph"] == "X" for e in doc["traceEvents"])
+        assert (out / f"timeline_{s}.png").read_bytes()[:4] == b"\x89PNG"
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
+
+
+def test_module_entry_point_and_progress_bar(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "course_helper", "compare", "--n", "32", "--nt", "20",
+                        "--repeats", "1", "--strategies", "events", "--backend", "cpu"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "sequential" in p.stdout and "events" in p.stdout and "streams" not in p.stdout
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--strategies", "warp-drive"], "unknown strategy"),
+    (["--repeats", "0"], "repeats must be at least 1"),
+    (["--n", "3"], "padding"),
+    (["--every", "0"], "every must be at least 1"),
+])
+def test_bad_arguments_exit_2_with_a_message(args, msg, capsys):
+    code = main(["compare", "--backend", "cpu", "--no-progress", "--nt", "20", *args])
+    assert code == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_unwritable_output_folder_is_refused_before_running(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code = main(["compare", "--backend", "cpu", "--no-progress", "--n", "32", "--nt", "20",
+                 "--out", str(blocker / "sub")])
+    assert code == 2
+    assert "error" in capsys.readouterr().err

@@ -1,0 +1,110 @@
+import numpy as np
+import pytest
+
+import course_helper as ch
+
+
+def test_pinned_arrays_and_views_are_pinned(backend):
+    a = ch.pinned_empty((4, 8))
+    z = ch.pinned_zeros(16, dtype=np.float64)
+    assert a.shape == (4, 8) and a.dtype == np.float32
+    assert z.dtype == np.float64 and np.all(z == 0)
+    assert ch.is_pinned(a) and ch.is_pinned(z)
+    assert ch.is_pinned(a[2]) and ch.is_pinned(a[1:3, 2:])
+    assert not ch.is_pinned(np.empty((4, 8), np.float32))
+    assert not ch.is_pinned(ch.device_zeros(3))
+    assert not ch.is_pinned([1, 2, 3])
+
+
+def test_pinned_registration_ends_with_the_array(cpu):
+    a = ch.pinned_empty(1000)
+    addr = a.ctypes.data
+    del a
+    b = np.empty(1000, np.float32)
+    if b.ctypes.data == addr:      # the allocator reused the block: it must not look pinned
+        assert not ch.is_pinned(b)
+
+
+@pytest.mark.parametrize("bad", [-1, (2, -3), "many", (2.5,)])
+def test_bad_shapes_are_refused(backend, bad):
+    with pytest.raises((TypeError, ValueError)):
+        ch.pinned_empty(bad)
+    with pytest.raises((TypeError, ValueError)):
+        ch.device_zeros(bad)
+
+
+def test_async_round_trip_into_slices_of_a_pinned_stack(backend):
+    rng = np.random.default_rng(0)
+    planes = [rng.random((16, 24), dtype=np.float32) for _ in range(5)]
+    dev = [ch.to_device(p) for p in planes]
+    stack = ch.pinned_empty((5, 16, 24))
+    stack.fill(np.nan)
+    streams = ch.create_streams(2)
+    for k, d in enumerate(dev):
+        ch.copy_to_host_async(stack[k], d, streams[k % 2], level=k)
+    ch.synchronize()
+    np.testing.assert_array_equal(stack, np.stack(planes))
+    back = ch.device_zeros((16, 24))
+    ch.copy_to_device_async(back, stack[3], streams[0])
+    other = ch.device_zeros((16, 24))
+    ch.copy_on_device_async(other, back, streams[0])
+    streams[0].synchronize()
+    np.testing.assert_array_equal(ch.to_host(other), planes[3])
+
+
+def test_pageable_buffer_is_refused_with_the_reason(backend):
+    src = ch.device_zeros(8)
+    with pytest.raises(ValueError, match="pageable") as info:
+        ch.copy_to_host_async(np.empty(8, np.float32), src)
+    assert "pinned_empty" in str(info.value) and "returns only when the copy has finished" in str(info.value)
+    with pytest.raises(ValueError, match="pageable"):
+        ch.copy_to_device_async(src, np.zeros(8, np.float32))
+
+
+def test_mismatches_are_refused_before_anything_is_queued(backend):
+    (s,) = ch.create_streams(1)
+    src = ch.device_zeros((4, 4))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        ch.copy_to_host_async(ch.pinned_empty((4, 5)), src, s)
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        ch.copy_to_host_async(ch.pinned_empty((4, 4), np.float64), src, s)
+    wide = ch.pinned_empty((4, 8))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        ch.copy_to_host_async(wide[:, ::2], src, s)
+    with pytest.raises(TypeError, match="device array but a host"):
+        ch.copy_to_host_async(ch.device_zeros((4, 4)), src, s)
+    with pytest.raises(TypeError, match="host .NumPy. array but a device"):
+        ch.copy_to_host_async(ch.pinned_empty((4, 4)), np.zeros((4, 4), np.float32), s)
+    with pytest.raises(TypeError, match="device array but a host"):
+        ch.to_device(src)
+    with pytest.raises(TypeError, match="device array is expected"):
+        ch.to_host(np.zeros(3))
+    with pytest.raises(TypeError, match="Stream"):
+        ch.copy_to_host_async(ch.pinned_empty((4, 4)), src, stream="io")
+    assert s.done                    # nothing was queued
+
+
+def test_blocking_copy_accepts_pageable_memory(backend):
+    x = np.arange(10, dtype=np.float32)
+    out = np.empty(10, np.float32)
+    ch.copy_to_host(out, ch.to_device(x))
+    np.testing.assert_array_equal(out, x)
+
+
+def test_bandwidth_helper_reports_pinned_and_pageable(backend):
+    rows = ch.measure_bandwidth(sizes_mib=(1, 8), repeats=2)
+    assert [(r["size_mib"], r["memory"]) for r in rows] == [
+        (1, "pinned"), (1, "pageable"), (8, "pinned"), (8, "pageable")]
+    for r in rows:
+        assert r["correct"] and r["gb_per_s"] > 0
+        if r["memory"] == "pageable":
+            assert r["returned_early"] == 0      # a pageable "async" copy never returns early
+    if backend == "gpu":
+        assert all(r["returned_early"] > 0 for r in rows if r["memory"] == "pinned")
+
+
+@pytest.mark.parametrize("sizes,repeats,err", [((), 2, ValueError), ((-1,), 2, ValueError),
+                                               (3, 2, TypeError), ((1,), 0, ValueError)])
+def test_bandwidth_helper_bad_input(backend, sizes, repeats, err):
+    with pytest.raises(err):
+        ch.measure_bandwidth(sizes, repeats=repeats)

@@ -1,0 +1,54 @@
+"""Keeps the repository itself honest: dependency lists agree, notebooks are canonical."""
+import json
+import pathlib
+import re
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+
+
+def _name(req):
+    return re.split(r"[<>=!~ \[]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_environment_yml_lists_the_same_dependencies_as_pyproject():
+    py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {_name(r) for r in py["dependencies"]}
+    for extra in ("test", "lab"):
+        wanted |= {_name(r) for r in py["optional-dependencies"][extra]}
+    env_lines = (ROOT / "environment.yml").read_text().splitlines()
+    deps = [l.strip()[2:] for l in env_lines if l.strip().startswith("- ") and not l.strip().startswith("- -e")]
+    conda = {_name(d) for d in deps} - {"python", "pip", "pip:"}
+    assert "cupy" in conda                       # conda's name for the cupy-cuda* wheels
+    assert conda - {"cupy"} == wanted
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 5
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_canonical(path):
+    import nbformat
+    raw = path.read_text()
+    nb = nbformat.reads(raw, as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    assert "widgets" not in nb.metadata, "stray widget state saved in the notebook"
+    for cell in nb.cells:
+        assert "execution" not in cell.get("metadata", {}), "execution-timing metadata"
+        assert "collapsed" not in cell.get("metadata", {}) or cell.cell_type == "code"
+    # Every image link resolves.
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        for link in re.findall(r"!\[[^\]]*\]\(([^)\s]+)", cell.source) + re.findall(r'<img[^>]+src="([^"]+)"', cell.source):
+            if link.startswith(("http://", "https://", "data:", "attachment:")):
+                continue
+            assert (path.parent / link).resolve().exists(), f"{path.name}: missing image {link}"
+    # One canonical serialisation: what nbformat writes.
+    assert raw == nbformat.writes(nb), \
+        f"{path.name} is not saved in canonical nbformat form (run python tools/canonical_notebooks.py)"

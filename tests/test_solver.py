@@ -1,0 +1,134 @@
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import course_helper as ch
+from course_helper import solver
+
+STRATEGIES = ["sequential", "streams", "events"]
+
+
+@pytest.fixture
+def reference(small):
+    return ch.reference_solution(small)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_level_is_written_exactly_once(backend, small, strategy):
+    r = ch.solve(small, strategy)
+    assert r.images.shape == (small.nt, *small.shape)
+    assert not np.isnan(r.images).any(), "a saved level was never written (NaN poison left)"
+    assert list(r.levels) == list(range(small.nt))           # levels 0 and 1 included, no gaps
+    copies = Counter(e.level for e in r.trace.copies)
+    assert copies == Counter(range(small.nt)), "some level was copied twice or not at all"
+    assert len(r.trace.kernels) == small.nt - 2
+
+
+def test_all_strategies_give_identical_images(backend, small, reference):
+    results = {s: ch.solve(small, s) for s in STRATEGIES}
+    base = results["sequential"].images
+    for s, r in results.items():
+        assert np.array_equal(r.images, base), f"{s} differs from sequential"
+    if backend == "cpu":
+        assert np.array_equal(base, reference)
+
+
+@pytest.mark.parametrize("every", [2, 7, 49])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_snapshot_interval(backend, small, reference, strategy, every):
+    r = ch.solve(small, strategy, every=every)
+    assert list(r.levels) == list(range(0, small.nt, every))
+    assert not np.isnan(r.images).any()
+    expected = reference[::every]
+    if backend == "cpu":
+        assert np.array_equal(r.images, expected)
+    else:
+        np.testing.assert_allclose(r.images, expected, atol=1e-6 * np.abs(reference).max())
+
+
+@pytest.mark.parametrize("nscratch", [4, 5, 9])
+def test_scratch_ring_sizes_agree(backend, small, nscratch):
+    base = ch.solve(small, "sequential", trace=False).images
+    for strategy in ("streams", "events"):
+        r = ch.solve(small, strategy, nscratch=nscratch, trace=False)
+        assert np.array_equal(r.images, base)
+        assert r.nscratch == nscratch
+
+
+def test_too_few_scratch_buffers_is_refused_with_the_race_explained(backend, small):
+    with pytest.raises(ValueError, match="race") as info:
+        ch.solve(small, "events", nscratch=3)
+    assert "nscratch >= 4" in str(info.value) and "unsafe=True" in str(info.value)
+    with pytest.raises(ValueError, match="at least 3"):
+        ch.solve(small, "events", nscratch=2, unsafe=True)
+
+
+@pytest.mark.parametrize("strategy", ["streams", "events"])
+def test_the_unsafe_ring_gives_a_wrong_answer_that_comparison_catches(backend, small, strategy):
+    good = ch.solve(small, "sequential", trace=False)
+    bad = ch.solve(small, strategy, nscratch=3, unsafe=True, trace=False)
+    assert bad.max_difference(good) > 0
+
+
+@pytest.mark.parametrize("kwargs,err,msg", [
+    (dict(strategy="magic"), ValueError, "unknown strategy"),
+    (dict(every=0), ValueError, "at least 1"),
+    (dict(every=1.5), TypeError, "whole number"),
+    (dict(every=50), ValueError, "every=50 is not below nt=50"),
+    (dict(strategy="sequential", nscratch=5), ValueError, "always uses 3"),
+    (dict(strategy="events", nscratch="5"), TypeError, "whole number"),
+])
+def test_bad_solve_arguments(backend, small, kwargs, err, msg):
+    with pytest.raises(err, match=msg):
+        ch.solve(small, **kwargs)
+
+
+def test_problem_must_be_a_wave_problem(backend):
+    with pytest.raises(TypeError, match="WaveProblem"):
+        ch.solve({"n0": 10})
+
+
+def test_output_too_large_for_host_memory_is_refused_before_allocating(backend, monkeypatch, small):
+    monkeypatch.setattr(solver, "host_memory_available", lambda: 100_000)
+    allocated = []
+    monkeypatch.setattr(solver, "pinned_empty", lambda *a, **k: allocated.append(a))
+    with pytest.raises(MemoryError, match="every=") as info:
+        ch.solve(small, "events")
+    assert "MiB" in str(info.value)
+    assert allocated == []
+
+
+def test_plan_memory_counts_bytes(small):
+    plan = ch.plan_memory(small, every=5, nscratch=4)
+    assert plan["host"] == 10 * 48 * 48 * 4
+    assert plan["device"] == 5 * 48 * 48 * 4
+
+
+def test_result_without_trace_says_how_to_get_one(backend, small):
+    r = ch.solve(small, "events", trace=False)
+    assert not r.has_trace
+    with pytest.raises(ValueError, match="trace=True"):
+        r.trace
+    assert "events" in repr(r)
+    np.testing.assert_allclose(r.times_ms, r.levels * small.dt * 1e3)
+
+
+def test_a_failing_run_leaves_the_process_usable(cpu, small, monkeypatch):
+    from course_helper import strategies as strat_mod
+    calls = {"n": 0}
+    real = strat_mod.launch_wave2d
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise KeyboardInterrupt("simulated Ctrl-C")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(strat_mod, "launch_wave2d", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        ch.solve(small, "events")
+    monkeypatch.setattr(strat_mod, "launch_wave2d", real)
+    assert ch.tracing.__name__                      # the module still imports
+    r = ch.solve(small, "events")
+    assert np.array_equal(r.images, ch.reference_solution(small))

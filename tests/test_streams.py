@@ -1,0 +1,253 @@
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import course_helper as ch
+from conftest import course_threads
+
+
+def _stamp(log, label, delay=0.0):
+    def fn():
+        t0 = time.perf_counter()
+        if delay:
+            time.sleep(delay)
+        log.append((label, t0, time.perf_counter()))
+    return fn
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_stream_and_event_counts_must_be_positive(backend, n):
+    with pytest.raises(ValueError, match="at least 1"):
+        ch.create_streams(n)
+    with pytest.raises(ValueError, match="at least 1"):
+        ch.create_events(n)
+
+
+@pytest.mark.parametrize("n", [1.5, "2", None, True])
+def test_stream_count_must_be_a_whole_number(backend, n):
+    with pytest.raises(TypeError, match="whole number"):
+        ch.create_streams(n)
+
+
+def test_priority_range_is_checked(backend):
+    lo, hi = ch.stream_priority_range()
+    assert hi <= lo
+    s = ch.create_streams(1, priority=hi)[0]
+    assert s.priority == hi
+    with pytest.raises(ValueError, match="outside this device's range"):
+        ch.create_streams(1, priority=lo + 1)
+    with pytest.raises(ValueError, match="outside this device's range"):
+        ch.create_streams(1, priority=hi - 1)
+    with pytest.raises(TypeError):
+        ch.create_streams(1, priority=0.5)
+
+
+def test_streams_are_named_and_flagged(backend):
+    io = ch.create_streams(3, name="io")
+    assert [s.name for s in io] == ["io 0", "io 1", "io 2"]
+    assert not io[0].synchronise
+    (sync,) = ch.create_streams(1, synchronise=True, name="blocking")
+    assert sync.synchronise and sync.name == "blocking"
+    if backend == "gpu":
+        import cupy
+        assert isinstance(io[0].raw, cupy.cuda.Stream)
+
+
+def test_wait_event_orders_a_stream_after_slow_work_on_another(backend):
+    a, b = ch.create_streams(2)
+    (ev,) = ch.create_events(1)
+    log = []
+    a.launch_host_func(_stamp(log, "slow", delay=0.3))
+    a.record(ev)
+    b.wait_event(ev)
+    b.launch_host_func(_stamp(log, "after"))
+    b.synchronize()
+    assert [x[0] for x in log] == ["slow", "after"]
+    assert log[1][1] >= log[0][2]          # started only after the slow work ended
+
+
+def test_without_wait_the_second_stream_runs_ahead(backend):
+    a, b = ch.create_streams(2)
+    log = []
+    a.launch_host_func(_stamp(log, "slow", delay=0.3))
+    b.launch_host_func(_stamp(log, "free"))
+    b.synchronize()
+    a.synchronize()
+    assert [x[0] for x in log] == ["free", "slow"]
+
+
+def test_two_streams_really_overlap_on_the_cpu_backend(cpu):
+    a, b = ch.create_streams(2)
+    log = []
+    a.launch_host_func(_stamp(log, "a", delay=0.25))
+    b.launch_host_func(_stamp(log, "b", delay=0.25))
+    ch.synchronize()
+    (_, a0, a1), (_, b0, b1) = sorted(log)
+    assert max(a0, b0) < min(a1, b1), "the two streams' work did not overlap in time"
+
+
+def test_numpy_work_on_two_streams_overlaps(cpu):
+    """Large NumPy copies release the GIL, so two workers copy at the same time."""
+    n = 4_000_000
+    src = [ch.to_device(np.random.default_rng(i).random(n, dtype=np.float32)) for i in range(2)]
+    dst = [ch.pinned_empty(n) for _ in range(2)]
+    streams = ch.create_streams(2)
+    with ch.tracing() as t:
+        for rep in range(6):
+            for s, d, x in zip(streams, dst, src):
+                ch.copy_to_host_async(d, x, s, level=rep)
+    for d, x in zip(dst, src):
+        np.testing.assert_array_equal(d, ch.to_host(x))
+    per_track = {tr: [(e.start_ms, e.end_ms) for e in t.events if e.track == tr] for tr in t.tracks}
+    assert len(per_track) == 2
+    (ta, ia), (tb, ib) = per_track.items()
+    overlapping = sum(1 for a0, a1 in ia for b0, b1 in ib if max(a0, b0) < min(a1, b1))
+    assert overlapping > 0
+
+
+def test_exception_in_stream_work_is_raised_at_synchronize(cpu):
+    (s,) = ch.create_streams(1)
+
+    def broken_step():
+        raise ValueError("boom in the worker")
+
+    s.launch_host_func(broken_step)
+    with pytest.raises(ValueError, match="boom in the worker") as info:
+        s.synchronize()
+    assert any(fr.name == "broken_step" for fr in info.traceback)
+    log = []
+    s.launch_host_func(lambda: log.append("ok"))
+    s.synchronize()                      # the stream is usable again
+    assert log == ["ok"]
+
+
+def test_exception_reaches_event_and_device_synchronize(cpu):
+    (s,) = ch.create_streams(1)
+    (ev,) = ch.create_events(1)
+    s.launch_host_func(lambda: 1 / 0)
+    s.record(ev)
+    with pytest.raises(ZeroDivisionError):
+        ev.synchronize()
+    with pytest.raises(ZeroDivisionError):
+        ch.synchronize()
+    ch.synchronize()                     # raised once, then cleared
+
+
+def test_work_after_a_failure_is_skipped_not_run(cpu):
+    (s,) = ch.create_streams(1)
+    log = []
+    s.launch_host_func(lambda: 1 / 0)
+    s.launch_host_func(lambda: log.append("should not run"))
+    with pytest.raises(ZeroDivisionError):
+        s.synchronize()
+    assert log == []
+
+
+def test_blocking_stream_waits_for_default_stream_but_non_blocking_does_not(backend):
+    default = ch.default_stream()
+    (blocking,) = ch.create_streams(1, synchronise=True)
+    (free,) = ch.create_streams(1, synchronise=False)
+    log = []
+    default.launch_host_func(_stamp(log, "default", delay=0.3))
+    free.launch_host_func(_stamp(log, "non-blocking"))
+    blocking.launch_host_func(_stamp(log, "blocking"))
+    blocking.synchronize()
+    free.synchronize()
+    order = [x[0] for x in log]
+    assert order.index("non-blocking") < order.index("default") < order.index("blocking")
+
+
+def test_event_query_record_and_elapsed(backend):
+    (s,) = ch.create_streams(1)
+    start, end = ch.create_events(2, timing=True)
+    assert start.done and start.query()           # never recorded: complete
+    with pytest.raises(ValueError, match="never recorded"):
+        ch.elapsed_ms(start, end)
+    s.record(start)
+    s.launch_host_func(lambda: time.sleep(0.2))
+    s.record(end)
+    assert not end.done                           # the host did not wait
+    assert not s.query() and not s.done
+    end.synchronize()
+    assert end.done and s.done
+    ms = ch.elapsed_ms(start, end)
+    assert ms >= 150                              # it measured the sleep, not zero
+    (plain,) = ch.create_events(1)
+    s.record(plain)
+    plain.synchronize()
+    with pytest.raises(ValueError, match="without timing"):
+        ch.elapsed_ms(plain, end)
+
+
+def test_elapsed_on_an_unfinished_event_says_to_synchronize(backend):
+    (s,) = ch.create_streams(1)
+    a, b = ch.create_events(2, timing=True)
+    s.record(a)
+    s.launch_host_func(lambda: time.sleep(0.3))
+    s.record(b)
+    with pytest.raises(RuntimeError, match="synchronize"):
+        ch.elapsed_ms(a, b)
+    s.synchronize()
+
+
+def test_record_returns_event_and_rejects_non_events(backend):
+    (s,) = ch.create_streams(1)
+    ev = s.record()
+    assert isinstance(ev, ch.Event)
+    with pytest.raises(TypeError):
+        s.record("not an event")
+    with pytest.raises(TypeError):
+        s.wait_event(None)
+    with pytest.raises(TypeError):
+        ev.record("not a stream")
+    with pytest.raises(TypeError):
+        s.launch_host_func(42)
+
+
+def test_stream_as_context_manager_sets_current_stream(backend):
+    (s,) = ch.create_streams(1)
+    assert ch.current_stream().is_default
+    with s:
+        assert ch.current_stream() is s
+        a = ch.device_zeros((4,))
+        h = ch.pinned_empty((4,))
+        ch.copy_to_host_async(h, a)              # goes to s
+    assert ch.current_stream().is_default
+    s.synchronize()
+    assert np.all(h == 0)
+
+
+def test_wait_stream(backend):
+    a, b = ch.create_streams(2)
+    log = []
+    a.launch_host_func(_stamp(log, "first", delay=0.2))
+    b.wait_stream(a)
+    b.launch_host_func(_stamp(log, "second"))
+    b.synchronize()
+    assert [x[0] for x in log] == ["first", "second"]
+
+
+def test_worker_threads_are_cleaned_up(cpu):
+    baseline = len(course_threads())
+    streams = ch.create_streams(4)
+    for s in streams:
+        s.launch_host_func(lambda: None)
+    ch.synchronize()
+    assert len(course_threads()) >= baseline + 4
+    del streams, s
+    deadline = time.time() + 5
+    while len(course_threads()) > baseline and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(course_threads()) <= baseline
+
+
+def test_solve_leaves_no_worker_threads(cpu, small):
+    baseline = len(course_threads())
+    ch.solve(small, "events")
+    deadline = time.time() + 5
+    while len(course_threads()) > baseline and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(course_threads()) <= baseline
+    assert threading.active_count() < 50

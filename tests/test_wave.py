@@ -1,0 +1,118 @@
+import math
+
+import numpy as np
+import pytest
+
+import course_helper as ch
+
+#: Largest |GPU - NumPy| difference accepted, relative to the peak amplitude.
+#: Measured on an NVIDIA H200 (CuPy 14, 256x256x640): 3.9e-7 absolute at a peak of 2.44.
+GPU_TOLERANCE = 1e-6
+
+
+def test_defaults_reproduce_the_reference_lesson():
+    p = ch.WaveProblem()
+    assert p.shape == (256, 256) and p.source == (128, 128)
+    assert math.isclose(p.dt, 1.16618e-3, rel_tol=1e-5)
+    assert math.isclose(p.fm, 34.3)
+    assert math.isclose(p.td, math.sqrt(6) / (math.pi * 34.3))
+    assert p.nt == 640
+    assert math.isclose(p.cfl_limit, math.sqrt(3 / 8))
+    assert p.velocity.shape == (256, 256) and p.velocity.dtype == np.float32
+
+
+def test_layered_velocity_sets_vmax_and_dt():
+    v = np.full((64, 64), 1500.0)
+    v[32:] = 3000.0
+    p = ch.WaveProblem(64, 64, velocity=v, dx=(2.0, 1.0))
+    assert p.vmax == 3000.0
+    assert math.isclose(p.dt, 0.4 * 1.0 / 3000.0)
+    assert math.isclose(p.fm, 3000.0 / (10 * 2.0))
+
+
+@pytest.mark.parametrize("kwargs,err,msg", [
+    (dict(n0=4), ValueError, "padding"),
+    (dict(n1=3), ValueError, "padding"),
+    (dict(n0=32.5), TypeError, "whole number"),
+    (dict(dx=0), ValueError, "above 0"),
+    (dict(dx=(1.0, -1.0)), ValueError, "above 0"),
+    (dict(dx=(1.0, 1.0, 1.0)), ValueError, "pair"),
+    (dict(velocity=-343), ValueError, "above 0"),
+    (dict(velocity=float("nan")), ValueError, "finite"),
+    (dict(velocity=np.ones((10, 10))), ValueError, "shape"),
+    (dict(velocity=np.zeros((256, 256))), ValueError, "above 0"),
+    (dict(nt=0), ValueError, "at least 3"),
+    (dict(nt=-5), ValueError, "at least 3"),
+    (dict(cfl=0.7), ValueError, "stability limit"),
+    (dict(cfl=0), ValueError, "above 0"),
+    (dict(source=(1, 128)), ValueError, "outside the interior"),
+    (dict(source=(128, 254)), ValueError, "outside the interior"),
+    (dict(source=5), TypeError, "pair"),
+])
+def test_bad_problems_are_refused(kwargs, err, msg):
+    with pytest.raises(err, match=msg):
+        ch.WaveProblem(**kwargs)
+
+
+def test_kernel_source_is_shipped():
+    src = ch.kernel_source()
+    assert "__global__ void wave2d_4o" in src and "return;" in src
+
+
+def test_one_step_matches_the_reference(backend):
+    p = ch.WaveProblem(40, 52, nt=12, source=(20, 30))
+    ref = ch.reference_solution(p)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    for n in range(p.nt - 2):
+        ch.launch_wave2d(U[n % 3], U[(n + 1) % 3], U[(n + 2) % 3], V, p, n)
+    last = ch.to_host(U[(p.nt - 1) % 3])
+    tol = 0 if backend == "cpu" else GPU_TOLERANCE * np.abs(ref).max()
+    np.testing.assert_allclose(last, ref[-1], rtol=0, atol=tol)
+    assert np.abs(last).max() > 0
+
+
+def test_many_steps_gpu_vs_numpy_within_tolerance(backend):
+    p = ch.WaveProblem(96, 96, nt=200)
+    ref = ch.reference_solution(p)
+    r = ch.solve(p, "sequential", trace=False)
+    diff = r.max_difference(ref)
+    if backend == "cpu":
+        assert diff == 0.0
+    else:
+        assert diff <= GPU_TOLERANCE * np.abs(ref).max()
+    print(f"{backend}: max |solve - NumPy reference| = {diff:.3g} (peak {np.abs(ref).max():.3g})")
+
+
+def test_centred_source_gives_a_symmetric_wavefield(backend):
+    p = ch.WaveProblem(65, 65, nt=120)          # odd grid: the centre cell is the middle
+    assert p.source == (32, 32)
+    img = ch.solve(p, "events", trace=False).images[-1].astype(np.float64)
+    peak = np.abs(img).max()
+    assert peak > 0
+    np.testing.assert_allclose(img, img[::-1, :], atol=1e-5 * peak)
+    np.testing.assert_allclose(img, img[:, ::-1], atol=1e-5 * peak)
+    np.testing.assert_allclose(img, img.T, atol=1e-5 * peak)
+
+
+def test_walls_stay_zero(backend, small):
+    img = ch.solve(small, "streams", trace=False).images
+    for edge in (img[:, :2, :], img[:, -2:, :], img[:, :, :2], img[:, :, -2:]):
+        assert np.all(edge == 0)
+
+
+def test_launch_refuses_bad_buffers(backend, small):
+    U = [ch.device_zeros(small.shape) for _ in range(3)]
+    V = ch.to_device(small.velocity)
+    with pytest.raises(ValueError, match="different buffer"):
+        ch.launch_wave2d(U[0], U[1], U[1], V, small, 0)
+    with pytest.raises(TypeError, match="device array"):
+        ch.launch_wave2d(U[0], U[1], np.zeros(small.shape, np.float32), V, small, 0)
+    with pytest.raises(ValueError, match="float32"):
+        ch.launch_wave2d(U[0], U[1], ch.device_zeros((8, 8)), V, small, 0)
+    with pytest.raises(ValueError, match="float32"):
+        ch.launch_wave2d(U[0], U[1], ch.device_zeros(small.shape, np.float64), V, small, 0)
+    with pytest.raises(ValueError, match="at least 0"):
+        ch.launch_wave2d(U[0], U[1], U[2], V, small, -1)
+    with pytest.raises(TypeError, match="WaveProblem"):
+        ch.launch_wave2d(U[0], U[1], U[2], V, "problem", 0)
