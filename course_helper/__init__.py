@@ -23,7 +23,7 @@ from .solver import STRATEGIES, Result, plan_memory, solve
 from .streams import (Event, Stream, create_events, create_streams, current_stream, default_stream,
                       elapsed_ms, stream_priority_range)
 from .timeline import Trace, TraceEvent
-from .tracing import tracing
+from .recording import tracing
 from .viewer import SliceViewer, animate, compare_slices, plot_slices, show_code
 from .exercise import LayerCakeError, bake_layer, check_layer_cake, layer_values
 from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution, ricker

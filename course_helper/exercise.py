@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks, streams, tracing
+from . import checks, recording, streams
 from .backend import cupy_module
 
 __all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
@@ -61,7 +61,7 @@ def bake_layer(plane, k, stream=None):
     def cpu():
         np.copyto(plane.view(np.ndarray), layer_values(k, (n0, n1)))
 
-    tracing.enqueue(stream, kind="kernel", name=f"bake layer {k}", level=k, gpu=gpu, cpu=cpu)
+    recording.enqueue(stream, kind="kernel", name=f"bake layer {k}", level=k, gpu=gpu, cpu=cpu)
 
 
 def check_layer_cake(stack, nplanes=None):

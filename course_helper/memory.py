@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from . import checks, streams, tracing
+from . import checks, recording, streams
 from .backend import backend_name, cupy_module
 
 __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
@@ -201,7 +201,7 @@ def copy_to_host_async(dst, src, stream=None, *, level=None):
     checks.same_layout(dst, src)
     _require_pinned("dst", dst, "device-to-host")
     stream = streams.resolve(stream)
-    tracing.enqueue(stream, kind="D2H", name=_label("D2H", level), nbytes=src.nbytes, level=level,
+    recording.enqueue(stream, kind="D2H", name=_label("D2H", level), nbytes=src.nbytes, level=level,
                     gpu=lambda: _memcpy_async(dst, src, _D2H, stream),
                     cpu=lambda: np.copyto(dst, _np(src)))
 
@@ -213,7 +213,7 @@ def copy_to_device_async(dst, src, stream=None, *, level=None):
     checks.same_layout(dst, src)
     _require_pinned("src", src, "host-to-device")
     stream = streams.resolve(stream)
-    tracing.enqueue(stream, kind="H2D", name=_label("H2D", level), nbytes=src.nbytes, level=level,
+    recording.enqueue(stream, kind="H2D", name=_label("H2D", level), nbytes=src.nbytes, level=level,
                     gpu=lambda: _memcpy_async(dst, src, _H2D, stream),
                     cpu=lambda: np.copyto(_np(dst), src))
 
@@ -224,7 +224,7 @@ def copy_on_device_async(dst, src, stream=None, *, level=None):
     _require_device("src", src)
     checks.same_layout(dst, src)
     stream = streams.resolve(stream)
-    tracing.enqueue(stream, kind="D2D", name=_label("D2D", level), nbytes=src.nbytes, level=level,
+    recording.enqueue(stream, kind="D2D", name=_label("D2D", level), nbytes=src.nbytes, level=level,
                     gpu=lambda: _memcpy_async(dst, src, _D2D, stream),
                     cpu=lambda: np.copyto(_np(dst), _np(src)))
 
@@ -239,10 +239,10 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     _require_device("src", src)
     checks.same_layout(dst, src)
     stream = streams.resolve(stream)
-    tracing.enqueue(stream, kind="D2H", name=_label("D2H", level), nbytes=src.nbytes, level=level,
+    recording.enqueue(stream, kind="D2H", name=_label("D2H", level), nbytes=src.nbytes, level=level,
                     gpu=lambda: _memcpy_async(dst, src, _D2H, stream),
                     cpu=lambda: np.copyto(dst, _np(src)))
-    with tracing.host_wait("blocking copy"):
+    with recording.host_wait("blocking copy"):
         stream.raw.synchronize()
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checks, strategies, tracing
+from . import checks, recording, strategies
 from .backend import backend_name, cupy_module, synchronize
 from .memory import device_zeros, host_memory_available, pinned_empty, to_device
 from .streams import create_events, create_streams
@@ -208,9 +208,9 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     recorder = None
     try:
         if trace:
-            recorder = tracing.Recorder({"strategy": strategy, "n0": problem.n0, "n1": problem.n1,
+            recorder = recording.Recorder({"strategy": strategy, "n0": problem.n0, "n1": problem.n1,
                                          "nt": problem.nt, "every": every, "nscratch": nscratch})
-            tracing._current = recorder
+            recording._current = recorder
         t0 = time.perf_counter()
         STRATEGIES[strategy](run)
         synchronize()
@@ -218,8 +218,8 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         timeline = recorder.finish() if recorder is not None else None
     except BaseException:
         # Leave the process usable: drain queued work, stop recording, re-raise.
-        if tracing._current is recorder:
-            tracing._current = None
+        if recording._current is recorder:
+            recording._current = None
         try:
             synchronize()
         except BaseException:  # noqa: BLE001 - the original error matters more

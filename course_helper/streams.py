@@ -17,7 +17,7 @@ import functools
 import threading
 import weakref
 
-from . import checks, tracing
+from . import checks, recording
 from .backend import backend_name, cupy_module
 
 __all__ = ["Stream", "Event", "create_streams", "create_events", "default_stream",
@@ -66,7 +66,7 @@ class Stream:
         On the CPU backend, an exception raised by the stream's work is raised
         here, with its original traceback.
         """
-        with tracing.host_wait(f"wait for {self.name}"):
+        with recording.host_wait(f"wait for {self.name}"):
             self.raw.synchronize()
 
     def wait_event(self, event):
@@ -154,7 +154,7 @@ class Event:
 
     def synchronize(self):
         """Block the host until the work before the event's latest record has finished."""
-        with tracing.host_wait("wait for event"):
+        with recording.host_wait("wait for event"):
             self.raw.synchronize()
 
     def query(self):

@@ -14,7 +14,7 @@ from importlib import resources
 
 import numpy as np
 
-from . import checks, streams, tracing
+from . import checks, recording, streams
 from .backend import backend_name, cupy_module
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
@@ -243,7 +243,7 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
         _numpy_step(U0.view(np.ndarray), U1.view(np.ndarray), U2.view(np.ndarray), V.view(np.ndarray),
                     dt2, idx0, idx1, p0, p1, amp)
 
-    tracing.enqueue(stream, kind="kernel", name=f"wave2d_4o level {n + 2}", level=n + 2, gpu=gpu, cpu=cpu)
+    recording.enqueue(stream, kind="kernel", name=f"wave2d_4o level {n + 2}", level=n + 2, gpu=gpu, cpu=cpu)
 
 
 def reference_solution(problem, every=1):

@@ -19,8 +19,9 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
     wanted = {_name(r) for r in py["dependencies"]}
     for extra in ("test", "lab"):
         wanted |= {_name(r) for r in py["optional-dependencies"][extra]}
-    env_lines = (ROOT / "environment.yml").read_text().splitlines()
-    deps = [l.strip()[2:] for l in env_lines if l.strip().startswith("- ") and not l.strip().startswith("- -e")]
+    text = (ROOT / "environment.yml").read_text()
+    section = text.split("dependencies:", 1)[1]
+    deps = [l.strip()[2:] for l in section.splitlines() if l.strip().startswith("- ") and "-e ." not in l]
     conda = {_name(d) for d in deps} - {"python", "pip", "pip:"}
     assert "cupy" in conda                       # conda's name for the cupy-cuda* wheels
     assert conda - {"cupy"} == wanted
