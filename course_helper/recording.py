@@ -183,6 +183,13 @@ def tracing(**meta):
     handle = _TraceHandle()
     try:
         yield handle
+    except BaseException:
+        # Keep what was recorded before the error, so it can still be looked at.
+        try:
+            handle.trace = rec.finish()
+        except BaseException:  # noqa: BLE001 - the original error matters more
+            pass
+        raise
     finally:
         if _current is rec:
             _current = None

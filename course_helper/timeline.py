@@ -219,7 +219,9 @@ class Trace:
                 if bars:
                     ax.broken_barh(bars, (lane[track] - 0.4, 0.8), facecolors=colour, edgecolor="none")
         ax.set_yticks(range(len(self.tracks)), self.tracks)
-        ax.set_ylim(len(self.tracks) - 0.5, -0.5)
+        ax.set_ylim(max(len(self.tracks), 1) - 0.5, -0.5)
+        if not self.events:
+            ax.text(0.5, 0.5, "nothing was recorded", transform=ax.transAxes, ha="center")
         ax.set_xlabel("time (ms)")
         if window is not None:
             pad = 0.02 * (window[1] - window[0])

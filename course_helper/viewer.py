@@ -67,13 +67,10 @@ class SliceViewer:
         # The Python side also follows the play button (no front end needed).
         self.play.observe(lambda ch: setattr(self.slider, "value", ch["new"]), names="value")
 
-        if self.interactive:
+        # Made with interactive mode off, so the figure appears once: inside the widget.
+        with plt.ioff():
             self.figure, ax = plt.subplots(figsize=(5.5, 4.6))
-            self.out = None
-        else:
-            self.out = widgets.Output()
-            with plt.ioff():
-                self.figure, ax = plt.subplots(figsize=(5.5, 4.6))
+        self.out = None if self.interactive else widgets.Output()
         self.ax = ax
         self.image = ax.imshow(self.images[0], cmap=cmap, vmin=-self.vlim, vmax=self.vlim,
                                origin="upper", interpolation="nearest")
@@ -197,11 +194,23 @@ def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield")
     return HTML(html)
 
 
+class SourceCode:
+    """Source text that Jupyter renders as highlighted Python (via Markdown)."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def _repr_markdown_(self):
+        return f"```python\n{self.source}```"
+
+    def __repr__(self):
+        return self.source
+
+
 def show_code(obj):
     """Display the source of a function (e.g. a strategy's loop) as highlighted code.
 
     The notebooks show the loops this way, so the code you read is the code that runs.
     """
     import inspect
-    from IPython.display import Code
-    return Code(inspect.getsource(obj), language="python")
+    return SourceCode(inspect.getsource(obj))
