@@ -16,7 +16,7 @@ from .backend import (BackendUnavailable, backend_name, device_report, gpu_avail
                       print_device_report, set_backend, synchronize)
 from .compare import Comparison, compare_strategies
 from .memory import (CpuDeviceArray, copy_on_device_async, copy_to_device_async, copy_to_host,
-                     copy_to_host_async, device_empty, device_zeros, host_memory_available,
+                     copy_to_host_async, device_empty, device_zeros, host_memory_available, zero_async,
                      is_device_array, is_pinned, measure_bandwidth, pinned_empty, pinned_zeros,
                      to_device, to_host)
 from .solver import STRATEGIES, Result, plan_memory, solve
@@ -25,6 +25,7 @@ from .streams import (Event, Stream, create_events, create_streams, current_stre
 from .timeline import Trace, TraceEvent
 from .recording import tracing
 from .viewer import SliceViewer, animate, compare_slices, plot_slices, show_code
+from .graphs import Graph, GraphsUnsupported, capture_graph, graphs_supported
 from .exercise import LayerCakeError, bake_layer, check_layer_cake, layer_values
 from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution, ricker
 
@@ -37,7 +38,8 @@ __all__ = [
     "elapsed_ms", "stream_priority_range",
     "CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host", "is_device_array",
     "pinned_empty", "pinned_zeros", "is_pinned", "copy_to_host_async", "copy_to_device_async",
-    "copy_on_device_async", "copy_to_host", "measure_bandwidth", "host_memory_available",
+    "copy_on_device_async", "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available",
+    "capture_graph", "Graph", "GraphsUnsupported", "graphs_supported",
     "WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
     "solve", "Result", "STRATEGIES", "plan_memory",
     "tracing", "Trace", "TraceEvent", "compare_strategies", "Comparison",

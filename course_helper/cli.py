@@ -3,6 +3,7 @@
 Run it with::
 
     python -m course_helper compare --n 256 --nt 640 --repeats 3 --out results/
+    python -m course_helper bench --out benchmarks/
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
 in https://ui.perfetto.dev) and a PNG timeline to ``--out``, and exits with
@@ -30,7 +31,81 @@ def _parser():
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     c.add_argument("--out", default=None, help="folder for traces (JSON) and timelines (PNG)")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    b = sub.add_parser("bench", help="sweep sizes and strategies against the physical limit B")
+    b.add_argument("--points", default=None,
+                   help="comma-separated NxNTxEVERY points, e.g. 256x640x1,2048x320x8 "
+                        "(default: the course sweep on a GPU, a small one on the CPU)")
+    b.add_argument("--every-sweep", action="store_true",
+                   help="also sweep the snapshot interval at 2048^2 x 320 (every 1..32)")
+    b.add_argument("--strategies", default=None, help="comma-separated strategies (default: all available)")
+    b.add_argument("--repeats", type=int, default=5, help="timed runs per strategy and point (default 5)")
+    b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
+    b.add_argument("--out", default=None, help="folder for bench.json and bench.png")
+    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
+
+
+def _parse_points(text):
+    points = []
+    for item in text.split(","):
+        try:
+            n, nt, every = (int(v) for v in item.strip().lower().split("x"))
+        except ValueError:
+            raise ValueError(f"cannot read the point {item!r}; write points as NxNTxEVERY, e.g. 256x640x1") from None
+        points.append((n, nt, every))
+    return points
+
+
+def bench_main(args):
+    from . import backend, bench
+
+    if args.backend:
+        backend.set_backend(args.backend)
+    else:
+        backend.backend_name()
+    if args.points:
+        points = _parse_points(args.points)
+    else:
+        points = list(bench.DEFAULT_POINTS if backend.backend_name() == "gpu" else bench.QUICK_POINTS)
+    if args.every_sweep:
+        points += [p for p in bench.EVERY_POINTS if p not in points]
+    strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
+    if args.out:
+        _check_out(args.out)
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(points), desc="points", unit="point", file=sys.stderr, leave=False)
+
+    def progress(point):
+        if "skipped" in point:
+            print(f"skipped {point['n']}^2x{point['nt']} every {point['every']}: {point['skipped']}",
+                  file=sys.stderr)
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        doc = bench.run_bench(points, strategies, repeats=args.repeats, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(f"{doc['machine']['device']}, peak pinned D2H {doc['peak_d2h_gbps']:.1f} GB/s, "
+          f"{args.repeats} repeats; B = the physical limit of each point")
+    print(bench.table(doc))
+    if args.out:
+        import matplotlib
+        matplotlib.use("Agg")
+        print("wrote", bench.write_json(doc, os.path.join(args.out, "bench.json")))
+        if any("strategies" in p for p in doc["points"]):
+            bench.plot_bench(doc, os.path.join(args.out, "bench.png"))
+            print("wrote", os.path.join(args.out, "bench.png"))
+    agree = all(r["identical_to_sequential"] for p in doc["points"] if "strategies" in p
+                for r in p["strategies"].values())
+    if not agree:
+        print("ERROR: some strategy did not reproduce the sequential images", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _check_out(folder):
@@ -93,6 +168,8 @@ def main(argv=None):
     try:
         if args.command == "compare":
             return compare_main(args)
+        if args.command == "bench":
+            return bench_main(args)
     except (ValueError, TypeError, MemoryError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

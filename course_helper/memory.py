@@ -25,7 +25,7 @@ from .backend import backend_name, cupy_module
 __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
            "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
            "copy_to_host_async", "copy_to_device_async", "copy_on_device_async",
-           "copy_to_host", "measure_bandwidth", "host_memory_available"]
+           "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available"]
 
 _D2H, _H2D, _D2D = 2, 1, 3      # cudaMemcpyKind values
 
@@ -227,6 +227,17 @@ def copy_on_device_async(dst, src, stream=None, *, level=None):
     recording.enqueue(stream, kind="D2D", name=_label("D2D", level), nbytes=src.nbytes, level=level,
                     gpu=lambda: _memcpy_async(dst, src, _D2D, stream),
                     cpu=lambda: np.copyto(_np(dst), _np(src)))
+
+
+def zero_async(dst, stream=None):
+    """Queue filling the device array ``dst`` with zeros (a memset on the stream)."""
+    _require_device("dst", dst)
+    if not dst.flags.c_contiguous:
+        raise ValueError("dst must be C-contiguous")
+    stream = streams.resolve(stream)
+    recording.enqueue(stream, kind="memset", name="zero", nbytes=dst.nbytes,
+                      gpu=lambda: cupy_module().cuda.runtime.memsetAsync(_ptr(dst), 0, dst.nbytes, stream.raw.ptr),
+                      cpu=lambda: _np(dst).fill(0))
 
 
 def copy_to_host(dst, src, stream=None, *, level=None):

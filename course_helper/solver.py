@@ -14,6 +14,7 @@ import numpy as np
 
 from . import checks, recording, strategies
 from .backend import backend_name, cupy_module, synchronize
+from .graphs import GraphsUnsupported, graphs_supported
 from .memory import device_zeros, host_memory_available, pinned_empty, to_device
 from .streams import create_events, create_streams
 from .wave import WaveProblem
@@ -25,10 +26,16 @@ STRATEGIES = {
     "sequential": strategies.sequential,
     "streams": strategies.with_streams,
     "events": strategies.with_events,
+    "staged": strategies.staged,
+    "graph": strategies.graph,
+    "graph-staged": strategies.graph_staged,
 }
-_CONCURRENT = ("streams", "events")
+_RING = ("streams", "events", "graph")              # copy straight out of the scratch ring
+_STAGED = ("staged", "graph-staged")                # copy out of a staging ring
+_GRAPHS = ("graph", "graph-staged")                 # captured once, then replayed
 DEFAULT_NSCRATCH = 5
 MIN_SAFE_NSCRATCH = 4
+DEFAULT_NSTAGING = 4
 
 
 @dataclass
@@ -40,6 +47,7 @@ class Run:
     U: list                  # scratch wavefields on the device, level L in U[L % nscratch]
     V: object                # velocity model on the device
     images: np.ndarray       # host output, one slice per saved level
+    staging: list = field(default_factory=list)  # staging ring on the device (staged strategies)
     compute: object = None
     io: list = field(default_factory=list)
     ready: list = field(default_factory=list)    # ready[b]: level in U[b] is computed
@@ -68,13 +76,15 @@ class Result:
     times_ms : numpy.ndarray
         Simulated time of each slice in ms.
     elapsed_ms : float
-        Host wall time of the loop, device synchronised at the end.
+        Host wall time of the loop, device synchronised at the end (for the
+        graph strategies: of the replay; the capture is in ``capture_ms``).
     strategy, backend : str
     every, nscratch : int
     problem : WaveProblem
     """
 
-    def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace):
+    def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace,
+                 nstaging=0, capture_ms=None):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -84,6 +94,8 @@ class Result:
         self.every = every
         self.nscratch = nscratch
         self.backend = backend
+        self.nstaging = nstaging
+        self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
         self._trace = trace
 
     @property
@@ -110,14 +122,19 @@ class Result:
                 f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms>")
 
 
-def plan_memory(problem, every=1, nscratch=DEFAULT_NSCRATCH):
-    """Bytes a run needs: ``{"device": ..., "host": ...}`` (scratch + velocity; saved output)."""
+def plan_memory(problem, every=1, nscratch=DEFAULT_NSCRATCH, nstaging=0):
+    """Bytes a run needs: ``{"device": ..., "host": ...}``.
+
+    Device: scratch wavefields, staging buffers and the velocity model; host:
+    the saved output stack.
+    """
     nsaved = len(range(0, problem.nt, every))
-    return {"device": (nscratch + 1) * problem.nbytes_level, "host": nsaved * problem.nbytes_level}
+    return {"device": (nscratch + nstaging + 1) * problem.nbytes_level,
+            "host": nsaved * problem.nbytes_level}
 
 
-def _check_memory(problem, every, nscratch):
-    need = plan_memory(problem, every, nscratch)
+def _check_memory(problem, every, nscratch, nstaging=0):
+    need = plan_memory(problem, every, nscratch, nstaging)
     avail = host_memory_available()
     if avail is not None and need["host"] > 0.8 * avail:
         suggest = every * math.ceil(need["host"] / (0.5 * avail))
@@ -136,19 +153,35 @@ def _check_memory(problem, every, nscratch):
                 f"but only {free / 2**20:,.0f} MiB are free; use a smaller grid or fewer scratch buffers")
 
 
-def _validate(problem, strategy, every, nscratch, unsafe):
+def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None):
+    """Checked ``(every, nscratch, nstaging)``; raises before anything is allocated."""
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     checks.one_of("strategy", strategy, tuple(STRATEGIES))
     every = checks.positive_int("every", every)
     if every >= problem.nt:
         raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 (the zero "
                          "initial state) would be saved; choose every < nt")
-    if strategy == "sequential":
-        if nscratch not in (None, 3):
-            raise ValueError("the sequential strategy always uses 3 scratch wavefields; leave nscratch=None")
-        return every, 3
+    if strategy in _GRAPHS:
+        ok, why = graphs_supported()
+        if not ok:
+            raise GraphsUnsupported(f"strategy {strategy!r} is not available: {why}")
+    if strategy in _STAGED:
+        nstaging = DEFAULT_NSTAGING if nstaging is None else checks.positive_int(
+            "nstaging (staging buffers)", nstaging, hint="the staging ring needs at least 1 buffer")
+    elif nstaging is not None:
+        raise ValueError(f"nstaging is only used by the staged strategies {_STAGED}, not {strategy!r}")
+    else:
+        nstaging = 0
+    if strategy == "sequential" and nscratch not in (None, 3):
+        raise ValueError("the sequential strategy always uses 3 scratch wavefields; leave nscratch=None")
+    if strategy in ("sequential",) + _STAGED:
+        # Only the compute stream touches the scratch ring here: 3 buffers suffice.
+        if nscratch is None:
+            return every, 3, nstaging
+        return every, checks.positive_int("nscratch", nscratch, minimum=3,
+                                          hint="the kernel reads two levels and writes a third"), nstaging
     if nscratch is None:
-        return every, DEFAULT_NSCRATCH
+        return every, DEFAULT_NSCRATCH, nstaging
     nscratch = checks.positive_int("nscratch", nscratch, minimum=3,
                                    hint="the kernel itself reads two levels and writes a third")
     if nscratch < MIN_SAFE_NSCRATCH and not unsafe:
@@ -157,26 +190,31 @@ def _validate(problem, strategy, every, nscratch, unsafe):
             "levels, so with fewer than 4 buffers the level being copied shares a buffer with the "
             "level being computed and the copy reads overwritten data (a race). Use nscratch >= 4 "
             "(default 5), or pass unsafe=True to watch the race happen.")
-    return every, nscratch
+    return every, nscratch, nstaging
 
 
-def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False):
+def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False,
+          nstaging=None):
     """Solve the wave problem with one IO strategy and return a :class:`Result`.
 
     Parameters
     ----------
     problem : WaveProblem, optional
         Default: ``WaveProblem()``, the lesson's 256 x 256 x 640 problem.
-    strategy : {"sequential", "streams", "events"}
-        Which loop of :mod:`course_helper.strategies` to run.
+    strategy : {"sequential", "streams", "events", "staged", "graph", "graph-staged"}
+        Which loop of :mod:`course_helper.strategies` to run. The graph
+        strategies need the GPU backend.
     every : int
         Save every ``every``-th level from 0 to nt-1 (1: all of them).
     nscratch : int, optional
-        Scratch wavefields of the concurrent strategies (default 5, at least 4).
+        Scratch wavefields of the ring strategies (default 5, at least 4); the
+        sequential and staged strategies use 3.
     trace : bool
         Record a timeline of every kernel, copy and host wait (``result.trace``).
     unsafe : bool
-        Allow ``nscratch=3`` for a concurrent strategy, to demonstrate the race.
+        Allow ``nscratch=3`` for a ring strategy, to demonstrate the race.
+    nstaging : int, optional
+        Staging buffers of the staged strategies (default 4, at least 1).
 
     Examples
     --------
@@ -185,35 +223,46 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     (40, 64, 64)
     """
     problem = WaveProblem() if problem is None else problem
-    every, nscratch = _validate(problem, strategy, every, nscratch, unsafe)
-    _check_memory(problem, every, nscratch)
+    every, nscratch, nstaging = _validate(problem, strategy, every, nscratch, unsafe, nstaging)
+    _check_memory(problem, every, nscratch, nstaging)
     backend = backend_name()
     levels = np.arange(0, problem.nt, every)
 
     # Allocation (outside the timed loop). The output is poisoned with NaN so
     # that a level that was never written cannot pass for a quiet wavefield.
-    concurrent = strategy in _CONCURRENT
+    concurrent = strategy != "sequential"
     shape = (len(levels), *problem.shape)
     images = pinned_empty(shape) if concurrent else np.empty(shape, np.float32)
     images.fill(np.nan)
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
-              V=to_device(problem.velocity), images=images)
+              V=to_device(problem.velocity), images=images,
+              staging=[device_zeros(problem.shape) for _ in range(nstaging)])
     if concurrent:
+        nio = nstaging if strategy in _STAGED else nscratch   # one IO stream per buffer copied from
         run.compute = create_streams(1, name="compute")[0]
-        run.io = create_streams(nscratch, name="io")
-        run.ready = create_events(nscratch)
-        run.copied = create_events(nscratch)
+        run.io = create_streams(nio, name="io")
+        run.ready = create_events(nio)
+        run.copied = create_events(nio)
     _warm_up()
     synchronize()   # the zeroed buffers are ready before any stream touches them
 
     recorder = None
+    capture_ms = None
     try:
         if trace:
             recorder = recording.Recorder({"strategy": strategy, "n0": problem.n0, "n1": problem.n1,
-                                         "nt": problem.nt, "every": every, "nscratch": nscratch})
+                                         "nt": problem.nt, "every": every, "nscratch": nscratch,
+                                         "nstaging": nstaging})
             recording._current = recorder
-        t0 = time.perf_counter()
-        STRATEGIES[strategy](run)
+        if strategy in _GRAPHS:
+            t0 = time.perf_counter()
+            graph = STRATEGIES[strategy](run)             # capture: records, runs nothing
+            capture_ms = (time.perf_counter() - t0) * 1e3
+            t0 = time.perf_counter()
+            graph.launch()                                # the timed part: one replay
+        else:
+            t0 = time.perf_counter()
+            STRATEGIES[strategy](run)
         synchronize()
         elapsed = (time.perf_counter() - t0) * 1e3
         timeline = recorder.finish() if recorder is not None else None
@@ -228,7 +277,8 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         raise
     finally:
         _close_streams(run)
-    return Result(images, levels, elapsed, strategy, problem, every, nscratch, backend, timeline)
+    return Result(images, levels, elapsed, strategy, problem, every, nscratch, backend, timeline,
+                  nstaging=nstaging, capture_ms=capture_ms)
 
 
 _warmed = set()

@@ -10,13 +10,19 @@ with ``inspect.getsource``, so what you read there is what runs.
 * :func:`with_streams` - a compute stream and IO streams; the host waits on
   an IO stream before its buffer is overwritten.
 * :func:`with_events` - the same dependencies as events; the host never waits.
+* :func:`staged` - copy each saved level device-to-device into a staging ring
+  on the compute stream, then to the host from there; compute only waits when
+  every staging buffer is still being copied.
+* :func:`graph` / :func:`graph_staged` - the event loop / the staged loop
+  captured once into a CUDA graph (``solve`` then replays it).
 """
 from __future__ import annotations
 
-from .memory import copy_to_host, copy_to_host_async
+from .graphs import capture_graph
+from .memory import copy_on_device_async, copy_to_host, copy_to_host_async, zero_async
 from .wave import launch_wave2d
 
-__all__ = ["sequential", "with_streams", "with_events"]
+__all__ = ["sequential", "with_streams", "with_events", "staged", "graph", "graph_staged"]
 
 
 def sequential(run):
@@ -72,3 +78,46 @@ def with_events(run):
             io[b].wait_event(ready[b])
             copy_to_host_async(run.images[k], U[b], io[b], level=old)
             io[b].record(copied[b])                 # U[b] may be overwritten after this point
+
+
+def staged(run):
+    """Stage each saved level with a fast device-to-device copy on the compute stream, then
+    copy it to the host from the staging buffer on an IO stream."""
+    U, m = run.U, run.nscratch                      # 3 scratch wavefields: only compute touches them
+    S, ns = run.staging, len(run.staging)           # the staging ring
+    compute, io, staged_ev, copied = run.compute, run.io, run.ready, run.copied   # per staging buffer
+    for level in range(run.nt):
+        if level >= 2:
+            launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[level % m],
+                          run.V, run.problem, n=level - 2, stream=compute)
+        k = run.slot(level)
+        if k is not None:
+            s = k % ns
+            compute.wait_event(copied[s])           # staging buffer s is free (waits only if the ring is full)
+            copy_on_device_async(S[s], U[level % m], compute, level=level)
+            compute.record(staged_ev[s])
+            io[s].wait_event(staged_ev[s])
+            copy_to_host_async(run.images[k], S[s], io[s], level=level)
+            io[s].record(copied[s])
+
+
+def _captured(loop, run):
+    """Capture ``loop`` into a graph that starts from the zero initial state every replay."""
+    compute = run.compute
+    with capture_graph(compute) as cap:
+        zero_async(run.U[0], compute)               # levels 0 and 1 are reset on every replay,
+        zero_async(run.U[1], compute)               # or a second replay would start from old data
+        loop(run)
+        for io in run.io:
+            compute.wait_stream(io)                 # join every IO stream back into the capture
+    return cap.graph
+
+
+def graph(run):
+    """The event loop, captured into a CUDA graph. Returns the graph; solve() replays it."""
+    return _captured(with_events, run)
+
+
+def graph_staged(run):
+    """The staged loop, captured into a CUDA graph. Returns the graph; solve() replays it."""
+    return _captured(staged, run)

@@ -73,6 +73,8 @@ class Stream:
         """Make later work on this stream wait until ``event`` completes (the host does not wait)."""
         checks.instance("event", event, Event, "an Event from create_events()")
         _same_backend(self, event)
+        if not event.recorded:
+            return      # as in CUDA, a never-recorded event counts as complete: nothing to wait for
         self.raw.wait_event(event.raw)
 
     def wait_stream(self, other):

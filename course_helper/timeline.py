@@ -12,7 +12,7 @@ __all__ = ["Trace", "TraceEvent", "KINDS", "write_atomically"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
 KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
-         "host wait": "#7f7f7f"}
+         "memset": "#8c564b", "host wait": "#7f7f7f"}
 _COPIES = ("D2H", "H2D", "D2D")
 
 
@@ -139,7 +139,7 @@ class Trace:
         was hidden behind compute; 0 when nothing was copied).
         """
         kern = _union((e.start_ms, e.end_ms) for e in self.kernels)
-        copy = _union((e.start_ms, e.end_ms) for e in self.copies)
+        copy = _union((e.start_ms, e.end_ms) for e in self.of_kind("D2H", "H2D"))
         host = _union((e.start_ms, e.end_ms) for e in self.of_kind("host wait"))
         overlap = _intersection(kern, copy)
         copy_ms = _length(copy)

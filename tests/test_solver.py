@@ -6,7 +6,16 @@ import pytest
 import course_helper as ch
 from course_helper import solver
 
-STRATEGIES = ["sequential", "streams", "events"]
+STRATEGIES = ["sequential", "streams", "events", "staged", "graph", "graph-staged"]
+GRAPHS = ("graph", "graph-staged")
+
+
+@pytest.fixture(autouse=True)
+def _graphs_need_a_gpu(request):
+    """Graph strategies run on the GPU backend only; elsewhere they must refuse clearly."""
+    strategy = getattr(request.node, "callspec", None) and request.node.callspec.params.get("strategy")
+    if strategy in GRAPHS and ch.backend_name() != "gpu":
+        pytest.skip("CUDA graphs need the GPU backend (refusal tested in test_graph_refused_on_cpu)")
 
 
 @pytest.fixture
@@ -20,13 +29,15 @@ def test_every_level_is_written_exactly_once(backend, small, strategy):
     assert r.images.shape == (small.nt, *small.shape)
     assert not np.isnan(r.images).any(), "a saved level was never written (NaN poison left)"
     assert list(r.levels) == list(range(small.nt))           # levels 0 and 1 included, no gaps
-    copies = Counter(e.level for e in r.trace.copies)
+    copies = Counter(e.level for e in r.trace.of_kind("D2H"))
     assert copies == Counter(range(small.nt)), "some level was copied twice or not at all"
     assert len(r.trace.kernels) == small.nt - 2
+    if strategy in ("staged", "graph-staged"):
+        assert Counter(e.level for e in r.trace.of_kind("D2D")) == Counter(range(small.nt))
 
 
 def test_all_strategies_give_identical_images(backend, small, reference):
-    results = {s: ch.solve(small, s) for s in STRATEGIES}
+    results = {s: ch.solve(small, s) for s in STRATEGIES if s not in GRAPHS or backend == "gpu"}
     base = results["sequential"].images
     for s, r in results.items():
         assert np.array_equal(r.images, base), f"{s} differs from sequential"
@@ -132,3 +143,61 @@ def test_a_failing_run_leaves_the_process_usable(cpu, small, monkeypatch):
     assert ch.tracing.__name__                      # the module still imports
     r = ch.solve(small, "events")
     assert np.array_equal(r.images, ch.reference_solution(small))
+
+
+def test_graph_refused_on_cpu(cpu, small):
+    for name in GRAPHS:
+        with pytest.raises(ch.GraphsUnsupported, match="GPU backend") as info:
+            ch.solve(small, name)
+        assert "'staged' or 'events'" in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,err,msg", [
+    (dict(strategy="staged", nstaging=0), ValueError, "at least 1 buffer"),
+    (dict(strategy="staged", nstaging=-2), ValueError, "at least 1 buffer"),
+    (dict(strategy="events", nstaging=2), ValueError, "only used by the staged"),
+    (dict(strategy="staged", nscratch=2), ValueError, "at least 3"),
+])
+def test_bad_staging_arguments(backend, small, kwargs, err, msg):
+    with pytest.raises(err, match=msg):
+        ch.solve(small, **kwargs)
+
+
+@pytest.mark.parametrize("nstaging", [1, 2, 7])
+def test_staging_ring_sizes_agree(backend, small, nstaging):
+    base = ch.solve(small, "sequential", every=3, trace=False).images
+    r = ch.solve(small, "staged", every=3, nstaging=nstaging, trace=False)
+    assert np.array_equal(r.images, base)
+    assert r.nstaging == nstaging and r.nscratch == 3
+
+
+def test_graph_replays_are_identical_only_with_the_reset(backend, small):
+    if backend != "gpu":
+        pytest.skip("CUDA graphs need the GPU backend")
+    from course_helper import strategies
+    from course_helper.graphs import capture_graph
+    base = ch.solve(small, "sequential", trace=False).images
+    r = ch.solve(small, "graph", trace=False)
+    assert np.array_equal(r.images, base) and r.capture_ms > 0
+    # Capture the same loop by hand, with and without resetting levels 0 and 1.
+    run = solver.Run(small, 1, 5, U=[ch.device_zeros(small.shape) for _ in range(5)],
+                     V=ch.to_device(small.velocity), images=ch.pinned_empty((small.nt, *small.shape)))
+    run.compute = ch.create_streams(1)[0]
+    run.io = ch.create_streams(5)
+    run.ready, run.copied = ch.create_events(5), ch.create_events(5)
+    ch.synchronize()
+    g = strategies.graph(run)                     # with the reset
+    for _ in range(2):
+        run.images.fill(np.nan)
+        g.launch()
+        ch.synchronize()
+        assert np.array_equal(run.images, base)
+    with capture_graph(run.compute) as cap:       # without the reset
+        strategies.with_events(run)
+        for io in run.io:
+            run.compute.wait_stream(io)
+    cap.graph.launch()
+    ch.synchronize()
+    cap.graph.launch()
+    ch.synchronize()
+    assert not np.array_equal(run.images, base), "a replay without reset should start from stale levels"

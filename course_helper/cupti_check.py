@@ -1,0 +1,113 @@
+"""Ground truth for the course's timelines: a CUPTI activity trace of the same run.
+
+The course times every operation with CUDA events recorded around it on its
+own stream. NVIDIA's CUPTI records what the driver saw (kernels and memory
+copies with their stream ids and nanosecond timestamps). Running a solve with
+both lets us say how closely the event timeline matches. Needs the optional
+``cupti-python`` package (``pip install -e ".[cupti]"``) and the GPU backend.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import backend_name, synchronize
+from .timeline import _intersection, _length, _union
+
+__all__ = ["cupti_available", "run_with_cupti", "agreement"]
+
+
+def cupti_available():
+    """``(True, "")`` when CUPTI tracing can run here, else ``(False, reason)``."""
+    if backend_name() != "gpu":
+        return False, "CUPTI needs the GPU backend"
+    try:
+        from cupti import cupti  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means no CUPTI
+        return False, f"cupti-python is not importable ({exc}); install the 'cupti' extra"
+    return True, ""
+
+
+def run_with_cupti(fn):
+    """Call ``fn()`` with CUPTI recording kernels, copies and memsets.
+
+    Returns ``(fn's result, records)``; each record is a dict with ``kind``
+    ("kernel", "memcpy", "memset"), ``start_ns``, ``end_ns``, ``stream_id``,
+    ``bytes`` and ``name``.
+    """
+    ok, why = cupti_available()
+    if not ok:
+        raise RuntimeError(why)
+    from cupti import cupti
+
+    kinds = {cupti.ActivityKind.CONCURRENT_KERNEL: "kernel", cupti.ActivityKind.MEMCPY: "memcpy",
+             cupti.ActivityKind.MEMSET: "memset"}
+    records = []
+
+    def requested():
+        return 8 * 1024 * 1024, 0
+
+    def completed(activities):
+        for a in activities:
+            kind = kinds.get(a.kind)
+            if kind is None:
+                continue
+            copy_kind = getattr(a, "copy_kind", None)
+            records.append({"kind": kind, "start_ns": int(a.start), "end_ns": int(a.end),
+                            "stream_id": int(a.stream_id), "bytes": int(getattr(a, "bytes", 0)),
+                            "name": str(getattr(a, "name", kind)),
+                            "copy": None if copy_kind is None else cupti.ActivityMemcpyKind(copy_kind).name})
+
+    cupti.activity_register_callbacks(requested, completed)
+    for kind in kinds:
+        cupti.activity_enable(kind)
+    try:
+        result = fn()
+        synchronize()
+    finally:
+        cupti.activity_flush_all(1)
+        for kind in kinds:
+            cupti.activity_disable(kind)
+    return result, records
+
+
+def agreement(trace, records):
+    """Compare an event-based Trace with CUPTI records of the same run.
+
+    Kernels and device-to-host copies are matched in start order. Returns a
+    dict with counts, the median and largest absolute duration difference (µs)
+    and the busy/overlap figures from both sources.
+    """
+    cuk = sorted((r for r in records if r["kind"] == "kernel" and "wave2d" in r["name"]),
+                 key=lambda r: r["start_ns"])
+    cuc = sorted((r for r in records if r["kind"] == "memcpy" and r["copy"] == "DTOH"),
+                 key=lambda r: r["start_ns"])
+    ek = sorted(trace.kernels, key=lambda e: e.start_ms)
+    ec = sorted(trace.of_kind("D2H"), key=lambda e: e.start_ms)
+    out = {"kernels_events": len(ek), "kernels_cupti": len(cuk),
+           "copies_events": len(ec), "copies_cupti": len(cuc)}
+
+    def diffs(ev, cu):
+        n = min(len(ev), len(cu))
+        d = np.array([abs(e.duration_ms * 1e3 - (c["end_ns"] - c["start_ns"]) / 1e3)
+                      for e, c in zip(ev[:n], cu[:n])])
+        dur = np.array([(c["end_ns"] - c["start_ns"]) / 1e3 for c in cu[:n]])
+        return d, dur
+
+    for label, ev, cu in (("kernel", ek, cuk), ("copy", ec, cuc)):
+        d, dur = diffs(ev, cu)
+        if len(d):
+            out[f"{label}_duration_us_cupti_median"] = float(np.median(dur))
+            out[f"{label}_abs_diff_us_median"] = float(np.median(d))
+            out[f"{label}_abs_diff_us_max"] = float(d.max())
+
+    k_cu = _union((r["start_ns"] / 1e6, r["end_ns"] / 1e6) for r in cuk)
+    c_cu = _union((r["start_ns"] / 1e6, r["end_ns"] / 1e6) for r in cuc)
+    s = trace.summary()
+    out.update({
+        "events_compute_ms": s["compute_ms"], "cupti_compute_ms": _length(k_cu),
+        "events_copy_ms": s["copy_ms"], "cupti_copy_ms": _length(c_cu),
+        "events_overlap_ms": s["overlap_ms"], "cupti_overlap_ms": _intersection(k_cu, c_cu),
+        "events_overlap_fraction": s["overlap_fraction"],
+        "cupti_overlap_fraction": (_intersection(k_cu, c_cu) / _length(c_cu)) if _length(c_cu) else 0.0,
+    })
+    return out
