@@ -51,6 +51,29 @@ class _Capture:
     graph = None
 
 
+#: True while a capture is in progress (the recorder then records events as graph nodes).
+capturing = False
+
+
+def record_external(event_ptr, stream_ptr):
+    """Record a raw event so that it becomes an event-record *node* of the graph being
+    captured (``cudaEventRecordExternal``): it then timestamps every replay. A plain
+    record during capture only marks a dependency and never completes."""
+    rt = cupy_module().cuda.runtime
+    if hasattr(rt, "eventRecordWithFlags"):
+        rt.eventRecordWithFlags(event_ptr, stream_ptr, 1)
+        return
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        raise GraphsUnsupported("recording a timeline inside a CUDA graph needs cuda-bindings "
+                                "(pip install cuda-bindings), or run the graph with trace=False") from None
+    err, = cudart.cudaEventRecordWithFlags(cudart.cudaEvent_t(event_ptr), cudart.cudaStream_t(stream_ptr),
+                                           cudart.cudaEventRecordExternal)
+    if err != cudart.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaEventRecordWithFlags failed: {err}")
+
+
 @contextlib.contextmanager
 def capture_graph(stream):
     """Capture the work queued on ``stream`` inside the block into a :class:`Graph`.
@@ -72,12 +95,16 @@ def capture_graph(stream):
     checks.instance("stream", stream, streams.Stream, "a Stream from create_streams()")
     if stream.is_default:
         raise ValueError("capture on a stream from create_streams(); the default stream cannot be captured")
+    global capturing
     cap = _Capture()
     stream.raw.begin_capture()
+    capturing = True
     try:
         yield cap
     except BaseException:
         with contextlib.suppress(Exception):
             stream.raw.end_capture()
         raise
+    finally:
+        capturing = False
     cap.graph = Graph(stream.raw.end_capture(), stream)

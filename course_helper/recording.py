@@ -66,7 +66,11 @@ class Recorder:
 
     def mark(self, stream):
         ev = self._new_event()
-        self._rt.eventRecord(ev, stream.raw.ptr)
+        from . import graphs
+        if graphs.capturing:
+            graphs.record_external(ev, stream.raw.ptr)   # a timestamp node of the graph
+        else:
+            self._rt.eventRecord(ev, stream.raw.ptr)
         return ev
 
     def _track(self, name):

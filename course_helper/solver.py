@@ -48,6 +48,7 @@ class Run:
     V: object                # velocity model on the device
     images: np.ndarray       # host output, one slice per saved level
     staging: list = field(default_factory=list)  # staging ring on the device (staged strategies)
+    batch: int = 1                                # saved levels per staging buffer
     compute: object = None
     io: list = field(default_factory=list)
     ready: list = field(default_factory=list)    # ready[b]: level in U[b] is computed
@@ -56,6 +57,14 @@ class Run:
     @property
     def nt(self):
         return self.problem.nt
+
+    @property
+    def nsaved(self):
+        return len(range(0, self.problem.nt, self.every))
+
+    def level_of(self, k):
+        """The time level stored at output index ``k``."""
+        return k * self.every
 
     def slot(self, level):
         """Index of ``level`` in the output, or None if it is not saved (or out of range)."""
@@ -84,7 +93,7 @@ class Result:
     """
 
     def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace,
-                 nstaging=0, capture_ms=None):
+                 nstaging=0, batch=1, capture_ms=None):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -95,6 +104,7 @@ class Result:
         self.nscratch = nscratch
         self.backend = backend
         self.nstaging = nstaging
+        self.batch = batch
         self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
         self._trace = trace
 
@@ -122,19 +132,25 @@ class Result:
                 f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms>")
 
 
-def plan_memory(problem, every=1, nscratch=DEFAULT_NSCRATCH, nstaging=0):
+def default_batch(problem):
+    """Saved levels per staging buffer: enough for copies of about 4 MiB (at most 16 levels),
+    since small device-to-host copies run far below the link's bandwidth."""
+    return int(max(1, min(16, (4 * 2**20) // problem.nbytes_level)))
+
+
+def plan_memory(problem, every=1, nscratch=DEFAULT_NSCRATCH, nstaging=0, batch=1):
     """Bytes a run needs: ``{"device": ..., "host": ...}``.
 
     Device: scratch wavefields, staging buffers and the velocity model; host:
     the saved output stack.
     """
     nsaved = len(range(0, problem.nt, every))
-    return {"device": (nscratch + nstaging + 1) * problem.nbytes_level,
+    return {"device": (nscratch + nstaging * batch + 1) * problem.nbytes_level,
             "host": nsaved * problem.nbytes_level}
 
 
-def _check_memory(problem, every, nscratch, nstaging=0):
-    need = plan_memory(problem, every, nscratch, nstaging)
+def _check_memory(problem, every, nscratch, nstaging=0, batch=1):
+    need = plan_memory(problem, every, nscratch, nstaging, batch)
     avail = host_memory_available()
     if avail is not None and need["host"] > 0.8 * avail:
         suggest = every * math.ceil(need["host"] / (0.5 * avail))
@@ -153,8 +169,8 @@ def _check_memory(problem, every, nscratch, nstaging=0):
                 f"but only {free / 2**20:,.0f} MiB are free; use a smaller grid or fewer scratch buffers")
 
 
-def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None):
-    """Checked ``(every, nscratch, nstaging)``; raises before anything is allocated."""
+def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=None):
+    """Checked ``(every, nscratch, nstaging, batch)``; raises before anything is allocated."""
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     checks.one_of("strategy", strategy, tuple(STRATEGIES))
     every = checks.positive_int("every", every)
@@ -168,20 +184,22 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None):
     if strategy in _STAGED:
         nstaging = DEFAULT_NSTAGING if nstaging is None else checks.positive_int(
             "nstaging (staging buffers)", nstaging, hint="the staging ring needs at least 1 buffer")
-    elif nstaging is not None:
-        raise ValueError(f"nstaging is only used by the staged strategies {_STAGED}, not {strategy!r}")
+        batch = default_batch(problem) if batch is None else checks.positive_int("batch", batch)
+    elif nstaging is not None or batch is not None:
+        raise ValueError(f"nstaging and batch are only used by the staged strategies {_STAGED}, "
+                         f"not {strategy!r}")
     else:
-        nstaging = 0
+        nstaging, batch = 0, 1
     if strategy == "sequential" and nscratch not in (None, 3):
         raise ValueError("the sequential strategy always uses 3 scratch wavefields; leave nscratch=None")
     if strategy in ("sequential",) + _STAGED:
         # Only the compute stream touches the scratch ring here: 3 buffers suffice.
         if nscratch is None:
-            return every, 3, nstaging
+            return every, 3, nstaging, batch
         return every, checks.positive_int("nscratch", nscratch, minimum=3,
-                                          hint="the kernel reads two levels and writes a third"), nstaging
+                                          hint="the kernel reads two levels and writes a third"), nstaging, batch
     if nscratch is None:
-        return every, DEFAULT_NSCRATCH, nstaging
+        return every, DEFAULT_NSCRATCH, nstaging, batch
     nscratch = checks.positive_int("nscratch", nscratch, minimum=3,
                                    hint="the kernel itself reads two levels and writes a third")
     if nscratch < MIN_SAFE_NSCRATCH and not unsafe:
@@ -190,11 +208,11 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None):
             "levels, so with fewer than 4 buffers the level being copied shares a buffer with the "
             "level being computed and the copy reads overwritten data (a race). Use nscratch >= 4 "
             "(default 5), or pass unsafe=True to watch the race happen.")
-    return every, nscratch, nstaging
+    return every, nscratch, nstaging, batch
 
 
 def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False,
-          nstaging=None):
+          nstaging=None, batch=None):
     """Solve the wave problem with one IO strategy and return a :class:`Result`.
 
     Parameters
@@ -215,6 +233,9 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         Allow ``nscratch=3`` for a ring strategy, to demonstrate the race.
     nstaging : int, optional
         Staging buffers of the staged strategies (default 4, at least 1).
+    batch : int, optional
+        Saved levels per staging buffer, shipped in one copy (staged
+        strategies; default: enough for about 4 MiB, see :func:`default_batch`).
 
     Examples
     --------
@@ -223,8 +244,8 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     (40, 64, 64)
     """
     problem = WaveProblem() if problem is None else problem
-    every, nscratch, nstaging = _validate(problem, strategy, every, nscratch, unsafe, nstaging)
-    _check_memory(problem, every, nscratch, nstaging)
+    every, nscratch, nstaging, batch = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
+    _check_memory(problem, every, nscratch, nstaging, batch)
     backend = backend_name()
     levels = np.arange(0, problem.nt, every)
 
@@ -236,7 +257,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     images.fill(np.nan)
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
               V=to_device(problem.velocity), images=images,
-              staging=[device_zeros(problem.shape) for _ in range(nstaging)])
+              staging=[device_zeros((batch, *problem.shape)) for _ in range(nstaging)], batch=batch)
     if concurrent:
         nio = nstaging if strategy in _STAGED else nscratch   # one IO stream per buffer copied from
         run.compute = create_streams(1, name="compute")[0]
@@ -252,7 +273,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         if trace:
             recorder = recording.Recorder({"strategy": strategy, "n0": problem.n0, "n1": problem.n1,
                                          "nt": problem.nt, "every": every, "nscratch": nscratch,
-                                         "nstaging": nstaging})
+                                         "nstaging": nstaging, "batch": batch})
             recording._current = recorder
         if strategy in _GRAPHS:
             t0 = time.perf_counter()
@@ -278,7 +299,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     finally:
         _close_streams(run)
     return Result(images, levels, elapsed, strategy, problem, every, nscratch, backend, timeline,
-                  nstaging=nstaging, capture_ms=capture_ms)
+                  nstaging=nstaging, batch=batch, capture_ms=capture_ms)
 
 
 _warmed = set()

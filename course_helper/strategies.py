@@ -82,22 +82,26 @@ def with_events(run):
 
 def staged(run):
     """Stage each saved level with a fast device-to-device copy on the compute stream, then
-    copy it to the host from the staging buffer on an IO stream."""
+    copy whole staging buffers (``batch`` levels each) to the host on the IO streams."""
     U, m = run.U, run.nscratch                      # 3 scratch wavefields: only compute touches them
-    S, ns = run.staging, len(run.staging)           # the staging ring
+    S, ns, batch = run.staging, len(run.staging), run.batch   # ns staging buffers of `batch` levels
     compute, io, staged_ev, copied = run.compute, run.io, run.ready, run.copied   # per staging buffer
     for level in range(run.nt):
         if level >= 2:
             launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[level % m],
                           run.V, run.problem, n=level - 2, stream=compute)
         k = run.slot(level)
-        if k is not None:
-            s = k % ns
-            compute.wait_event(copied[s])           # staging buffer s is free (waits only if the ring is full)
-            copy_on_device_async(S[s], U[level % m], compute, level=level)
+        if k is None:
+            continue
+        s, j = (k // batch) % ns, k % batch         # staging buffer, and the slot in it
+        if j == 0:
+            compute.wait_event(copied[s])           # buffer s is free (waits only if the ring is full)
+        copy_on_device_async(S[s][j], U[level % m], compute, level=level)
+        if j == batch - 1 or k == run.nsaved - 1:   # buffer full (or last level): ship it
+            first = k - j
             compute.record(staged_ev[s])
             io[s].wait_event(staged_ev[s])
-            copy_to_host_async(run.images[k], S[s], io[s], level=level)
+            copy_to_host_async(run.images[first:k + 1], S[s][:j + 1], io[s], level=run.level_of(first))
             io[s].record(copied[s])
 
 

@@ -18,6 +18,16 @@ def _graphs_need_a_gpu(request):
         pytest.skip("CUDA graphs need the GPU backend (refusal tested in test_graph_refused_on_cpu)")
 
 
+def covered(trace, problem, every):
+    """How often each level reached the host, from the trace's device-to-host copies
+    (a staged copy ships several consecutive saved levels at once)."""
+    count = Counter()
+    for e in trace.of_kind("D2H"):
+        n = e.bytes // problem.nbytes_level
+        count.update(range(e.level, e.level + n * every, every))
+    return count
+
+
 @pytest.fixture
 def reference(small):
     return ch.reference_solution(small)
@@ -29,8 +39,7 @@ def test_every_level_is_written_exactly_once(backend, small, strategy):
     assert r.images.shape == (small.nt, *small.shape)
     assert not np.isnan(r.images).any(), "a saved level was never written (NaN poison left)"
     assert list(r.levels) == list(range(small.nt))           # levels 0 and 1 included, no gaps
-    copies = Counter(e.level for e in r.trace.of_kind("D2H"))
-    assert copies == Counter(range(small.nt)), "some level was copied twice or not at all"
+    assert covered(r.trace, small, 1) == Counter(range(small.nt)), "some level was copied twice or not at all"
     assert len(r.trace.kernels) == small.nt - 2
     if strategy in ("staged", "graph-staged"):
         assert Counter(e.level for e in r.trace.of_kind("D2D")) == Counter(range(small.nt))
@@ -50,6 +59,7 @@ def test_all_strategies_give_identical_images(backend, small, reference):
 def test_snapshot_interval(backend, small, reference, strategy, every):
     r = ch.solve(small, strategy, every=every)
     assert list(r.levels) == list(range(0, small.nt, every))
+    assert covered(r.trace, small, every) == Counter(range(0, small.nt, every))
     assert not np.isnan(r.images).any()
     expected = reference[::every]
     if backend == "cpu":
@@ -156,6 +166,9 @@ def test_graph_refused_on_cpu(cpu, small):
     (dict(strategy="staged", nstaging=0), ValueError, "at least 1 buffer"),
     (dict(strategy="staged", nstaging=-2), ValueError, "at least 1 buffer"),
     (dict(strategy="events", nstaging=2), ValueError, "only used by the staged"),
+    (dict(strategy="events", batch=2), ValueError, "only used by the staged"),
+    (dict(strategy="staged", batch=0), ValueError, "at least 1"),
+    (dict(strategy="staged", batch=2.0), TypeError, "whole number"),
     (dict(strategy="staged", nscratch=2), ValueError, "at least 3"),
 ])
 def test_bad_staging_arguments(backend, small, kwargs, err, msg):
@@ -163,12 +176,20 @@ def test_bad_staging_arguments(backend, small, kwargs, err, msg):
         ch.solve(small, **kwargs)
 
 
-@pytest.mark.parametrize("nstaging", [1, 2, 7])
-def test_staging_ring_sizes_agree(backend, small, nstaging):
+@pytest.mark.parametrize("nstaging,batch", [(1, 1), (2, 3), (7, 1), (1, 16), (3, 40)])
+def test_staging_ring_sizes_agree(backend, small, nstaging, batch):
     base = ch.solve(small, "sequential", every=3, trace=False).images
-    r = ch.solve(small, "staged", every=3, nstaging=nstaging, trace=False)
+    r = ch.solve(small, "staged", every=3, nstaging=nstaging, batch=batch)
     assert np.array_equal(r.images, base)
-    assert r.nstaging == nstaging and r.nscratch == 3
+    assert r.nstaging == nstaging and r.nscratch == 3 and r.batch == batch
+    assert covered(r.trace, small, 3) == Counter(range(0, small.nt, 3))
+
+
+def test_default_batch_aims_at_4_mib_copies():
+    from course_helper.solver import default_batch
+    assert default_batch(ch.WaveProblem()) == 16                  # 256 KiB levels
+    assert default_batch(ch.WaveProblem(1024, 1024, nt=10)) == 1   # 4 MiB levels
+    assert default_batch(ch.WaveProblem(512, 512, nt=10)) == 4
 
 
 def test_graph_replays_are_identical_only_with_the_reset(backend, small):
