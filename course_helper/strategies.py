@@ -112,8 +112,9 @@ def _captured(loop, run):
         zero_async(run.U[0], compute)               # levels 0 and 1 are reset on every replay,
         zero_async(run.U[1], compute)               # or a second replay would start from old data
         loop(run)
-        for io in run.io:
-            compute.wait_stream(io)                 # join every IO stream back into the capture
+        for io, copied in zip(run.io, run.copied):
+            if copied.recorded:                     # this IO stream took part in the capture:
+                compute.wait_stream(io)             # join it back into the capture stream
     return cap.graph
 
 
