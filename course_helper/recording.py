@@ -113,6 +113,13 @@ class Recorder:
         for name, a, b in self.hosts:
             events.append(TraceEvent("host", "host wait", name,
                                      (a - self._host_t0) * 1e3, (b - self._host_t0) * 1e3, 0, None))
+        if events:
+            # Time zero is the first recorded operation (a graph, say, is captured long
+            # before it is replayed; the capture is not part of the timeline).
+            origin = min(e.start_ms for e in events)
+            for e in events:
+                e.start_ms -= origin
+                e.end_ms -= origin
         tracks = list(self.tracks) + (["host"] if self.hosts else [])
         return Trace(events, tracks, dict(self.meta, backend=self.backend))
 

@@ -151,7 +151,9 @@ class Trace:
     def describe(self):
         """One sentence stating what the timeline shows."""
         s = self.summary()
-        return (f"{len(self.kernels)} kernels and {len(self.copies)} copies in {s['total_ms']:.2f} ms: "
+        staging = len(self.of_kind("D2D"))
+        moved = f"{len(self.of_kind('D2H', 'H2D'))} host copies" + (f", {staging} device copies" if staging else "")
+        return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms: "
                 f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
                 f"{100 * s['overlap_fraction']:.0f}% of copy time overlapped a kernel, "
                 f"host waited {s['host_wait_ms']:.2f} ms")

@@ -213,6 +213,7 @@ def test_graph_replays_are_identical_only_with_the_reset(backend, small):
         g.launch()
         ch.synchronize()
         assert np.array_equal(run.images, base)
+    run.ready, run.copied = ch.create_events(5), ch.create_events(5)   # fresh events for a new capture
     with capture_graph(run.compute) as cap:       # without the reset
         strategies.with_events(run)
         for io in run.io:

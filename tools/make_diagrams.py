@@ -187,7 +187,39 @@ def layer_cake():
     save(fig, "layer_cake.svg")
 
 
+def staging_ring():
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    for b in range(3):
+        ax.add_patch(FancyBboxPatch((0.2 + 1.2 * b, 1.6), 1.0, 0.8, boxstyle="round,pad=0.03",
+                                    facecolor="#aec7e8" if b else KERNEL, edgecolor="black"))
+        ax.text(0.7 + 1.2 * b, 2.0, f"U[{b}]", ha="center", va="center",
+                color="white" if b == 0 else "black")
+    ax.text(1.9, 2.7, "scratch ring (3 wavefields, compute stream only)", ha="center", fontsize=10)
+    for s_ in range(4):
+        x = 4.6 + 1.3 * s_
+        colour = COPY if s_ == 1 else ("#dbe9f6" if s_ == 0 else IDLE)
+        ax.add_patch(FancyBboxPatch((x, 1.5), 1.1, 1.0, boxstyle="round,pad=0.03", facecolor=colour,
+                                    edgecolor="black"))
+        ax.text(x + 0.55, 2.0, f"S[{s_}]\n{'filling' if s_ == 0 else ('copying' if s_ == 1 else 'free')}",
+                ha="center", va="center", fontsize=9)
+    ax.text(7.1, 2.7, "staging ring (nstaging buffers of `batch` levels)", ha="center", fontsize=10)
+    arrow(ax, (3.7, 2.0), (4.55, 2.0), colour="#9467bd")
+    ax.text(4.1, 2.15, "D2D\n(fast)", ha="center", fontsize=8, color="#9467bd")
+    ax.add_patch(Rectangle((5.6, 0.2), 3.0, 0.5, facecolor="#f7f7f7", edgecolor="black"))
+    ax.text(7.1, 0.45, "pinned host output", ha="center", va="center", fontsize=9)
+    arrow(ax, (6.45, 1.45), (6.9, 0.75), colour=COPY)
+    ax.text(7.0, 1.05, "D2H on an IO stream (slow)", fontsize=8, color=COPY)
+    ax.text(0.2, 0.55, "compute waits only when\nevery staging buffer is\nstill being copied", fontsize=9)
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 3.0)
+    ax.axis("off")
+    ax.set_title("The staging ring: the scratch ring is freed by a fast device copy, the slow host "
+                 "copy runs from the staging buffer", fontsize=11, loc="left")
+    save(fig, "staging_ring.svg")
+
+
 if __name__ == "__main__":
+    staging_ring()
     sequential_vs_concurrent()
     problem_setup()
     scratch_ring()
