@@ -7,7 +7,12 @@ timed *on its own stream*:
 
 * GPU backend: a CUDA event is recorded just before and just after the
   operation on the operation's stream; after the run every timestamp is read
-  relative to one reference event, so all streams share the device clock;
+  relative to one reference event, so all streams share the device clock. On
+  an idle stream the "before" event fires as soon as it is recorded, while the
+  host is still preparing the launch, so a start is never placed earlier than
+  the moment the host queued the operation (host clock mapped onto the device
+  clock through the reference event). Checked against CUPTI in
+  ``benchmarks/trace_check.py``;
 * CPU backend: the stream's worker thread reads its clock when it starts and
   finishes the task.
 
@@ -32,11 +37,12 @@ def current():
 
 
 class _Pending:
-    __slots__ = ("track", "kind", "name", "start", "end", "nbytes", "level")
+    __slots__ = ("track", "kind", "name", "start", "end", "nbytes", "level", "queued")
 
-    def __init__(self, track, kind, name, start, end, nbytes, level):
+    def __init__(self, track, kind, name, start, end, nbytes, level, queued=None):
         self.track, self.kind, self.name = track, kind, name
         self.start, self.end, self.nbytes, self.level = start, end, nbytes, level
+        self.queued = queued     # host clock when the operation was queued (None in a graph capture)
 
 
 class Recorder:
@@ -77,9 +83,9 @@ class Recorder:
         if name not in self.tracks:
             self.tracks.append(name)
 
-    def add(self, stream, kind, name, start, end, nbytes, level):
+    def add(self, stream, kind, name, start, end, nbytes, level, queued=None):
         self._track(stream.name)
-        item = _Pending(stream.name, kind, name, start, end, nbytes, level)
+        item = _Pending(stream.name, kind, name, start, end, nbytes, level, queued)
         self.items.append(item)
         return item
 
@@ -98,9 +104,15 @@ class Recorder:
         if self.backend == "gpu":
             rt, t0 = self._rt, self._t0
             for it in self.items:
-                events.append(TraceEvent(it.track, it.kind, it.name,
-                                         rt.eventElapsedTime(t0, it.start),
-                                         rt.eventElapsedTime(t0, it.end), it.nbytes, it.level))
+                start = rt.eventElapsedTime(t0, it.start)
+                if it.queued is not None:
+                    # On an idle stream the start event fires as soon as it is recorded, before
+                    # the host has even queued the operation; the operation cannot start before
+                    # it was queued (host time mapped onto the device clock via the reference).
+                    start = max(start, (it.queued - self._host_t0) * 1e3)
+                end = rt.eventElapsedTime(t0, it.end)
+                events.append(TraceEvent(it.track, it.kind, it.name, min(start, end), end,
+                                         it.nbytes, it.level))
             _gpu_event_pool.extend(self._used)
             self._used = []
         else:
@@ -133,9 +145,11 @@ def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None):
         if rec is None:
             gpu()
             return
+        from .graphs import capturing
         start = rec.mark(stream)
+        queued = None if capturing else _clock()
         gpu()
-        rec.add(stream, kind, name, start, rec.mark(stream), nbytes, level)
+        rec.add(stream, kind, name, start, rec.mark(stream), nbytes, level, queued)
         return
     if rec is None:
         stream.raw.submit(cpu)
