@@ -46,6 +46,8 @@ class SliceViewer:
     slider : ipywidgets.IntSlider
         Move it (or set ``slider.value``) to show another slice.
     play : ipywidgets.Play
+    caption : ipywidgets.Label
+        The slice's level and time as text (the same words as the figure title).
     figure, image : the matplotlib figure and its AxesImage
     index : int
         The slice shown now.
@@ -66,6 +68,7 @@ class SliceViewer:
         widgets.jslink((self.play, "value"), (self.slider, "value"))
         # The Python side also follows the play button (no front end needed).
         self.play.observe(lambda ch: setattr(self.slider, "value", ch["new"]), names="value")
+        self.caption = widgets.Label(value="")
 
         # Made with interactive mode off, so the figure appears once: inside the widget.
         with plt.ioff():
@@ -80,7 +83,7 @@ class SliceViewer:
         self.index = -1
         self.show(0)
         self.slider.observe(lambda ch: self.show(ch["new"]), names="value")
-        children = [widgets.HBox([self.play, self.slider])]
+        children = [widgets.HBox([self.play, self.slider, self.caption])]
         children.append(self.figure.canvas if self.interactive else self.out)
         self.widget = widgets.VBox(children)
 
@@ -98,6 +101,7 @@ class SliceViewer:
         self.index = i
         self.image.set_data(self.images[i])
         self.ax.set_title(self.title_for(i))
+        self.caption.value = self.title_for(i)
         if self.interactive:
             self.figure.canvas.draw_idle()
         else:

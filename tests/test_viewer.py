@@ -16,6 +16,7 @@ def test_slider_changes_the_displayed_slice_and_title(cpu, result):
     assert v.index == 30
     np.testing.assert_array_equal(v.image.get_array(), result.images[30])
     assert "level 30" in v.title and f"{result.times_ms[30]:.2f} ms" in v.title
+    assert v.caption.value == v.title
     v.slider.value = 31
     assert not np.array_equal(v.image.get_array(), result.images[30])
 

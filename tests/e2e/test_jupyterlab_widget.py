@@ -1,0 +1,202 @@
+"""End to end: the slice widget in a real JupyterLab, driven by headless Chromium.
+
+Starts JupyterLab on 127.0.0.1 (random free port, a token) in a temporary copy
+of two small notebooks, runs them on the CPU backend, moves the slider,
+presses play, and checks what the learner would see. Screenshots go to
+``test-artifacts/e2e/``. Needs Debian's chromium (``apt-get install chromium``)
+and the Playwright Python package (``pip install -e ".[e2e]"``); .ci/run
+installs both. Run alone with ``python -m pytest -m e2e tests/e2e``.
+"""
+import os
+import pathlib
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = os.environ.get("COURSE_E2E_CHROMIUM", "/usr/bin/chromium")
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "e2e"
+WIDGET_ERRORS = re.compile(r"widget|ipympl|matplotlib|jupyter-matplotlib", re.I)
+
+NOTEBOOK = """{{
+ "cells": [
+  {{"cell_type": "code", "execution_count": null, "id": "c0", "metadata": {{}}, "outputs": [],
+   "source": ["%matplotlib {backend}\\n", "import course_helper as ch\\n",
+              "result = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=120), 'events', trace=False)\\n",
+              "viewer = ch.plot_slices(result, clip=0.05)\\n", "viewer"]}}
+ ],
+ "metadata": {{"kernelspec": {{"display_name": "Python 3", "language": "python", "name": "python3"}}}},
+ "nbformat": 4, "nbformat_minor": 5
+}}
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(url, timeout):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            last = exc
+        time.sleep(0.5)
+    raise TimeoutError(f"JupyterLab did not answer {url} within {timeout} s (last error: {last})")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("COURSE_E2E_REQUIRED"):
+            pytest.fail(f"Chromium not found at {CHROMIUM}, but COURSE_E2E_REQUIRED is set (as in CI)")
+        pytest.skip(f"Chromium not found at {CHROMIUM} (apt-get install chromium); .ci/run installs it")
+    pytest.importorskip("playwright.sync_api", reason="pip install playwright (the e2e extra)")
+    pytest.importorskip("jupyterlab", reason="pip install jupyterlab (the lab extra)")
+    root = tmp_path_factory.mktemp("course")
+    (root / "widget.ipynb").write_text(NOTEBOOK.format(backend="widget"))
+    (root / "inline.ipynb").write_text(NOTEBOOK.format(backend="inline"))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", JUPYTER_RUNTIME_DIR=str(root / ".runtime"))
+    log = open(root / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False", "--allow-root",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=90)
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "root": root}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / "lab.log", ARTIFACTS / "lab.log")
+
+
+@pytest.fixture
+def page(lab):
+    from playwright.sync_api import sync_playwright
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                                           "--disable-component-update", "--no-first-run", "--disable-sync"])
+        try:
+            pg = browser.new_page(viewport={"width": 1280, "height": 1000})
+            pg.set_default_timeout(60_000)
+            pg.console_errors = []
+            pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))
+            yield pg
+        finally:
+            browser.close()
+
+
+def _open_and_run(page, lab, name):
+    # A fresh workspace per notebook, so JupyterLab does not reopen the other test's tab.
+    workspace = name.replace(".", "-")
+    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{name}?reset&token={lab['token']}")
+    page.wait_for_selector(".jp-Notebook", timeout=90_000)
+    # Wait until the kernel is up and idle before running anything.
+    page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
+    # Run > Run All Cells, as a learner would.
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    item = page.get_by_text("Run All Cells", exact=True)
+    item.wait_for(timeout=30_000)
+    item.click()
+    try:
+        page.wait_for_selector(".widget-slider", timeout=120_000)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / f"failed_{name}.png"))
+        raise
+
+
+def _caption(page):
+    return page.locator(".widget-label").filter(has_text="level").first.inner_text()
+
+
+def _frame(page, selector):
+    return page.locator(selector).first.screenshot()
+
+
+def _move_slider(page, presses):
+    """Move the slider with the keyboard; return the level it reached (read from the slider)."""
+    handle = page.locator(".widget-slider .noUi-handle").first
+    handle.click()
+    for _ in range(presses):
+        page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(40)
+    page.wait_for_timeout(500)
+    level = int(float(handle.get_attribute("aria-valuenow")))
+    assert level > 0, "the slider did not move"
+    try:
+        page.wait_for_function(
+            "(k) => [...document.querySelectorAll('.widget-label')].some(e => e.textContent.includes('level ' + k + ','))",
+            arg=level, timeout=30_000)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "failed_slider.png"))
+        raise
+    return level
+
+
+def test_slice_widget_moves_and_plays_in_jupyterlab(lab, page):
+    _open_and_run(page, lab, "widget.ipynb")
+    figure = ".jupyter-matplotlib-canvas-div canvas, .jupyter-matplotlib canvas"
+    page.wait_for_selector(figure, timeout=60_000)
+    page.wait_for_timeout(1500)                        # let ipympl draw the first frame
+    assert "level 0" in _caption(page)
+    before = _frame(page, ".jupyter-matplotlib")
+    page.screenshot(path=str(ARTIFACTS / "widget_level0.png"))
+
+    level = _move_slider(page, 60)
+    page.wait_for_timeout(1500)
+    after = _frame(page, ".jupyter-matplotlib")
+    page.screenshot(path=str(ARTIFACTS / "widget_moved.png"))
+    assert f"level {level}," in _caption(page) and "ms" in _caption(page)
+    assert before != after, "the figure did not change when the slider moved"
+
+    page.locator(".widget-play button").first.click()     # play
+    first = _caption(page)
+    page.wait_for_function(
+        "(first) => [...document.querySelectorAll('.widget-label')]"
+        ".some(e => /level/.test(e.textContent) && e.textContent !== first)", arg=first, timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "widget_playing.png"))
+    assert _caption(page) != first, "pressing play did not advance the frames"
+
+    bad = [m for m in page.console_errors if WIDGET_ERRORS.search(m)]
+    assert not bad, f"browser console errors from the widget extensions: {bad}"
+
+
+def test_inline_fallback_renders_and_updates(lab, page):
+    _open_and_run(page, lab, "inline.ipynb")
+    image = ".jp-OutputArea-output img"
+    page.wait_for_selector(image, timeout=60_000)
+    before = page.locator(image).first.get_attribute("src")
+    level = _move_slider(page, 40)
+    page.wait_for_function("(src) => { const i = document.querySelector('.jp-OutputArea-output img');"
+                           " return i && i.getAttribute('src') !== src; }", arg=before, timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "inline_moved.png"))
+    assert f"level {level}," in _caption(page)
+    bad = [m for m in page.console_errors if WIDGET_ERRORS.search(m)]
+    assert not bad, f"browser console errors from the widget extensions: {bad}"
