@@ -9,7 +9,8 @@ __all__ = ["plot_slices", "compare_slices", "animate", "SliceViewer", "colour_li
 def _stack_of(result_or_images):
     """(images, levels, times_ms or None) from a Result or an array of shape (n, n0, n1)."""
     images = getattr(result_or_images, "images", result_or_images)
-    if type(images).__module__.startswith("cupy"):
+    from .memory import CpuDeviceArray
+    if type(images).__module__.startswith("cupy") or isinstance(images, CpuDeviceArray):
         raise TypeError("plot a host array: bring device data back with to_host() first")
     images = np.asarray(images)
     if images.ndim != 3 or images.shape[0] < 1:
