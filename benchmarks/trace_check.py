@@ -44,13 +44,14 @@ def main():
                   f"{r['traced_ms']:8.2f} ms  ratio {r['ratio']:.3f}", flush=True)
     ok, why = cupti_check.cupti_available()
     if ok:
-        p = ch.WaveProblem()
-        for name in strategies:
-            result, records = cupti_check.run_with_cupti(lambda: ch.solve(p, name, trace=True))
-            agree = cupti_check.agreement(result.trace, records)
-            doc["cupti"][name] = agree
-            print(f"cupti {name:<13} " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                  for k, v in agree.items()), flush=True)
+        for n in (256, 1024):
+            p = ch.WaveProblem(n0=n, n1=n, nt=640)
+            for name in strategies:
+                result, records = cupti_check.run_with_cupti(lambda: ch.solve(p, name, trace=True))
+                agree = cupti_check.agreement(result.trace, records)
+                doc["cupti"][f"{n}x640 {name}"] = agree
+                print(f"cupti {n}^2 {name:<13} " + ", ".join(
+                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in agree.items()), flush=True)
     else:
         doc["cupti"] = {"skipped": why}
         print("cupti skipped:", why)
