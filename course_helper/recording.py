@@ -132,8 +132,16 @@ class Recorder:
             for e in events:
                 e.start_ms -= origin
                 e.end_ms -= origin
-        tracks = list(self.tracks) + (["host"] if self.hosts else [])
+        tracks = sorted(self.tracks, key=_track_order) + (["host"] if self.hosts else [])
         return Trace(events, tracks, dict(self.meta, backend=self.backend))
+
+
+def _track_order(name):
+    """compute/default first, then numbered streams in number order ("io 2" before "io 10")."""
+    head, _, tail = name.rpartition(" ")
+    if tail.isdigit():
+        return (1, head, int(tail))
+    return (0 if name in ("compute", "default") else 1, name, -1)
 
 
 def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None):
