@@ -228,7 +228,7 @@ def plot_bench(doc, path=None):
     fig.suptitle(f"{doc['machine']['device']} ({doc['machine']['backend']} backend)")
     fig.tight_layout()
     if path is not None:
-        write_atomically(os.fspath(path), lambda f: fig.savefig(f, format="png", dpi=110))
+        write_atomically(os.fspath(path), lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
     return fig
 
 

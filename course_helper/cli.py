@@ -153,7 +153,7 @@ def compare_main(args):
             res.trace.plot(ax=axes[1], levels=(mid, mid + 4), title=f"{name}: levels {mid}..{mid + 4}")
             fig.tight_layout()
             png = os.path.join(args.out, f"timeline_{name}.png")
-            write_atomically(png, lambda f: fig.savefig(f, format="png", dpi=110))
+            write_atomically(png, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
             plt.close(fig)
             print(f"wrote {path} and {png}")
     if not cmp.agree:
@@ -170,7 +170,7 @@ def main(argv=None):
             return compare_main(args)
         if args.command == "bench":
             return bench_main(args)
-    except (ValueError, TypeError, MemoryError, OSError) as exc:
+    except (ValueError, TypeError, MemoryError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 2

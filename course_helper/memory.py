@@ -28,6 +28,7 @@ __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_ho
            "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available"]
 
 _D2H, _H2D, _D2D = 2, 1, 3      # cudaMemcpyKind values
+_MEMCPY_KIND = {"D2H": _D2H, "H2D": _H2D, "D2D": _D2D}
 
 
 class CpuDeviceArray(np.ndarray):
@@ -37,22 +38,22 @@ class CpuDeviceArray(np.ndarray):
 # --------------------------------------------------------------------------
 # Device arrays
 # --------------------------------------------------------------------------
-def device_empty(shape, dtype=np.float32):
-    """An uninitialised array in device memory (``cupy.ndarray`` on the GPU)."""
+def _device_array(shape, dtype, make):
     shape = checks.shape_tuple("shape", shape)
     dtype = np.dtype(dtype)
     if backend_name() == "gpu":
-        return cupy_module().empty(shape, dtype)
-    return np.empty(shape, dtype).view(CpuDeviceArray)
+        return getattr(cupy_module(), make)(shape, dtype)
+    return getattr(np, make)(shape, dtype).view(CpuDeviceArray)
+
+
+def device_empty(shape, dtype=np.float32):
+    """An uninitialised array in device memory (``cupy.ndarray`` on the GPU)."""
+    return _device_array(shape, dtype, "empty")
 
 
 def device_zeros(shape, dtype=np.float32):
     """A zero-filled array in device memory."""
-    shape = checks.shape_tuple("shape", shape)
-    dtype = np.dtype(dtype)
-    if backend_name() == "gpu":
-        return cupy_module().zeros(shape, dtype)
-    return np.zeros(shape, dtype).view(CpuDeviceArray)
+    return _device_array(shape, dtype, "zeros")
 
 
 def is_device_array(a) -> bool:
@@ -188,6 +189,15 @@ def _np(a):
     return a.view(np.ndarray)
 
 
+def _queue_copy(kind, dst, src, stream, level):
+    """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D"); returns the stream used."""
+    stream = streams.resolve(stream)
+    recording.enqueue(stream, kind=kind, name=_label(kind, level), nbytes=src.nbytes, level=level,
+                      gpu=lambda: _memcpy_async(dst, src, _MEMCPY_KIND[kind], stream),
+                      cpu=lambda: np.copyto(_np(dst), _np(src)))
+    return stream
+
+
 def copy_to_host_async(dst, src, stream=None, *, level=None):
     """Queue a device-to-host copy of ``src`` into the pinned host array ``dst``.
 
@@ -200,10 +210,7 @@ def copy_to_host_async(dst, src, stream=None, *, level=None):
     _require_device("src", src)
     checks.same_layout(dst, src)
     _require_pinned("dst", dst, "device-to-host")
-    stream = streams.resolve(stream)
-    recording.enqueue(stream, kind="D2H", name=_label("D2H", level), nbytes=src.nbytes, level=level,
-                    gpu=lambda: _memcpy_async(dst, src, _D2H, stream),
-                    cpu=lambda: np.copyto(dst, _np(src)))
+    _queue_copy("D2H", dst, src, stream, level)
 
 
 def copy_to_device_async(dst, src, stream=None, *, level=None):
@@ -212,10 +219,7 @@ def copy_to_device_async(dst, src, stream=None, *, level=None):
     _require_host("src", src)
     checks.same_layout(dst, src)
     _require_pinned("src", src, "host-to-device")
-    stream = streams.resolve(stream)
-    recording.enqueue(stream, kind="H2D", name=_label("H2D", level), nbytes=src.nbytes, level=level,
-                    gpu=lambda: _memcpy_async(dst, src, _H2D, stream),
-                    cpu=lambda: np.copyto(_np(dst), src))
+    _queue_copy("H2D", dst, src, stream, level)
 
 
 def copy_on_device_async(dst, src, stream=None, *, level=None):
@@ -223,10 +227,7 @@ def copy_on_device_async(dst, src, stream=None, *, level=None):
     _require_device("dst", dst)
     _require_device("src", src)
     checks.same_layout(dst, src)
-    stream = streams.resolve(stream)
-    recording.enqueue(stream, kind="D2D", name=_label("D2D", level), nbytes=src.nbytes, level=level,
-                    gpu=lambda: _memcpy_async(dst, src, _D2D, stream),
-                    cpu=lambda: np.copyto(_np(dst), _np(src)))
+    _queue_copy("D2D", dst, src, stream, level)
 
 
 def zero_async(dst, stream=None):
@@ -237,7 +238,7 @@ def zero_async(dst, stream=None):
     stream = streams.resolve(stream)
     recording.enqueue(stream, kind="memset", name="zero", nbytes=dst.nbytes,
                       gpu=lambda: cupy_module().cuda.runtime.memsetAsync(_ptr(dst), 0, dst.nbytes, stream.raw.ptr),
-                      cpu=lambda: _np(dst).fill(0))
+                        cpu=lambda: _np(dst).fill(0))
 
 
 def copy_to_host(dst, src, stream=None, *, level=None):
@@ -249,10 +250,7 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     _require_host("dst", dst)
     _require_device("src", src)
     checks.same_layout(dst, src)
-    stream = streams.resolve(stream)
-    recording.enqueue(stream, kind="D2H", name=_label("D2H", level), nbytes=src.nbytes, level=level,
-                    gpu=lambda: _memcpy_async(dst, src, _D2H, stream),
-                    cpu=lambda: np.copyto(dst, _np(src)))
+    stream = _queue_copy("D2H", dst, src, stream, level)
     with recording.host_wait("blocking copy"):
         stream.raw.synchronize()
 

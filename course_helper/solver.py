@@ -125,7 +125,9 @@ class Result:
         b = other.images if isinstance(other, Result) else np.asarray(other)
         if b.shape != self.images.shape:
             raise ValueError(f"cannot compare stacks of shapes {self.images.shape} and {b.shape}")
-        return float(np.max(np.abs(self.images.astype(np.float64) - b)))
+        # One slice at a time: a float64 copy of a whole large stack would double its memory.
+        return max((float(np.max(np.abs(a.astype(np.float64) - c))) for a, c in zip(self.images, b)),
+                   default=0.0)
 
     def __repr__(self):
         return (f"<Result {self.strategy!r} on {self.backend}: {len(self.levels)} levels of "
@@ -244,6 +246,9 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     (40, 64, 64)
     """
     problem = WaveProblem() if problem is None else problem
+    if trace and recording.current() is not None:
+        raise RuntimeError("solve(trace=True) records its own timeline; call it outside the "
+                           "`with tracing()` block, or pass trace=False to record into that block's trace")
     every, nscratch, nstaging, batch = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
     _check_memory(problem, every, nscratch, nstaging, batch)
     backend = backend_name()

@@ -62,11 +62,11 @@ def _intersection(x, y):
     return total
 
 
-def write_atomically(path, write):
+def write_atomically(path, write, binary=False):
     """Write a file through a temporary name in the same folder, then rename it.
 
-    ``write(f)`` receives the open temporary file. A failure leaves no
-    half-written file behind.
+    ``write(f)`` receives the open temporary file (opened in binary mode when
+    ``binary``). A failure leaves no half-written file behind.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
@@ -74,7 +74,6 @@ def write_atomically(path, write):
         raise FileNotFoundError(f"cannot write {path}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise PermissionError(f"cannot write {path}: the folder {folder} is not writable")
-    binary = path.endswith(".png")
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:

@@ -259,7 +259,7 @@ def test_solve_leaves_no_worker_threads(cpu, small):
 class _Work:
     """Buffers prepared up front, so queueing them later never synchronises."""
 
-    def __init__(self, p, n=4, shape=(2048, 2048)):
+    def __init__(self, p, n=8, shape=(2048, 2048)):
         self.p = p
         self.src = ch.device_zeros((n, *shape))
         self.dst = ch.pinned_empty((n, *shape))
@@ -268,7 +268,7 @@ class _Work:
         ch.synchronize()
 
     def copies(self, stream):
-        """About 64 MiB of device-to-host copies: long-running device work."""
+        """About 128 MiB of device-to-host copies: long-running device work on either backend."""
         for k in range(len(self.src)):
             ch.copy_to_host_async(self.dst[k], self.src[k], stream, level=k)
 
@@ -278,7 +278,7 @@ class _Work:
 
 
 def test_device_work_default_stream_semantics(backend):
-    work = _Work(ch.WaveProblem(256, 256, nt=10))
+    work = _Work(ch.WaveProblem(512, 512, nt=10))
     (blocking,) = ch.create_streams(1, synchronise=True, name="blocking")
     (free,) = ch.create_streams(1, name="non-blocking")
     with ch.tracing() as t:
@@ -293,7 +293,7 @@ def test_device_work_default_stream_semantics(backend):
 
 
 def test_device_work_on_two_streams_overlaps(backend):
-    work = _Work(ch.WaveProblem(256, 256, nt=10))
+    work = _Work(ch.WaveProblem(512, 512, nt=10))
     io, compute = ch.create_streams(2)
     with ch.tracing() as t:
         work.copies(io)

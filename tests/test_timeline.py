@@ -116,6 +116,9 @@ def test_learner_loops_can_opt_in_to_tracing(backend, small):
         s.synchronize()
     assert [e.level for e in t.kernels] == [2, 3, 4, 5, 6]
     assert t.tracks == ["mine", "host"]
+    with pytest.raises(RuntimeError, match="records its own timeline"):
+        with ch.tracing():
+            ch.solve(small, "events")
     with pytest.raises(RuntimeError, match="already being recorded"):
         with ch.tracing():
             with ch.tracing():
