@@ -278,7 +278,7 @@ class _Work:
 
 
 def test_device_work_default_stream_semantics(backend):
-    work = _Work(ch.WaveProblem(512, 512, nt=10))
+    work = _Work(ch.WaveProblem(1024, 1024, nt=10))
     (blocking,) = ch.create_streams(1, synchronise=True, name="blocking")
     (free,) = ch.create_streams(1, name="non-blocking")
     with ch.tracing() as t:
@@ -293,7 +293,7 @@ def test_device_work_default_stream_semantics(backend):
 
 
 def test_device_work_on_two_streams_overlaps(backend):
-    work = _Work(ch.WaveProblem(512, 512, nt=10))
+    work = _Work(ch.WaveProblem(1024, 1024, nt=10))
     io, compute = ch.create_streams(2)
     with ch.tracing() as t:
         work.copies(io)
