@@ -1,7 +1,8 @@
 """End to end: the slice widget in a real JupyterLab, driven by headless Chromium.
 
 Starts JupyterLab on 127.0.0.1 (random free port, a token) in a temporary copy
-of two small notebooks, runs them on the CPU backend, moves the slider,
+of the course with two small notebooks added that use ``plot_slices``, runs
+them on the CPU backend, moves the slider,
 presses play, and checks what the learner would see. Screenshots go to
 ``test-artifacts/e2e/``. Needs Debian's chromium (``apt-get install chromium``)
 and the Playwright Python package (``pip install -e ".[e2e]"``); .ci/run
@@ -70,8 +71,11 @@ def lab(tmp_path_factory):
     pytest.importorskip("playwright.sync_api", reason="pip install playwright (the e2e extra)")
     pytest.importorskip("jupyterlab", reason="pip install jupyterlab (the lab extra)")
     root = tmp_path_factory.mktemp("course")
-    (root / "widget.ipynb").write_text(NOTEBOOK.format(backend="widget"))
-    (root / "inline.ipynb").write_text(NOTEBOOK.format(backend="inline"))
+    # A temporary copy of the course, plus two small notebooks that use the same plot_slices.
+    for folder in ("notebooks", "images"):
+        shutil.copytree(ROOT / folder, root / folder)
+    (root / "notebooks" / "widget.ipynb").write_text(NOTEBOOK.format(backend="widget"))
+    (root / "notebooks" / "inline.ipynb").write_text(NOTEBOOK.format(backend="inline"))
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", JUPYTER_RUNTIME_DIR=str(root / ".runtime"))
     log = open(root / "lab.log", "w")
@@ -116,7 +120,7 @@ def page(lab):
 def _open_and_run(page, lab, name):
     # A fresh workspace per notebook, so JupyterLab does not reopen the other test's tab.
     workspace = name.replace(".", "-")
-    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/{name}?reset&token={lab['token']}")
+    page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/notebooks/{name}?reset&token={lab['token']}")
     page.wait_for_selector(".jp-Notebook", timeout=90_000)
     # Wait until the kernel is up and idle before running anything.
     page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
