@@ -207,12 +207,3 @@ def default_stream() -> CpuStream:
         if _default is None or not _default.alive:
             _default = CpuStream(non_blocking=False, name="default", legacy_default=True)
         return _default
-
-
-def reset_default_stream():
-    """Stop the default stream's worker (a new one starts on next use)."""
-    global _default
-    with _default_lock:
-        if _default is not None:
-            _default.close()
-            _default = None

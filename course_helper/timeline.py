@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -188,9 +188,6 @@ class Trace:
         """
         doc = self.to_chrome()
         return write_atomically(path, lambda f: json.dump(doc, f))
-
-    def to_dict(self):
-        return {"tracks": self.tracks, "meta": self.meta, "events": [asdict(e) for e in self.events]}
 
     # -- picture ------------------------------------------------------------
     def plot(self, ax=None, window=None, levels=None, title=None):

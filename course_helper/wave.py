@@ -152,10 +152,6 @@ class WaveProblem:
         """The wavelet value added at step ``n`` (which computes level n+2), as float32."""
         return np.float32(ricker(n * self.dt - 2.0 * self.td, self.fm))
 
-    def time_of_level(self, level):
-        """Simulated time of a level in seconds (level 2 is the first computed)."""
-        return level * self.dt
-
     def describe(self):
         """A dict of the problem's numbers with their units (rounded for printing)."""
         return {"grid (cells)": f"{self.n0} x {self.n1}", "spacing (m)": (self.dx0, self.dx1),

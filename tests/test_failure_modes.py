@@ -192,26 +192,6 @@ def test_gpu_strategies_on_random_sizes_match_sequential(backend):
 
 
 # --- races are caught ----------------------------------------------------------------
-def _streams_without_host_wait(run, slow_copy):
-    """with_streams with the host's io[b].synchronize() removed and slow IO streams."""
-    U, m = run.U, run.nscratch
-    compute, io, ready = run.compute, run.io, run.ready
-    for level in range(run.nt + 3):
-        if level < run.nt:
-            b = level % m
-            if level >= 2:
-                ch.launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[b], run.V, run.problem,
-                                 n=level - 2, stream=compute)
-            compute.record(ready[b])
-        old = level - 3
-        k = run.slot(old)
-        if k is not None:
-            b = old % m
-            io[b].wait_event(ready[b])
-            io[b].launch_host_func(slow_copy)          # the copy engine is busy elsewhere
-            ch.copy_to_host_async(run.images[k], U[b], io[b], level=old)
-
-
 def _run(loop, problem, nscratch=4):
     run = solver.Run(problem, 1, nscratch, U=[ch.device_zeros(problem.shape) for _ in range(nscratch)],
                      V=ch.to_device(problem.velocity), images=ch.pinned_empty((problem.nt, *problem.shape)))
@@ -225,23 +205,32 @@ def _run(loop, problem, nscratch=4):
     return run.images
 
 
-def test_a_missing_host_wait_is_caught_when_copies_are_slow(cpu):
+def _slow_copies(monkeypatch):
+    """Make every copy of the lesson's loops wait 10 ms first, as if the copy engine were busy."""
+    real = strategies.copy_to_host_async
+
+    def slow(dst, src, stream, level=None):
+        stream.launch_host_func(lambda: time.sleep(0.01))
+        real(dst, src, stream, level=level)
+
+    monkeypatch.setattr(strategies, "copy_to_host_async", slow)
+
+
+def test_a_missing_host_wait_is_caught_when_copies_are_slow(cpu, monkeypatch):
     problem = ch.WaveProblem(32, 32, nt=30)
     good = ch.reference_solution(problem)
-    racy = _run(lambda run: _streams_without_host_wait(run, lambda: time.sleep(0.01)), problem)
-    assert not np.array_equal(racy, good), "the race should corrupt some level"
-    bad_levels = [k for k in range(problem.nt) if not np.array_equal(racy[k], good[k])]
-    assert len(bad_levels) > 0
-    # The same slow copies with the real loop (host waits on the IO stream) stay correct.
-    slow = []
+    _slow_copies(monkeypatch)
+    # The lesson's stream loop, correct even when copies are slow:
+    assert np.array_equal(_run(strategies.with_streams, problem), good)
 
-    def slowed(run):
-        for s in run.io:
-            s.launch_host_func(lambda: time.sleep(0.01))
-            slow.append(s)
+    def without_host_wait(run):
+        for io in run.io:
+            io.synchronize = lambda: None            # the bug: the host no longer waits on io[b]
         strategies.with_streams(run)
 
-    assert np.array_equal(_run(slowed, problem), good)
+    racy = _run(without_host_wait, problem)
+    bad_levels = [k for k in range(problem.nt) if not np.array_equal(racy[k], good[k])]
+    assert bad_levels, "the race should corrupt some level, and the comparison must see it"
 
 
 def test_the_unsafe_ring_is_caught_by_comparison(backend):
