@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
-from . import checks, streams
+from . import checks, recording, streams
 from .backend import backend_name, cupy_module
 
 __all__ = ["GraphsUnsupported", "Graph", "capture_graph", "graphs_supported"]
@@ -49,10 +49,6 @@ class Graph:
 
 class _Capture:
     graph = None
-
-
-#: True while a capture is in progress (the recorder then records events as graph nodes).
-capturing = False
 
 
 def record_external(event_ptr, stream_ptr):
@@ -95,10 +91,9 @@ def capture_graph(stream):
     checks.instance("stream", stream, streams.Stream, "a Stream from create_streams()")
     if stream.is_default:
         raise ValueError("capture on a stream from create_streams(); the default stream cannot be captured")
-    global capturing
     cap = _Capture()
     stream.raw.begin_capture()
-    capturing = True
+    recording.capturing = True
     try:
         yield cap
     except BaseException:
@@ -106,5 +101,5 @@ def capture_graph(stream):
             stream.raw.end_capture()
         raise
     finally:
-        capturing = False
+        recording.capturing = False
     cap.graph = Graph(stream.raw.end_capture(), stream)

@@ -28,6 +28,9 @@ from .backend import backend_name, cupy_module, synchronize
 
 _clock = time.perf_counter
 _current = None
+#: True while a CUDA graph capture is in progress (set by graphs.capture_graph): marks are
+#: then recorded as event-record nodes of the graph.
+capturing = False
 _gpu_event_pool = []   # raw cudaEvent_t handles, reused between recordings
 
 
@@ -70,11 +73,25 @@ class Recorder:
         self._used.append(ev)
         return ev
 
+    def activate(self):
+        """Make this the recorder that helper operations report to."""
+        global _current
+        if _current is not None:
+            raise RuntimeError("a trace is already being recorded; nested tracing() blocks are not supported")
+        _current = self
+        return self
+
+    def deactivate(self):
+        """Stop receiving operations (safe to call more than once)."""
+        global _current
+        if _current is self:
+            _current = None
+
     def mark(self, stream):
         ev = self._new_event()
-        from . import graphs
-        if graphs.capturing:
-            graphs.record_external(ev, stream.raw.ptr)   # a timestamp node of the graph
+        if capturing:
+            from .graphs import record_external
+            record_external(ev, stream.raw.ptr)           # a timestamp node of the graph
         else:
             self._rt.eventRecord(ev, stream.raw.ptr)
         return ev
@@ -96,9 +113,7 @@ class Recorder:
     def finish(self):
         """Wait for the device, read every timestamp, and return a :class:`Trace`."""
         from .timeline import Trace, TraceEvent
-        global _current
-        if _current is self:
-            _current = None
+        self.deactivate()
         synchronize()
         events = []
         if self.backend == "gpu":
@@ -153,7 +168,6 @@ def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None):
         if rec is None:
             gpu()
             return
-        from .graphs import capturing
         start = rec.mark(stream)
         queued = None if capturing else _clock()
         gpu()
@@ -208,11 +222,9 @@ def tracing(**meta):
     ...     launch_wave2d(...)                       # doctest: +SKIP
     >>> t.plot()                                     # doctest: +SKIP
     """
-    global _current
-    if _current is not None:
+    if _current is not None:       # checked before Recorder() synchronises the device
         raise RuntimeError("a trace is already being recorded; nested tracing() blocks are not supported")
-    rec = Recorder(meta)
-    _current = rec
+    rec = Recorder(meta).activate()
     handle = _TraceHandle()
     try:
         yield handle
@@ -224,6 +236,5 @@ def tracing(**meta):
             pass
         raise
     finally:
-        if _current is rec:
-            _current = None
+        rec.deactivate()
     handle.trace = rec.finish()

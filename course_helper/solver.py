@@ -278,8 +278,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         if trace:
             recorder = recording.Recorder({"strategy": strategy, "n0": problem.n0, "n1": problem.n1,
                                          "nt": problem.nt, "every": every, "nscratch": nscratch,
-                                         "nstaging": nstaging, "batch": batch})
-            recording._current = recorder
+                                         "nstaging": nstaging, "batch": batch}).activate()
         if strategy in _GRAPHS:
             t0 = time.perf_counter()
             graph = STRATEGIES[strategy](run)             # capture: records, runs nothing
@@ -294,8 +293,8 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         timeline = recorder.finish() if recorder is not None else None
     except BaseException:
         # Leave the process usable: drain queued work, stop recording, re-raise.
-        if recording._current is recorder:
-            recording._current = None
+        if recorder is not None:
+            recorder.deactivate()
         try:
             synchronize()
         except BaseException:  # noqa: BLE001 - the original error matters more
