@@ -164,11 +164,12 @@ def synchronize():
 
     On the CPU backend this also raises any exception stored by a stream.
     """
-    from . import streams
+    from . import observe, streams
     if on_gpu():
         cupy_module().cuda.Device().synchronize()
     else:
         streams._synchronize_all_cpu()
+    observe.notify("host_synced", None)
 
 
 # --------------------------------------------------------------------------

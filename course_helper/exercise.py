@@ -61,7 +61,8 @@ def bake_layer(plane, k, stream=None):
     def cpu():
         np.copyto(plane.view(np.ndarray), layer_values(k, (n0, n1)))
 
-    recording.enqueue(stream, kind="kernel", name=f"bake layer {k}", level=k, gpu=gpu, cpu=cpu)
+    recording.enqueue(stream, kind="kernel", name=f"bake layer {k}", level=k, gpu=gpu, cpu=cpu,
+                      writes=(plane,))
 
 
 def check_layer_cake(stack, nplanes=None):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
-from . import checks, recording, streams
+from . import checks, observe, recording, streams
 from .backend import backend_name, cupy_module
 
 __all__ = ["GraphsUnsupported", "Graph", "capture_graph", "graphs_supported"]
@@ -45,6 +45,7 @@ class Graph:
         """Replay the whole captured loop on ``stream`` (default: the capture stream)."""
         stream = self.stream if stream is None else streams.resolve(stream)
         self.raw.launch(stream.raw)
+        observe.notify("graph_launched", self, stream)
 
 
 class _Capture:
@@ -94,6 +95,7 @@ def capture_graph(stream):
     cap = _Capture()
     stream.raw.begin_capture()
     recording.capturing = True
+    observe.notify("capture_started", stream)
     try:
         yield cap
     except BaseException:
@@ -103,3 +105,4 @@ def capture_graph(stream):
     finally:
         recording.capturing = False
     cap.graph = Graph(stream.raw.end_capture(), stream)
+    observe.notify("capture_ended", stream, cap.graph)

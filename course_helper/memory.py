@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from . import checks, recording, streams
+from . import checks, observe, recording, streams
 from .backend import backend_name, cupy_module
 
 __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
@@ -193,6 +193,7 @@ def _queue_copy(kind, dst, src, stream, level):
     """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D"); returns the stream used."""
     stream = streams.resolve(stream)
     recording.enqueue(stream, kind=kind, name=_label(kind, level), nbytes=src.nbytes, level=level,
+                      reads=(src,), writes=(dst,),
                       gpu=lambda: _memcpy_async(dst, src, _MEMCPY_KIND[kind], stream),
                       cpu=lambda: np.copyto(_np(dst), _np(src)))
     return stream
@@ -236,7 +237,7 @@ def zero_async(dst, stream=None):
     if not dst.flags.c_contiguous:
         raise ValueError("dst must be C-contiguous")
     stream = streams.resolve(stream)
-    recording.enqueue(stream, kind="memset", name="zero", nbytes=dst.nbytes,
+    recording.enqueue(stream, kind="memset", name="zero", nbytes=dst.nbytes, writes=(dst,),
                       gpu=lambda: cupy_module().cuda.runtime.memsetAsync(_ptr(dst), 0, dst.nbytes, stream.raw.ptr),
                         cpu=lambda: _np(dst).fill(0))
 
@@ -253,6 +254,7 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     stream = _queue_copy("D2H", dst, src, stream, level)
     with recording.host_wait("blocking copy"):
         stream.raw.synchronize()
+    observe.notify("host_synced", stream)
 
 
 def _label(kind, level):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from . import observe
 from .backend import backend_name, cupy_module, synchronize
 
 _clock = time.perf_counter
@@ -159,10 +160,12 @@ def _track_order(name):
     return (0 if name in ("compute", "default") else 1, name, -1)
 
 
-def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None):
+def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None, reads=(), writes=()):
     """Queue one operation on ``stream``: call ``gpu()`` on the GPU backend or
     submit ``cpu`` to the stream's worker on the CPU backend; trace it if a
-    recorder is active."""
+    recorder is active. ``reads``/``writes`` name the arrays it touches (for
+    the observers of :mod:`course_helper.observe`)."""
+    observe.notify("op_queued", observe.Op(kind, name, stream, level, nbytes, tuple(reads), tuple(writes)))
     rec = _current
     if stream.on_gpu:
         if rec is None:

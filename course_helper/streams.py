@@ -17,7 +17,7 @@ import functools
 import threading
 import weakref
 
-from . import checks, recording
+from . import checks, observe, recording
 from .backend import backend_name, cupy_module
 
 __all__ = ["Stream", "Event", "create_streams", "create_events", "default_stream",
@@ -68,6 +68,7 @@ class Stream:
         """
         with recording.host_wait(f"wait for {self.name}"):
             self.raw.synchronize()
+        observe.notify("host_synced", self)
 
     def wait_event(self, event):
         """Make later work on this stream wait until ``event`` completes (the host does not wait)."""
@@ -76,6 +77,7 @@ class Stream:
         if not event.recorded:
             return      # as in CUDA, a never-recorded event counts as complete: nothing to wait for
         self.raw.wait_event(event.raw)
+        observe.notify("event_waited", self, event)
 
     def wait_stream(self, other):
         """Make later work on this stream wait for the work queued so far on ``other``."""
@@ -152,12 +154,14 @@ class Event:
         _same_backend(stream, self)
         self.raw.record(stream.raw)
         self.recorded = True
+        observe.notify("event_recorded", stream, self)
         return self
 
     def synchronize(self):
         """Block the host until the work before the event's latest record has finished."""
         with recording.host_wait("wait for event"):
             self.raw.synchronize()
+        observe.notify("host_synced", self)
 
     def query(self):
         """True when the event has completed (or was never recorded); never blocks."""

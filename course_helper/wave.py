@@ -239,7 +239,8 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
         _numpy_step(U0.view(np.ndarray), U1.view(np.ndarray), U2.view(np.ndarray), V.view(np.ndarray),
                     dt2, idx0, idx1, p0, p1, amp)
 
-    recording.enqueue(stream, kind="kernel", name=f"wave2d_4o level {n + 2}", level=n + 2, gpu=gpu, cpu=cpu)
+    recording.enqueue(stream, kind="kernel", name=f"wave2d_4o level {n + 2}", level=n + 2, gpu=gpu, cpu=cpu,
+                      reads=(U0, U1, V), writes=(U2,))
 
 
 def reference_solution(problem, every=1):

@@ -1,0 +1,95 @@
+"""Who watches the device work: observers of what the runtime queues.
+
+Every operation the helper queues (a kernel, a copy, a fill) and every
+ordering step (an event record, a stream waiting on an event, a host wait)
+is announced here, *after* it has been checked and *as* it is queued. The
+timeline recorder and the race sanitizer are observers: they look at the
+program, they never run it.
+
+Observers belong to the thread that added them, so a trace opened in one
+thread never sees work queued by another.
+
+An observer is any object; it receives the calls below for which it has a
+method of the same name (all are optional):
+
+``op_queued(op)``
+    an :class:`Op` was queued on ``op.stream``.
+``event_recorded(stream, event)``
+    ``event`` was recorded at the current end of ``stream``.
+``event_waited(stream, event)``
+    later work on ``stream`` waits for ``event``'s latest record.
+``host_synced(target)``
+    the host waited for ``target``: a Stream, an Event, or None (the device).
+``host_access(array, mode, where)``
+    the helper's own host code reads (``mode="r"``) or writes (``"w"``) the
+    host array ``array``; ``where`` names the caller (for messages).
+``capture_started(stream)`` / ``capture_ended(stream, graph)``
+    a CUDA graph capture on ``stream`` began / ended.
+``graph_launched(graph, stream)``
+    a captured graph was replayed on ``stream``.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+__all__ = ["Op", "add", "remove", "active", "notify"]
+
+
+@dataclass(eq=False)
+class Op:
+    """One queued operation, as the observers see it.
+
+    ``reads`` and ``writes`` hold the arrays (views included) the operation
+    reads and writes, so an observer can tell which operations touch
+    overlapping memory.
+    """
+    kind: str                      # "kernel", "D2H", "H2D", "D2D", "memset", "host func"
+    name: str                      # label on timelines, e.g. "wave2d_4o level 12"
+    stream: object                 # the course_helper Stream it was queued on
+    level: int | None = None       # time level (or layer) it belongs to, if any
+    nbytes: int = 0                # bytes moved (copies, fills)
+    reads: tuple = ()
+    writes: tuple = ()
+    info: dict = field(default_factory=dict)   # anything else an observer may use
+
+
+_local = threading.local()
+
+
+def _observers():
+    obs = getattr(_local, "observers", None)
+    if obs is None:
+        obs = _local.observers = []
+    return obs
+
+
+def add(observer):
+    """Start sending this thread's runtime notifications to ``observer``."""
+    obs = _observers()
+    if observer not in obs:
+        obs.append(observer)
+    return observer
+
+
+def remove(observer):
+    """Stop sending notifications to ``observer`` (no error if it was not added)."""
+    obs = _observers()
+    if observer in obs:
+        obs.remove(observer)
+
+
+def active():
+    """The observers of the calling thread (a copy)."""
+    return list(_observers())
+
+
+def notify(what, *args):
+    """Call ``observer.<what>(*args)`` on every observer of this thread that has it."""
+    obs = getattr(_local, "observers", None)
+    if not obs:                    # the common case: nobody watches, nothing to do
+        return
+    for o in list(obs):
+        method = getattr(o, what, None)
+        if method is not None:
+            method(*args)
