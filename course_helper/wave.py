@@ -18,7 +18,7 @@ from . import checks, recording, streams
 from .backend import backend_name, cupy_module
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
-           "STENCIL"]
+           "STENCIL", "stability_limit"]
 
 #: 4th-order central-difference coefficients of the second derivative, as float32.
 STENCIL = np.array([-1 / 12, 4 / 3, -5 / 2, 4 / 3, -1 / 12], dtype=np.float32)
@@ -30,6 +30,19 @@ def ricker(t, fm):
     """The Ricker wavelet (1 - 2 pi^2 fm^2 t^2) exp(-pi^2 fm^2 t^2) at time ``t`` (s)."""
     a = (math.pi * fm * t) ** 2
     return (1.0 - 2.0 * a) * math.exp(-a)
+
+
+def stability_limit(dx0, dx1):
+    """The largest stable Courant number ``Vmax dt / min(dx0, dx1)`` of this scheme.
+
+    The 4th-order stencil's second difference has its largest eigenvalue,
+    ``16 / (3 dx^2)``, on the grid's shortest wave (sign flipping cell to cell);
+    the centred time step stays bounded while ``Vmax^2 dt^2`` times the sum of
+    those eigenvalues over both dimensions is at most 4. Hence
+    ``Vmax dt <= sqrt(3/4) / hypot(1/dx0, 1/dx1)``, which is ``sqrt(3/8)`` (about
+    0.612) in Courant numbers for square cells of any size. Notebook 4 derives it.
+    """
+    return math.sqrt(3 / 4) / (min(dx0, dx1) * math.hypot(1 / dx0, 1 / dx1))
 
 
 class WaveProblem:
@@ -96,7 +109,7 @@ class WaveProblem:
         self.dx1 = checks.positive_float("dx1 (grid spacing, m)", dx1)
         self.velocity = self._velocity_model(velocity)
         self.vmax = float(self.velocity.max())
-        self.cfl_limit = math.sqrt(3 / 4) * min(self.dx0, self.dx1) / math.hypot(1 / self.dx0, 1 / self.dx1)
+        self.cfl_limit = stability_limit(self.dx0, self.dx1)
         self.cfl = checks.positive_float("cfl", cfl)
         if self.cfl > self.cfl_limit:
             raise ValueError(f"cfl={self.cfl} is above this scheme's stability limit {self.cfl_limit:.4f}: "

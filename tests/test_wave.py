@@ -116,3 +116,42 @@ def test_launch_refuses_bad_buffers(backend, small):
         ch.launch_wave2d(U[0], U[1], U[2], V, small, -1)
     with pytest.raises(TypeError, match="WaveProblem"):
         ch.launch_wave2d(U[0], U[1], U[2], V, "problem", 0)
+
+
+# -- the stability limit, tested by running the scheme --------------------
+#: Spacings (dx0, dx1) in metres: square cells of several sizes and unequal ones.
+SPACINGS = [(1.0, 1.0), (2.0, 2.0), (0.5, 0.5), (1.0, 3.0), (3.0, 1.0), (0.25, 1.0), (2.0, 0.7)]
+
+
+def peak_per_level(dx, courant, nt):
+    """Run the NumPy scheme at a Courant number ``Vmax dt / min(dx)`` chosen freely (even an
+    unstable one, which WaveProblem refuses) and return max |U| at every level."""
+    p = ch.WaveProblem(36, 36, dx=dx, nt=nt)
+    p.dt = courant * min(p.dx0, p.dx1) / p.vmax     # bypasses the refusal on purpose
+    with np.errstate(over="ignore", invalid="ignore"):
+        levels = ch.reference_solution(p).astype(np.float64)
+    return np.abs(levels).max(axis=(1, 2))
+
+
+@pytest.mark.parametrize("dx", SPACINGS, ids=str)
+def test_the_stability_limit_holds_when_running(dx):
+    limit = ch.WaveProblem(36, 36, dx=dx).cfl_limit
+    below = peak_per_level(dx, 0.99 * limit, nt=1500)
+    assert np.isfinite(below).all()
+    assert below[-500:].max() <= below[:300].max(), "just below the limit the wavefield grew"
+    above = peak_per_level(dx, 1.01 * limit, nt=600)
+    grown = ~(above < 1e6 * below[:300].max())          # NaN (overflowed) counts as grown
+    assert grown.any(), "just above the limit nothing grew"
+
+
+@pytest.mark.parametrize("dx", SPACINGS, ids=str)
+def test_wave_problem_accepts_up_to_the_limit_and_refuses_above(dx):
+    limit = math.sqrt(3 / 4) / (min(dx) * math.hypot(1 / dx[0], 1 / dx[1]))
+    assert ch.WaveProblem(36, 36, dx=dx, cfl=0.999 * limit).cfl == 0.999 * limit
+    with pytest.raises(ValueError, match="stability limit"):
+        ch.WaveProblem(36, 36, dx=dx, cfl=1.001 * limit)
+
+
+def test_square_cells_of_any_size_share_one_limit():
+    for dx in (0.01, 0.5, 1.0, 2.0, 100.0):
+        assert ch.WaveProblem(36, 36, dx=dx).cfl_limit == pytest.approx(math.sqrt(3 / 8))
