@@ -155,3 +155,52 @@ def test_wave_problem_accepts_up_to_the_limit_and_refuses_above(dx):
 def test_square_cells_of_any_size_share_one_limit():
     for dx in (0.01, 0.5, 1.0, 2.0, 100.0):
         assert ch.WaveProblem(36, 36, dx=dx).cfl_limit == pytest.approx(math.sqrt(3 / 8))
+
+
+# -- the stencil, checked against calculus rather than against itself ---------
+def polynomial_on_grid(problem, degree, rng):
+    """A random polynomial of total degree ``degree`` in (x0, x1) sampled on the grid (x in
+    about [-1, 1]), and its exact Laplacian."""
+    n0, n1 = problem.shape
+    x0 = (np.arange(n0) - n0 // 2) * problem.dx0
+    x1 = (np.arange(n1) - n1 // 2) * problem.dx1
+    X0, X1 = np.meshgrid(x0, x1, indexing="ij")
+    u = np.zeros_like(X0)
+    laplacian = np.zeros_like(X0)
+    for i in range(degree + 1):
+        for j in range(degree + 1 - i):
+            a = rng.uniform(-1, 1)
+            u += a * X0**i * X1**j
+            if i >= 2:
+                laplacian += a * i * (i - 1) * X0**(i - 2) * X1**j
+            if j >= 2:
+                laplacian += a * j * (j - 1) * X0**i * X1**(j - 2)
+    return u.astype(np.float32), laplacian
+
+
+@pytest.mark.parametrize("dx", [(1 / 8, 1 / 8), (1 / 8, 1 / 4), (1 / 16, 1 / 8)], ids=str)
+def test_one_step_gives_the_exact_second_derivative_of_polynomials(backend, dx):
+    """With U0 = U1 = u one step gives U2 = u + dt^2 V^2 (d2u/dx0^2 + d2u/dx1^2). A 4th-order
+    stencil is exact for every polynomial of degree <= 5 (a 2nd-order one only up to degree 3)."""
+    p = ch.WaveProblem(17, 17, dx=dx, nt=3)
+    dt2v2 = (p.dt * p.vmax) ** 2
+    core = (slice(2, -2), slice(2, -2))
+    rng = np.random.default_rng(7)
+    for degree in range(6):
+        u, exact = polynomial_on_grid(p, degree, rng)
+        U0, U1, U2 = ch.to_device(u), ch.to_device(u), ch.device_zeros(p.shape)
+        ch.launch_wave2d(U0, U1, U2, ch.to_device(p.velocity), p, 0)
+        got = (ch.to_host(U2).astype(np.float64) - u) / dt2v2
+        got[p.source] = exact[p.source]            # the source cell also gets the wavelet
+        scale = max(1.0, np.abs(exact[core]).max())
+        np.testing.assert_allclose(got[core], exact[core], rtol=0, atol=1e-3 * scale,
+                                   err_msg=f"stencil is not exact for degree {degree}")
+
+
+def test_cuda_kernel_uses_the_numpy_coefficients():
+    import re
+    src = ch.kernel_source()
+    found = re.findall(r"const float c\[5\]\s*=\s*\{([^}]*)\}", src)
+    assert len(found) == 1, "expected one coefficient table in the CUDA source"
+    cuda = np.array([float(v.strip().rstrip("f")) for v in found[0].split(",")], dtype=np.float32)
+    np.testing.assert_array_equal(cuda, ch.wave.STENCIL)
