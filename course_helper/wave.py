@@ -23,6 +23,7 @@ __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kern
 #: 4th-order central-difference coefficients of the second derivative, as float32.
 STENCIL = np.array([-1 / 12, 4 / 3, -5 / 2, 4 / 3, -1 / 12], dtype=np.float32)
 PAD = 2           # untouched cells on each side: the reflecting walls
+_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)  # normal range
 _BLOCK = (32, 8)  # threads per block along (dimension 1, dimension 0)
 
 
@@ -84,7 +85,8 @@ class WaveProblem:
     nt : int
         Number of time levels (level 0 and 1 are the zero initial state).
     velocity : numpy.ndarray
-        The (n0, n1) float32 velocity model.
+        The (n0, n1) float32 velocity model (a uniform one is kept as one
+        number and built on first use).
 
     Examples
     --------
@@ -107,8 +109,8 @@ class WaveProblem:
             dx0 = dx1 = dx
         self.dx0 = checks.positive_float("dx0 (grid spacing, m)", dx0)
         self.dx1 = checks.positive_float("dx1 (grid spacing, m)", dx1)
-        self.velocity = self._velocity_model(velocity)
-        self.vmax = float(self.velocity.max())
+        self._velocity, self._uniform_velocity = self._velocity_model(velocity)
+        self.vmax = self._uniform_velocity if self._velocity is None else float(self._velocity.max())
         self.cfl_limit = stability_limit(self.dx0, self.dx1)
         self.cfl = checks.positive_float("cfl", cfl)
         if self.cfl > self.cfl_limit:
@@ -138,18 +140,38 @@ class WaveProblem:
         self.source = (p0, p1)
 
     def _velocity_model(self, velocity):
+        """``(array, None)`` for a heterogeneous medium, ``(None, speed)`` for a uniform one: a
+        uniform medium stays one number until an array is asked for, so that a problem too
+        large to run is refused by ``solve`` before anything of grid size is allocated."""
         if np.isscalar(velocity):
             v = checks.positive_float("velocity (m/s)", velocity)
-            return np.full((self.n0, self.n1), v, dtype=np.float32)
+            if not _F32_TINY <= v <= _F32_MAX:
+                raise ValueError(f"velocity {v} m/s does not fit in float32 (the kernel's type); "
+                                 f"use a speed between {_F32_TINY:.3g} and {_F32_MAX:.3g} m/s")
+            return None, float(np.float32(v))
         if type(velocity).__module__.startswith("cupy"):
             raise TypeError("velocity must be a host (NumPy) array; WaveProblem copies it to the device itself")
         v = np.asarray(velocity)
         if v.shape != (self.n0, self.n1):
             raise ValueError(f"velocity array has shape {v.shape} but the grid is {(self.n0, self.n1)}; "
                              "give one velocity per cell")
+        if np.issubdtype(v.dtype, np.complexfloating):
+            raise TypeError(f"velocity must be real, got a {v.dtype} array; a wave speed has no "
+                            "imaginary part (pass velocity.real if that is what you mean)")
         if not np.issubdtype(v.dtype, np.number) or not np.all(np.isfinite(v)) or v.min() <= 0:
             raise ValueError("velocity must hold finite numbers above 0 m/s in every cell")
-        return np.ascontiguousarray(v, dtype=np.float32)
+        if v.max() > _F32_MAX or v.min() < _F32_TINY:
+            raise ValueError(f"velocity values from {v.min():.3g} to {v.max():.3g} m/s do not all fit in "
+                             f"float32 (the kernel's type), which holds {_F32_TINY:.3g} to {_F32_MAX:.3g}; "
+                             "check the units of the velocity model")
+        return np.ascontiguousarray(v, dtype=np.float32), None
+
+    @property
+    def velocity(self):
+        """The (n0, n1) float32 velocity model (for a uniform medium built on first use)."""
+        if self._velocity is None:
+            self._velocity = np.full(self.shape, self._uniform_velocity, dtype=np.float32)
+        return self._velocity
 
     # -- derived numbers the kernel needs --------------------------------
     @property

@@ -54,6 +54,39 @@ def test_bad_problems_are_refused(kwargs, err, msg):
         ch.WaveProblem(**kwargs)
 
 
+@pytest.mark.parametrize("velocity,err,msg", [
+    (np.where(np.eye(64, dtype=bool), 1e39, 343.0), ValueError, "float32"),
+    (1e39, ValueError, "float32"),
+    (np.full((64, 64), 1e-50), ValueError, "float32"),
+    (np.full((64, 64), 343.0 + 1j), TypeError, "real"),
+    (343.0 + 1j, TypeError, "number"),
+], ids=["one-cell-overflows", "overflows", "underflows", "complex-array", "complex"])
+def test_velocity_that_float32_cannot_hold_is_refused(velocity, err, msg):
+    with pytest.raises(err, match=msg):
+        ch.WaveProblem(64, 64, velocity=velocity)
+
+
+def test_uniform_velocity_is_built_on_first_use():
+    p = ch.WaveProblem(64, 48, velocity=1500.0)
+    assert p.vmax == 1500.0
+    v = p.velocity
+    assert v.shape == (64, 48) and v.dtype == np.float32 and np.all(v == 1500.0)
+    assert p.velocity is v
+
+
+def test_impossible_problem_is_refused_without_allocating_the_grid(backend):
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        p = ch.WaveProblem(n0=40000, n1=40000, nt=5000)     # one level alone is 6.4 GB
+        with pytest.raises(MemoryError, match="output stack"):
+            ch.solve(p, "sequential", trace=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"{peak / 2**20:.0f} MiB allocated before the refusal"
+
+
 def test_kernel_source_is_shipped():
     src = ch.kernel_source()
     assert "__global__ void wave2d_4o" in src and "return;" in src
