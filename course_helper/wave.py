@@ -231,14 +231,27 @@ def _step_args(problem):
     return (np.float32(problem.dt ** 2), np.float32(1 / problem.dx0 ** 2), np.float32(1 / problem.dx1 ** 2))
 
 
+def _overlap(a, b):
+    """True when the arrays ``a`` and ``b`` share any memory (a view of a buffer counts).
+
+    NumPy arrays (the CPU backend's device arrays are a NumPy subclass) are
+    compared with ``np.shares_memory``; device arrays by their address ranges,
+    which is exact for the C-contiguous buffers ``launch_wave2d`` accepts.
+    """
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.shares_memory(a, b))
+    a0, b0 = a.data.ptr, b.data.ptr
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
 def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     """Queue step ``n``: compute level n+2 into ``U2`` from levels n (``U0``) and n+1 (``U1``).
 
     Parameters
     ----------
     U0, U1, U2, V : device arrays of shape (n0, n1), float32
-        Two older levels, the output level and the velocity model. ``U2`` must
-        be a different buffer from ``U0`` and ``U1``.
+        Two older levels, the output level and the velocity model. No two of
+        ``U0``, ``U1`` and ``U2`` may share memory, nor ``U2`` and ``V``.
     problem : WaveProblem
     n : int
         The step number (sets the source term's time ``n dt - 2 td``).
@@ -254,9 +267,16 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
         if tuple(a.shape) != problem.shape or a.dtype != np.float32 or not a.flags.c_contiguous:
             raise ValueError(f"{label} must be a C-contiguous float32 array of shape {problem.shape}, "
                              f"got {a.dtype} {tuple(a.shape)}")
-    if U2 is U0 or U2 is U1:
-        raise ValueError("U2 must be a different buffer from U0 and U1: the kernel reads its "
-                         "neighbours' old values while it writes, so an in-place update is a race")
+    if _overlap(U2, U0) or _overlap(U2, U1):
+        raise ValueError("U2 must be a different buffer from U0 and U1 (it shares memory with one of them, "
+                         "e.g. a view): the kernel reads its neighbours' old values while it writes, so an "
+                         "in-place update is a race")
+    if _overlap(U2, V):
+        raise ValueError("U2 shares memory with the velocity model V: the kernel would overwrite V while "
+                         "reading it; write the new level into a scratch buffer of its own")
+    if _overlap(U0, U1):
+        raise ValueError("U0 and U1 share memory, but they hold two different levels (n and n+1); "
+                         "pass two different buffers of the ring, e.g. U[n % 3] and U[(n + 1) % 3]")
     stream = streams.resolve(stream)
     dt2, idx0, idx1 = _step_args(problem)
     amp = problem.source_amplitude(n)

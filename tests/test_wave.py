@@ -151,6 +151,25 @@ def test_launch_refuses_bad_buffers(backend, small):
         ch.launch_wave2d(U[0], U[1], U[2], V, "problem", 0)
 
 
+def test_launch_refuses_buffers_that_share_memory(backend, small):
+    """Aliasing is judged by memory, not by object identity: a view is the same buffer."""
+    U = [ch.device_zeros(small.shape) for _ in range(3)]
+    V = ch.to_device(small.velocity)
+    with pytest.raises(ValueError, match="different buffer"):
+        ch.launch_wave2d(U[0], U[1], U[1][...], V, small, 0)
+    with pytest.raises(ValueError, match="different buffer"):
+        ch.launch_wave2d(U[0][...], U[1], U[0], V, small, 0)
+    with pytest.raises(ValueError, match="U0 and U1 share memory"):
+        ch.launch_wave2d(U[0], U[0], U[2], V, small, 0)
+    with pytest.raises(ValueError, match="velocity model"):
+        ch.launch_wave2d(U[0], U[1], V[...], V, small, 0)
+    # Neighbouring slices of one allocation do not overlap: accepted, and the step is right.
+    stack = ch.device_zeros((3, *small.shape))
+    ch.launch_wave2d(stack[0], stack[1], stack[2], V, small, 0)
+    ch.launch_wave2d(U[0], U[1], U[2], V, small, 0)
+    np.testing.assert_array_equal(ch.to_host(stack[2]), ch.to_host(U[2]))
+
+
 # -- the stability limit, tested by running the scheme --------------------
 #: Spacings (dx0, dx1) in metres: square cells of several sizes and unequal ones.
 SPACINGS = [(1.0, 1.0), (2.0, 2.0), (0.5, 0.5), (1.0, 3.0), (3.0, 1.0), (0.25, 1.0), (2.0, 0.7)]
