@@ -110,7 +110,14 @@ def bench_main(args):
 
 def _check_out(folder):
     """Make sure the output folder exists and is writable before any run starts."""
-    os.makedirs(folder, exist_ok=True)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise NotADirectoryError(f"--out {folder} is a file, not a folder; give a folder for the results "
+                                 "(it is created if missing)")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise type(exc)(f"cannot create the output folder {folder}: {exc.strerror or exc}; "
+                        "choose another with --out") from None
     if not os.access(folder, os.W_OK):
         raise PermissionError(f"the output folder {folder} is not writable; choose another with --out")
 

@@ -177,6 +177,13 @@ def _require_pinned(label, a, direction):
             "copy_to_host() for a deliberate blocking copy.")
 
 
+def _require_writable(label, a):
+    # A read-only target would fail only when the queued copy runs, far from the call.
+    if not getattr(a.flags, "writeable", True):
+        raise ValueError(f"{label} is read-only, so the copy could not write into it; pass a writable "
+                         "array (a new pinned_empty() buffer, or one whose flags.writeable is True)")
+
+
 def _ptr(a):
     return a.data.ptr if backend_name() == "gpu" and not isinstance(a, np.ndarray) else a.ctypes.data
 
@@ -211,6 +218,7 @@ def copy_to_host_async(dst, src, stream=None, *, level=None):
     _require_device("src", src)
     checks.same_layout(dst, src)
     _require_pinned("dst", dst, "device-to-host")
+    _require_writable("dst", dst)
     _queue_copy("D2H", dst, src, stream, level)
 
 
@@ -220,6 +228,7 @@ def copy_to_device_async(dst, src, stream=None, *, level=None):
     _require_host("src", src)
     checks.same_layout(dst, src)
     _require_pinned("src", src, "host-to-device")
+    _require_writable("dst", dst)
     _queue_copy("H2D", dst, src, stream, level)
 
 
@@ -228,6 +237,7 @@ def copy_on_device_async(dst, src, stream=None, *, level=None):
     _require_device("dst", dst)
     _require_device("src", src)
     checks.same_layout(dst, src)
+    _require_writable("dst", dst)
     _queue_copy("D2D", dst, src, stream, level)
 
 
@@ -236,6 +246,7 @@ def zero_async(dst, stream=None):
     _require_device("dst", dst)
     if not dst.flags.c_contiguous:
         raise ValueError("dst must be C-contiguous")
+    _require_writable("dst", dst)
     stream = streams.resolve(stream)
     recording.enqueue(stream, kind="memset", name="zero", nbytes=dst.nbytes, writes=(dst,),
                       gpu=lambda: cupy_module().cuda.runtime.memsetAsync(_ptr(dst), 0, dst.nbytes, stream.raw.ptr),
@@ -251,6 +262,7 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     _require_host("dst", dst)
     _require_device("src", src)
     checks.same_layout(dst, src)
+    _require_writable("dst", dst)
     stream = _queue_copy("D2H", dst, src, stream, level)
     with recording.host_wait("blocking copy"):
         stream.raw.synchronize()

@@ -1,9 +1,10 @@
 """A recorded timeline: export to Perfetto, plot inline, summarise in numbers."""
 from __future__ import annotations
 
+import errno
 import json
 import os
-import tempfile
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,28 +63,55 @@ def _intersection(x, y):
     return total
 
 
+#: What to do about the usual reasons a file cannot be written.
+_WRITE_ADVICE = {
+    errno.ENOSPC: "the disk is full: free some space or write to another folder",
+    errno.EDQUOT: "the disk quota is used up: free some space or write to another folder",
+    errno.EACCES: "you may not write there: choose a folder of your own",
+    errno.EPERM: "you may not write there: choose a folder of your own",
+    errno.EROFS: "that file system is read-only: write to another folder",
+    errno.ENOENT: "the folder does not exist: create it first or choose another",
+    errno.ENOTDIR: "part of the path is a file, not a folder: choose another path",
+    errno.EISDIR: "a folder of that name is in the way: choose another file name",
+}
+
+
+def _cannot_write(path, exc):
+    """The same kind of OSError, saying which file and what to do."""
+    advice = _WRITE_ADVICE.get(exc.errno, "check the path, or write to another folder")
+    err = type(exc)(f"cannot write {path}: {exc.strerror or exc}; {advice}")
+    err.errno = exc.errno
+    return err
+
+
 def write_atomically(path, write, binary=False):
     """Write a file through a temporary name in the same folder, then rename it.
 
     ``write(f)`` receives the open temporary file (opened in binary mode when
-    ``binary``). A failure leaves no half-written file behind.
+    ``binary``). A failure leaves no half-written file behind, and an error of
+    the file system (full disk, no permission, no such folder) is raised as the
+    same kind of ``OSError`` naming the file and what to do. The file gets the
+    usual permissions: 0666 less the process's umask (0644 for umask 022).
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"cannot write {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise PermissionError(f"cannot write {path}: the folder {folder} is not writable")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex[:12]}-{os.path.basename(path)}")
+    try:
+        # os.open applies the umask to 0o666, as open() does (mkstemp would give 0600).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
             write(f)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise _cannot_write(path, exc) from exc
         raise
     return path
 

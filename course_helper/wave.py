@@ -18,11 +18,12 @@ from . import checks, recording, streams
 from .backend import backend_name, cupy_module
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
-           "STENCIL"]
+           "STENCIL", "stability_limit"]
 
 #: 4th-order central-difference coefficients of the second derivative, as float32.
 STENCIL = np.array([-1 / 12, 4 / 3, -5 / 2, 4 / 3, -1 / 12], dtype=np.float32)
 PAD = 2           # untouched cells on each side: the reflecting walls
+_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)  # normal range
 _BLOCK = (32, 8)  # threads per block along (dimension 1, dimension 0)
 
 
@@ -30,6 +31,19 @@ def ricker(t, fm):
     """The Ricker wavelet (1 - 2 pi^2 fm^2 t^2) exp(-pi^2 fm^2 t^2) at time ``t`` (s)."""
     a = (math.pi * fm * t) ** 2
     return (1.0 - 2.0 * a) * math.exp(-a)
+
+
+def stability_limit(dx0, dx1):
+    """The largest stable Courant number ``Vmax dt / min(dx0, dx1)`` of this scheme.
+
+    The 4th-order stencil's second difference has its largest eigenvalue,
+    ``16 / (3 dx^2)``, on the grid's shortest wave (sign flipping cell to cell);
+    the centred time step stays bounded while ``Vmax^2 dt^2`` times the sum of
+    those eigenvalues over both dimensions is at most 4. Hence
+    ``Vmax dt <= sqrt(3/4) / hypot(1/dx0, 1/dx1)``, which is ``sqrt(3/8)`` (about
+    0.612) in Courant numbers for square cells of any size. Notebook 4 derives it.
+    """
+    return math.sqrt(3 / 4) / (min(dx0, dx1) * math.hypot(1 / dx0, 1 / dx1))
 
 
 class WaveProblem:
@@ -71,7 +85,8 @@ class WaveProblem:
     nt : int
         Number of time levels (level 0 and 1 are the zero initial state).
     velocity : numpy.ndarray
-        The (n0, n1) float32 velocity model.
+        The (n0, n1) float32 velocity model (a uniform one is kept as one
+        number and built on first use).
 
     Examples
     --------
@@ -94,9 +109,9 @@ class WaveProblem:
             dx0 = dx1 = dx
         self.dx0 = checks.positive_float("dx0 (grid spacing, m)", dx0)
         self.dx1 = checks.positive_float("dx1 (grid spacing, m)", dx1)
-        self.velocity = self._velocity_model(velocity)
-        self.vmax = float(self.velocity.max())
-        self.cfl_limit = math.sqrt(3 / 4) * min(self.dx0, self.dx1) / math.hypot(1 / self.dx0, 1 / self.dx1)
+        self._velocity, self._uniform_velocity = self._velocity_model(velocity)
+        self.vmax = self._uniform_velocity if self._velocity is None else float(self._velocity.max())
+        self.cfl_limit = stability_limit(self.dx0, self.dx1)
         self.cfl = checks.positive_float("cfl", cfl)
         if self.cfl > self.cfl_limit:
             raise ValueError(f"cfl={self.cfl} is above this scheme's stability limit {self.cfl_limit:.4f}: "
@@ -125,18 +140,38 @@ class WaveProblem:
         self.source = (p0, p1)
 
     def _velocity_model(self, velocity):
+        """``(array, None)`` for a heterogeneous medium, ``(None, speed)`` for a uniform one: a
+        uniform medium stays one number until an array is asked for, so that a problem too
+        large to run is refused by ``solve`` before anything of grid size is allocated."""
         if np.isscalar(velocity):
             v = checks.positive_float("velocity (m/s)", velocity)
-            return np.full((self.n0, self.n1), v, dtype=np.float32)
+            if not _F32_TINY <= v <= _F32_MAX:
+                raise ValueError(f"velocity {v} m/s does not fit in float32 (the kernel's type); "
+                                 f"use a speed between {_F32_TINY:.3g} and {_F32_MAX:.3g} m/s")
+            return None, float(np.float32(v))
         if type(velocity).__module__.startswith("cupy"):
             raise TypeError("velocity must be a host (NumPy) array; WaveProblem copies it to the device itself")
         v = np.asarray(velocity)
         if v.shape != (self.n0, self.n1):
             raise ValueError(f"velocity array has shape {v.shape} but the grid is {(self.n0, self.n1)}; "
                              "give one velocity per cell")
+        if np.issubdtype(v.dtype, np.complexfloating):
+            raise TypeError(f"velocity must be real, got a {v.dtype} array; a wave speed has no "
+                            "imaginary part (pass velocity.real if that is what you mean)")
         if not np.issubdtype(v.dtype, np.number) or not np.all(np.isfinite(v)) or v.min() <= 0:
             raise ValueError("velocity must hold finite numbers above 0 m/s in every cell")
-        return np.ascontiguousarray(v, dtype=np.float32)
+        if v.max() > _F32_MAX or v.min() < _F32_TINY:
+            raise ValueError(f"velocity values from {v.min():.3g} to {v.max():.3g} m/s do not all fit in "
+                             f"float32 (the kernel's type), which holds {_F32_TINY:.3g} to {_F32_MAX:.3g}; "
+                             "check the units of the velocity model")
+        return np.ascontiguousarray(v, dtype=np.float32), None
+
+    @property
+    def velocity(self):
+        """The (n0, n1) float32 velocity model (for a uniform medium built on first use)."""
+        if self._velocity is None:
+            self._velocity = np.full(self.shape, self._uniform_velocity, dtype=np.float32)
+        return self._velocity
 
     # -- derived numbers the kernel needs --------------------------------
     @property
@@ -196,14 +231,27 @@ def _step_args(problem):
     return (np.float32(problem.dt ** 2), np.float32(1 / problem.dx0 ** 2), np.float32(1 / problem.dx1 ** 2))
 
 
+def _overlap(a, b):
+    """True when the arrays ``a`` and ``b`` share any memory (a view of a buffer counts).
+
+    NumPy arrays (the CPU backend's device arrays are a NumPy subclass) are
+    compared with ``np.shares_memory``; device arrays by their address ranges,
+    which is exact for the C-contiguous buffers ``launch_wave2d`` accepts.
+    """
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.shares_memory(a, b))
+    a0, b0 = a.data.ptr, b.data.ptr
+    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+
+
 def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     """Queue step ``n``: compute level n+2 into ``U2`` from levels n (``U0``) and n+1 (``U1``).
 
     Parameters
     ----------
     U0, U1, U2, V : device arrays of shape (n0, n1), float32
-        Two older levels, the output level and the velocity model. ``U2`` must
-        be a different buffer from ``U0`` and ``U1``.
+        Two older levels, the output level and the velocity model. No two of
+        ``U0``, ``U1`` and ``U2`` may share memory, nor ``U2`` and ``V``.
     problem : WaveProblem
     n : int
         The step number (sets the source term's time ``n dt - 2 td``).
@@ -219,9 +267,16 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
         if tuple(a.shape) != problem.shape or a.dtype != np.float32 or not a.flags.c_contiguous:
             raise ValueError(f"{label} must be a C-contiguous float32 array of shape {problem.shape}, "
                              f"got {a.dtype} {tuple(a.shape)}")
-    if U2 is U0 or U2 is U1:
-        raise ValueError("U2 must be a different buffer from U0 and U1: the kernel reads its "
-                         "neighbours' old values while it writes, so an in-place update is a race")
+    if _overlap(U2, U0) or _overlap(U2, U1):
+        raise ValueError("U2 must be a different buffer from U0 and U1 (it shares memory with one of them, "
+                         "e.g. a view): the kernel reads its neighbours' old values while it writes, so an "
+                         "in-place update is a race")
+    if _overlap(U2, V):
+        raise ValueError("U2 shares memory with the velocity model V: the kernel would overwrite V while "
+                         "reading it; write the new level into a scratch buffer of its own")
+    if _overlap(U0, U1):
+        raise ValueError("U0 and U1 share memory, but they hold two different levels (n and n+1); "
+                         "pass two different buffers of the ring, e.g. U[n % 3] and U[(n + 1) % 3]")
     stream = streams.resolve(stream)
     dt2, idx0, idx1 = _step_args(problem)
     amp = problem.source_amplitude(n)

@@ -16,6 +16,16 @@ def _gpu_reason():
     return None if ch.gpu_available() else "no working CUDA GPU here (the GPU tests run on a GPU machine)"
 
 
+@pytest.fixture(autouse=True)
+def _keep_the_backend():
+    """Whatever a test does to the backend (set_backend, the CLI's --backend), the next
+    test starts on the backend the session chose."""
+    chosen = ch.backend_name()
+    yield
+    if ch.backend_name() != chosen:
+        ch.set_backend(chosen)
+
+
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def backend(request):
     """Run the test on this backend, then restore the one chosen at start."""

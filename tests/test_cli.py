@@ -49,4 +49,49 @@ def test_unwritable_output_folder_is_refused_before_running(tmp_path, capsys):
     code = main(["compare", "--backend", "cpu", "--no-progress", "--n", "32", "--nt", "20",
                  "--out", str(blocker / "sub")])
     assert code == 2
-    assert "error" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert str(blocker / "sub") in err and "--out" in err and "Errno" not in err
+
+
+@pytest.mark.parametrize("command", ["compare", "bench"])
+def test_out_naming_a_file_is_refused_by_name(tmp_path, capsys, command):
+    blocker = tmp_path / "results.txt"
+    blocker.write_text("keep me")
+    code = main([command, "--backend", "cpu", "--no-progress", "--out", str(blocker)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--out {blocker} is a file, not a folder" in err and "Errno" not in err
+    assert blocker.read_text() == "keep me"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) for a real full disk")
+def test_full_disk_names_the_file_and_what_to_do(tmp_path, capsys, monkeypatch):
+    import types
+
+    from course_helper import timeline
+
+    def dump_onto_a_full_disk(doc, f):
+        with open("/dev/full", "w") as full:      # every write there fails with ENOSPC
+            json.dump(doc, full)
+
+    monkeypatch.setattr(timeline, "json", types.SimpleNamespace(dump=dump_onto_a_full_disk))
+    out = tmp_path / "results"
+    code = main(["compare", "--backend", "cpu", "--no-progress", "--n", "32", "--nt", "20",
+                 "--repeats", "1", "--strategies", "events", "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {out / 'trace_'}" in err           # names the trace file it was writing
+    assert "No space left on device" in err and "free some space" in err
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
+
+
+def test_written_files_are_readable_by_others_under_umask_022(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        code = main(["compare", "--backend", "cpu", "--no-progress", "--n", "32", "--nt", "20",
+                     "--repeats", "1", "--strategies", "events", "--out", str(tmp_path)])
+    finally:
+        os.umask(previous)
+    assert code == 0
+    written = sorted(os.listdir(tmp_path))
+    assert written and all(os.stat(tmp_path / f).st_mode & 0o777 == 0o644 for f in written), written

@@ -12,9 +12,15 @@ GRAPHS = ("graph", "graph-staged")
 
 @pytest.fixture(autouse=True)
 def _graphs_need_a_gpu(request):
-    """Graph strategies run on the GPU backend only; elsewhere they must refuse clearly."""
+    """Graph strategies run on the GPU backend only; elsewhere they must refuse clearly.
+
+    The backend that counts is the one the test runs on: ask for the ``backend``
+    fixture's value (setting it up first), not for whatever is active now."""
     strategy = getattr(request.node, "callspec", None) and request.node.callspec.params.get("strategy")
-    if strategy in GRAPHS and ch.backend_name() != "gpu":
+    if strategy not in GRAPHS:
+        return
+    used = request.getfixturevalue("backend") if "backend" in request.fixturenames else ch.backend_name()
+    if used != "gpu":
         pytest.skip("CUDA graphs need the GPU backend (refusal tested in test_graph_refused_on_cpu)")
 
 

@@ -1,5 +1,7 @@
+import errno
 import json
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -131,21 +133,46 @@ def test_trace_is_only_ready_after_the_block(backend):
             t.summary()
 
 
-def test_unwritable_folder_leaves_nothing_behind(tmp_path):
+def test_unwritable_paths_are_refused_by_name_and_leave_nothing_behind(tmp_path):
     t = hand_trace()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="missing.*does not exist"):
         t.to_chrome_json(tmp_path / "missing" / "t.json")
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    os.chmod(ro, 0o500)
+    # A path under a regular file cannot be written by anyone, root included.
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file, not a folder")
+    target = blocker / "t.json"
+    with pytest.raises(NotADirectoryError) as info:
+        t.to_chrome_json(target)
+    assert str(target) in str(info.value) and "not a folder" in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"] and blocker.read_text() == "a file, not a folder"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) for a real full disk")
+def test_full_disk_names_the_file_and_leaves_nothing_behind(tmp_path):
+    from course_helper.timeline import write_atomically
+
+    def write_onto_a_full_disk(f):
+        f.write("partial")
+        with open("/dev/full", "w") as full:     # every write there fails with ENOSPC
+            full.write("x")
+
+    with pytest.raises(OSError) as info:
+        write_atomically(tmp_path / "x.json", write_onto_a_full_disk)
+    assert info.value.errno == errno.ENOSPC
+    assert str(tmp_path / "x.json") in str(info.value) and "free some space" in str(info.value)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)],
+                         ids=["umask-022", "umask-077", "umask-002"])
+def test_files_get_the_usual_mode_under_the_umask(tmp_path, umask, mode):
+    from course_helper.timeline import write_atomically
+    previous = os.umask(umask)
     try:
-        if os.access(ro, os.W_OK):
-            pytest.skip("running as a user who can write anywhere")
-        with pytest.raises(PermissionError):
-            t.to_chrome_json(ro / "t.json")
+        path = write_atomically(tmp_path / "x.json", lambda f: f.write("{}"))
     finally:
-        os.chmod(ro, 0o700)
-    assert os.listdir(ro) == []
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
 
 
 def test_failed_write_removes_the_temporary_file(tmp_path):

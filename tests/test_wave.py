@@ -54,6 +54,39 @@ def test_bad_problems_are_refused(kwargs, err, msg):
         ch.WaveProblem(**kwargs)
 
 
+@pytest.mark.parametrize("velocity,err,msg", [
+    (np.where(np.eye(64, dtype=bool), 1e39, 343.0), ValueError, "float32"),
+    (1e39, ValueError, "float32"),
+    (np.full((64, 64), 1e-50), ValueError, "float32"),
+    (np.full((64, 64), 343.0 + 1j), TypeError, "real"),
+    (343.0 + 1j, TypeError, "number"),
+], ids=["one-cell-overflows", "overflows", "underflows", "complex-array", "complex"])
+def test_velocity_that_float32_cannot_hold_is_refused(velocity, err, msg):
+    with pytest.raises(err, match=msg):
+        ch.WaveProblem(64, 64, velocity=velocity)
+
+
+def test_uniform_velocity_is_built_on_first_use():
+    p = ch.WaveProblem(64, 48, velocity=1500.0)
+    assert p.vmax == 1500.0
+    v = p.velocity
+    assert v.shape == (64, 48) and v.dtype == np.float32 and np.all(v == 1500.0)
+    assert p.velocity is v
+
+
+def test_impossible_problem_is_refused_without_allocating_the_grid(backend):
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        p = ch.WaveProblem(n0=40000, n1=40000, nt=5000)     # one level alone is 6.4 GB
+        with pytest.raises(MemoryError, match="output stack"):
+            ch.solve(p, "sequential", trace=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"{peak / 2**20:.0f} MiB allocated before the refusal"
+
+
 def test_kernel_source_is_shipped():
     src = ch.kernel_source()
     assert "__global__ void wave2d_4o" in src and "return;" in src
@@ -116,3 +149,110 @@ def test_launch_refuses_bad_buffers(backend, small):
         ch.launch_wave2d(U[0], U[1], U[2], V, small, -1)
     with pytest.raises(TypeError, match="WaveProblem"):
         ch.launch_wave2d(U[0], U[1], U[2], V, "problem", 0)
+
+
+def test_launch_refuses_buffers_that_share_memory(backend, small):
+    """Aliasing is judged by memory, not by object identity: a view is the same buffer."""
+    U = [ch.device_zeros(small.shape) for _ in range(3)]
+    V = ch.to_device(small.velocity)
+    with pytest.raises(ValueError, match="different buffer"):
+        ch.launch_wave2d(U[0], U[1], U[1][...], V, small, 0)
+    with pytest.raises(ValueError, match="different buffer"):
+        ch.launch_wave2d(U[0][...], U[1], U[0], V, small, 0)
+    with pytest.raises(ValueError, match="U0 and U1 share memory"):
+        ch.launch_wave2d(U[0], U[0], U[2], V, small, 0)
+    with pytest.raises(ValueError, match="velocity model"):
+        ch.launch_wave2d(U[0], U[1], V[...], V, small, 0)
+    # Neighbouring slices of one allocation do not overlap: accepted, and the step is right.
+    stack = ch.device_zeros((3, *small.shape))
+    ch.launch_wave2d(stack[0], stack[1], stack[2], V, small, 0)
+    ch.launch_wave2d(U[0], U[1], U[2], V, small, 0)
+    np.testing.assert_array_equal(ch.to_host(stack[2]), ch.to_host(U[2]))
+
+
+# -- the stability limit, tested by running the scheme --------------------
+#: Spacings (dx0, dx1) in metres: square cells of several sizes and unequal ones.
+SPACINGS = [(1.0, 1.0), (2.0, 2.0), (0.5, 0.5), (1.0, 3.0), (3.0, 1.0), (0.25, 1.0), (2.0, 0.7)]
+
+
+def peak_per_level(dx, courant, nt):
+    """Run the NumPy scheme at a Courant number ``Vmax dt / min(dx)`` chosen freely (even an
+    unstable one, which WaveProblem refuses) and return max |U| at every level."""
+    p = ch.WaveProblem(36, 36, dx=dx, nt=nt)
+    p.dt = courant * min(p.dx0, p.dx1) / p.vmax     # bypasses the refusal on purpose
+    with np.errstate(over="ignore", invalid="ignore"):
+        levels = ch.reference_solution(p).astype(np.float64)
+    return np.abs(levels).max(axis=(1, 2))
+
+
+@pytest.mark.parametrize("dx", SPACINGS, ids=str)
+def test_the_stability_limit_holds_when_running(dx):
+    limit = ch.WaveProblem(36, 36, dx=dx).cfl_limit
+    below = peak_per_level(dx, 0.99 * limit, nt=1500)
+    assert np.isfinite(below).all()
+    assert below[-500:].max() <= below[:300].max(), "just below the limit the wavefield grew"
+    above = peak_per_level(dx, 1.01 * limit, nt=600)
+    grown = ~(above < 1e6 * below[:300].max())          # NaN (overflowed) counts as grown
+    assert grown.any(), "just above the limit nothing grew"
+
+
+@pytest.mark.parametrize("dx", SPACINGS, ids=str)
+def test_wave_problem_accepts_up_to_the_limit_and_refuses_above(dx):
+    limit = math.sqrt(3 / 4) / (min(dx) * math.hypot(1 / dx[0], 1 / dx[1]))
+    assert ch.WaveProblem(36, 36, dx=dx, cfl=0.999 * limit).cfl == 0.999 * limit
+    with pytest.raises(ValueError, match="stability limit"):
+        ch.WaveProblem(36, 36, dx=dx, cfl=1.001 * limit)
+
+
+def test_square_cells_of_any_size_share_one_limit():
+    for dx in (0.01, 0.5, 1.0, 2.0, 100.0):
+        assert ch.WaveProblem(36, 36, dx=dx).cfl_limit == pytest.approx(math.sqrt(3 / 8))
+
+
+# -- the stencil, checked against calculus rather than against itself ---------
+def polynomial_on_grid(problem, degree, rng):
+    """A random polynomial of total degree ``degree`` in (x0, x1) sampled on the grid (x in
+    about [-1, 1]), and its exact Laplacian."""
+    n0, n1 = problem.shape
+    x0 = (np.arange(n0) - n0 // 2) * problem.dx0
+    x1 = (np.arange(n1) - n1 // 2) * problem.dx1
+    X0, X1 = np.meshgrid(x0, x1, indexing="ij")
+    u = np.zeros_like(X0)
+    laplacian = np.zeros_like(X0)
+    for i in range(degree + 1):
+        for j in range(degree + 1 - i):
+            a = rng.uniform(-1, 1)
+            u += a * X0**i * X1**j
+            if i >= 2:
+                laplacian += a * i * (i - 1) * X0**(i - 2) * X1**j
+            if j >= 2:
+                laplacian += a * j * (j - 1) * X0**i * X1**(j - 2)
+    return u.astype(np.float32), laplacian
+
+
+@pytest.mark.parametrize("dx", [(1 / 8, 1 / 8), (1 / 8, 1 / 4), (1 / 16, 1 / 8)], ids=str)
+def test_one_step_gives_the_exact_second_derivative_of_polynomials(backend, dx):
+    """With U0 = U1 = u one step gives U2 = u + dt^2 V^2 (d2u/dx0^2 + d2u/dx1^2). A 4th-order
+    stencil is exact for every polynomial of degree <= 5 (a 2nd-order one only up to degree 3)."""
+    p = ch.WaveProblem(17, 17, dx=dx, nt=3)
+    dt2v2 = (p.dt * p.vmax) ** 2
+    core = (slice(2, -2), slice(2, -2))
+    rng = np.random.default_rng(7)
+    for degree in range(6):
+        u, exact = polynomial_on_grid(p, degree, rng)
+        U0, U1, U2 = ch.to_device(u), ch.to_device(u), ch.device_zeros(p.shape)
+        ch.launch_wave2d(U0, U1, U2, ch.to_device(p.velocity), p, 0)
+        got = (ch.to_host(U2).astype(np.float64) - u) / dt2v2
+        got[p.source] = exact[p.source]            # the source cell also gets the wavelet
+        scale = max(1.0, np.abs(exact[core]).max())
+        np.testing.assert_allclose(got[core], exact[core], rtol=0, atol=1e-3 * scale,
+                                   err_msg=f"stencil is not exact for degree {degree}")
+
+
+def test_cuda_kernel_uses_the_numpy_coefficients():
+    import re
+    src = ch.kernel_source()
+    found = re.findall(r"const float c\[5\]\s*=\s*\{([^}]*)\}", src)
+    assert len(found) == 1, "expected one coefficient table in the CUDA source"
+    cuda = np.array([float(v.strip().rstrip("f")) for v in found[0].split(",")], dtype=np.float32)
+    np.testing.assert_array_equal(cuda, ch.wave.STENCIL)
