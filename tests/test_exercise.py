@@ -4,7 +4,7 @@ import pytest
 import course_helper as ch
 
 
-def bake_and_copy(nplanes, shape, nbuf, wait_for_copy=True):
+def bake_and_copy(nplanes, shape, nbuf):
     """A reference solution of the exercise (the notebook's solution has the same shape)."""
     stack = ch.pinned_empty((nplanes, *shape))
     stack.fill(np.nan)
@@ -14,8 +14,7 @@ def bake_and_copy(nplanes, shape, nbuf, wait_for_copy=True):
     baked, copied = ch.create_events(nbuf), ch.create_events(nbuf)
     for k in range(nplanes):
         b = k % nbuf
-        if wait_for_copy:
-            compute.wait_event(copied[b])
+        compute.wait_event(copied[b])
         ch.bake_layer(buf[b], k, compute)
         compute.record(baked[b])
         io[b].wait_event(baked[b])
