@@ -171,12 +171,6 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
     return doc
 
 
-def best(point):
-    """(strategy, efficiency) of the most efficient strategy at a measured point."""
-    name = max(point["strategies"], key=lambda s: point["strategies"][s]["efficiency"])
-    return name, point["strategies"][name]["efficiency"]
-
-
 def table(doc):
     """The sweep as aligned text, one line per point and strategy."""
     lines = [f"{'point':<18} {'B ms':>8} {'bound by':<8} {'strategy':<13} {'median ms':>10} {'efficiency':>10} "

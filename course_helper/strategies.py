@@ -120,7 +120,10 @@ def staged(run):
 
 
 def capture_loop(loop, run):
-    """Capture ``loop`` into a graph that starts from the zero initial state every replay."""
+    """Capture ``loop(run)`` into a CUDA graph that starts from the zero initial state every replay.
+
+    Nothing runs during the capture; ``graph.launch()`` replays the whole loop. ``solve``
+    captures the graph strategies this way (untimed, like compiling) and times one replay."""
     compute = run.compute
     with capture_graph(compute) as cap:
         zero_async(run.U[0], compute)               # levels 0 and 1 are reset on every replay,
