@@ -25,8 +25,8 @@ from .wave import WaveProblem, launch_wave2d
 __all__ = ["prepare", "solve", "Run", "Result", "STRATEGIES", "plan_memory", "saved_levels",
            "available_strategies", "default_batch"]
 
-#: Most buffers one ring may have: each gets its own IO stream (and, on the CPU backend, a
-#: worker thread), and beyond a few the copy engines have nothing more to overlap.
+#: Most buffers one ring may have: each gets its own IO stream, and beyond a few the copy
+#: engines have nothing more to overlap.
 MAX_RING = 32
 DEFAULT_NSTAGING = 4
 
@@ -221,12 +221,12 @@ def _check_memory(problem, every, need):
                    "or use a smaller grid")
 
 
-def _ring_size(name, value, minimum, hint):
+def _ring_size(name, value, minimum, default, hint):
     value = checks.positive_int(name, value, minimum=minimum, hint=hint)
     if value > MAX_RING:
         raise ValueError(f"{name} must be at most {MAX_RING}, got {value}: every buffer of the ring gets its "
-                         "own IO stream (and, on the CPU backend, a worker thread), and beyond a few buffers "
-                         "the copy engines gain nothing; the default is enough")
+                         "own IO stream, and beyond a few buffers the copy engines gain nothing; "
+                         f"the default ({default}) is usually enough")
     return value
 
 
@@ -245,7 +245,8 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
         raise (GraphsUnsupported if entry.graph else RuntimeError)(f"strategy {strategy!r} is not available: {why}")
     if entry.staged:
         nstaging = DEFAULT_NSTAGING if nstaging is None else _ring_size(
-            "nstaging (staging buffers)", nstaging, 1, hint="the staging ring needs at least 1 buffer")
+            "nstaging (staging buffers)", nstaging, 1, DEFAULT_NSTAGING,
+            hint="the staging ring needs at least 1 buffer")
         batch = default_batch(problem) if batch is None else checks.positive_int("batch", batch)
     elif nstaging is not None or batch is not None:
         staged = tuple(name for name, e in STRATEGIES.items() if e.staged)
@@ -260,7 +261,7 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
             raise ValueError(f"the {strategy} strategy always uses {entry.nscratch} scratch wavefields; "
                              "leave nscratch=None")
         return every, entry.nscratch, nstaging, batch
-    nscratch = _ring_size("nscratch", nscratch, KERNEL_LEVELS,
+    nscratch = _ring_size("nscratch", nscratch, KERNEL_LEVELS, entry.nscratch,
                           hint="the kernel reads two levels and writes a third")
     if entry.max_nscratch is not None and nscratch > entry.max_nscratch:
         raise ValueError(f"the {strategy} strategy uses at most {entry.max_nscratch} scratch wavefields, "
