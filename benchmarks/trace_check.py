@@ -13,7 +13,7 @@ import statistics
 import sys
 
 import course_helper as ch
-from course_helper import cupti_check
+import cupti_check   # benchmarks/cupti_check.py, beside this script
 
 
 def overhead(problem, strategies, repeats):

@@ -3,46 +3,48 @@
 It runs on an NVIDIA GPU through CuPy, or - with no GPU - on a NumPy CPU
 backend with the same API, the same semantics and the same results.
 
-The names a learner uses::
+The names a learner uses (``__all__``)::
 
-    backend_name, device_report            which backend, which device
-    create_streams, create_events          streams and events
-    pinned_empty, copy_to_host_async, ...  pinned memory and asynchronous copies
-    WaveProblem, launch_wave2d             the running example
-    solve, compare_strategies              the IO strategies, timed and traced
-    plot_slices, compare_slices, animate   looking at the wavefield
+    backend_name, set_backend, device_report, synchronize   which backend, which device
+    create_streams, create_events, default_stream, elapsed_ms
+    device_empty, device_zeros, to_device, to_host          device arrays
+    pinned_empty, is_pinned, copy_to_host_async, copy_to_device_async, measure_bandwidth
+    WaveProblem, launch_wave2d, reference_solution, kernel_source   the running example
+    solve, prepare, STRATEGIES, compare_strategies, graphs_supported   the IO strategies
+    tracing                                                  timelines of your own loops
+    plot_slices, compare_slices, animate, show_code          looking at results and code
+    bake_layer, check_layer_cake                             the exercise
+    physical_limit, plot_bench                               the benchmark's limit B
+
+Everything else stays reachable through its module: ``ch.strategies`` (the
+loops the notebooks show, and the registry), ``ch.memory``, ``ch.streams``,
+``ch.graphs``, ``ch.solver``, ``ch.bench``, ...
 """
-from .backend import (BackendUnavailable, backend_name, device_report, gpu_available,
-                      print_device_report, set_backend, synchronize)
-from .compare import Comparison, compare_strategies
-from .memory import (CpuDeviceArray, copy_on_device_async, copy_to_device_async, copy_to_host,
-                     copy_to_host_async, device_empty, device_zeros, host_memory_available, zero_async,
-                     is_device_array, is_pinned, measure_bandwidth, pinned_empty, pinned_zeros,
-                     to_device, to_host)
-from .solver import STRATEGIES, Result, plan_memory, solve
-from .streams import (Event, Stream, create_events, create_streams, current_stream, default_stream,
-                      elapsed_ms, stream_priority_range)
-from .timeline import Trace, TraceEvent
+from . import strategies
+from .backend import backend_name, device_report, set_backend, synchronize
+from .bench import physical_limit, plot_bench
+from .compare import compare_strategies
+from .exercise import bake_layer, check_layer_cake
+from .graphs import graphs_supported
+from .memory import (copy_to_device_async, copy_to_host_async, device_empty, device_zeros, is_pinned,
+                     measure_bandwidth, pinned_empty, to_device, to_host)
 from .recording import tracing
-from .viewer import SliceViewer, animate, compare_slices, plot_slices, show_code
-from .graphs import Graph, GraphsUnsupported, capture_graph, graphs_supported
-from .exercise import LayerCakeError, bake_layer, check_layer_cake, layer_values
-from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution, ricker
+from .solver import STRATEGIES, prepare, solve
+from .streams import create_events, create_streams, default_stream, elapsed_ms
+from .viewer import animate, compare_slices, plot_slices, show_code
+from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendUnavailable", "backend_name", "device_report", "gpu_available", "print_device_report",
-    "set_backend", "synchronize",
-    "Stream", "Event", "create_streams", "create_events", "current_stream", "default_stream",
-    "elapsed_ms", "stream_priority_range",
-    "CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host", "is_device_array",
-    "pinned_empty", "pinned_zeros", "is_pinned", "copy_to_host_async", "copy_to_device_async",
-    "copy_on_device_async", "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available",
-    "capture_graph", "Graph", "GraphsUnsupported", "graphs_supported",
-    "WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
-    "solve", "Result", "STRATEGIES", "plan_memory",
-    "tracing", "Trace", "TraceEvent", "compare_strategies", "Comparison",
-    "plot_slices", "compare_slices", "animate", "SliceViewer", "show_code",
-    "bake_layer", "layer_values", "check_layer_cake", "LayerCakeError",
+    "backend_name", "set_backend", "device_report", "synchronize",
+    "create_streams", "create_events", "default_stream", "elapsed_ms",
+    "device_empty", "device_zeros", "to_device", "to_host",
+    "pinned_empty", "is_pinned", "copy_to_host_async", "copy_to_device_async", "measure_bandwidth",
+    "WaveProblem", "launch_wave2d", "reference_solution", "kernel_source",
+    "solve", "prepare", "STRATEGIES", "compare_strategies", "graphs_supported",
+    "tracing",
+    "plot_slices", "compare_slices", "animate", "show_code",
+    "bake_layer", "check_layer_cake",
+    "physical_limit", "plot_bench",
 ]

@@ -20,6 +20,8 @@ import threading
 
 import numpy as np
 
+from . import checks
+
 ENV_VAR = "COURSE_HELPER_BACKEND"
 CHOICES = ("auto", "gpu", "cpu")
 
@@ -199,6 +201,7 @@ def device_report(print_it: bool = False) -> dict:
     ``cores`` and ``numpy``. GPU-only fields read ``"n/a (CPU backend)"`` on
     the CPU. With ``print_it=True`` it also prints the report as a table.
     """
+    print_it = checks.flag("print_it", print_it)
     report = {"backend": backend_name(), "python": platform.python_version(),
               "numpy": np.__version__}
     if report["backend"] == "gpu":

@@ -24,15 +24,16 @@ import numpy as np
 
 from . import checks
 from .backend import backend_name, device_report, synchronize
+from .compare import baseline_first, time_strategies
 from .graphs import capture_graph, graphs_supported
-from .memory import copy_to_host_async, device_zeros, host_memory_available, pinned_empty, to_device
-from .solver import STRATEGIES, plan_memory, solve
+from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
+from .solver import available_strategies, plan_memory, saved_levels
 from .streams import create_events, create_streams, elapsed_ms
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["DEFAULT_POINTS", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "compute_only_ms",
-           "bench_point", "run_bench", "plot_bench"]
+           "physical_limit", "bench_point", "run_bench", "plot_bench"]
 
 #: (n, nt, every): the issue's sweep, from launch-bound to IO-bound.
 DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (4096, 128, 8)]
@@ -94,13 +95,29 @@ def compute_only_ms(problem, repeats=5):
     return best
 
 
-def _fits(problem, every, strategies):
+def physical_limit(problem=None, every=1, peak_gbps=None, repeats=5):
+    """The fastest any overlap strategy could run ``problem`` saving every ``every``-th level.
+
+    Returns a dict: ``peak_d2h_gbps`` (measured here unless given),
+    ``compute_only_ms`` (the kernels alone, no copies), ``copy_floor_ms``
+    (the output bytes at the peak bandwidth), ``bound_ms`` = B, the larger of
+    the two, and ``bound_by`` ("compute" or "copies").
+    """
+    problem = WaveProblem() if problem is None else problem
+    output_bytes = plan_memory(problem, "sequential", every)["host"]     # also checks the arguments
+    peak = peak_d2h_gbps() if peak_gbps is None else peak_gbps
+    compute = compute_only_ms(problem, repeats)
+    copies = output_bytes / (peak * 1e9) * 1e3
+    return {"peak_d2h_gbps": peak, "compute_only_ms": compute, "copy_floor_ms": copies,
+            "bound_ms": max(compute, copies), "bound_by": "compute" if compute >= copies else "copies"}
+
+
+def _fits(output_bytes, strategies):
     """None when the point fits in host memory, else the reason it does not."""
-    avail = host_memory_available()
-    host = plan_memory(problem, every)["host"]
     # the sequential answer is kept for comparison while each other strategy runs
-    need = host * (2 if len(strategies) > 1 else 1)
-    if avail is not None and need > 0.8 * avail:
+    need = output_bytes * (2 if len(strategies) > 1 else 1)
+    avail = checks.host_memory_shortfall(need)
+    if avail is not None:
         return (f"needs {need / 2**30:.1f} GiB of host memory for the output stacks but only "
                 f"{avail / 2**30:.1f} GiB are available")
     return None
@@ -109,45 +126,20 @@ def _fits(problem, every, strategies):
 def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
     """Measure one (n, nt, every) point: B's two parts and each strategy's times."""
     problem = WaveProblem(n0=n, n1=n, nt=nt)
-    from .solver import _validate
-    every = _validate(problem, "sequential", every, None, False)[0]   # refuse bad input before measuring
-    order = ["sequential"] + [s for s in strategies if s != "sequential"]
-    point = {"n": n, "nt": nt, "every": every,
-             "saved_levels": len(range(0, nt, every)),
-             "output_bytes": plan_memory(problem, every)["host"]}
-    reason = _fits(problem, every, order)
+    output_bytes = plan_memory(problem, "sequential", every)["host"]   # refuses bad input before measuring
+    order = baseline_first(strategies)
+    point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
+             "output_bytes": output_bytes}
+    reason = _fits(output_bytes, order)
     if reason is not None:
         point["skipped"] = reason
         return point
-    peak = peak_gbps if peak_gbps is not None else peak_d2h_gbps()
-    point["peak_d2h_gbps"] = peak
-    point["compute_only_ms"] = compute_only_ms(problem, repeats)
-    point["copy_floor_ms"] = point["output_bytes"] / (peak * 1e9) * 1e3
-    point["bound_ms"] = max(point["compute_only_ms"], point["copy_floor_ms"])
-    point["bound_by"] = "compute" if point["compute_only_ms"] >= point["copy_floor_ms"] else "copies"
-    results = {}
-    reference = None
-    for name in order:
-        solve(problem, name, every=every, trace=False)                      # warm-up
-        times = []
-        last = None
-        for _ in range(repeats):
-            last = solve(problem, name, every=every, trace=False)
-            times.append(last.elapsed_ms)
-        if reference is None:
-            reference = last.images
-            identical = True
-        else:
-            identical = bool(np.array_equal(last.images, reference))
-        del last
-        med = float(np.median(times))
-        results[name] = {"times_ms": times, "median_ms": med, "min_ms": float(min(times)),
-                         "max_ms": float(max(times)), "efficiency": point["bound_ms"] / med,
-                         "identical_to_sequential": identical}
-    base = results["sequential"]["median_ms"]
-    for r in results.values():
-        r["speedup"] = base / r["median_ms"]
-    point["strategies"] = results
+    point.update(physical_limit(problem, every, peak_gbps, repeats))
+    point["strategies"] = {
+        name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
+               "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
+               "identical_to_sequential": t["max_diff"] == 0.0, "speedup": t["speedup"]}
+        for name, t in time_strategies(problem, order, repeats, every).items()}
     return point
 
 
@@ -164,10 +156,7 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
     """Run the sweep and return ``{"machine": ..., "points": [...]}``."""
     if points is None:
         points = DEFAULT_POINTS if backend_name() == "gpu" else QUICK_POINTS
-    if strategies is None:
-        strategies = [s for s in STRATEGIES if s not in ("graph", "graph-staged") or graphs_supported()[0]]
-    for s in strategies:
-        checks.one_of("strategy", s, tuple(STRATEGIES))
+    strategies = baseline_first(available_strategies() if strategies is None else strategies)
     repeats = checks.positive_int("repeats", repeats)
     peak = peak_d2h_gbps()
     doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -180,12 +169,6 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
         if progress is not None:
             progress(point)
     return doc
-
-
-def best(point):
-    """(strategy, efficiency) of the most efficient strategy at a measured point."""
-    name = max(point["strategies"], key=lambda s: point["strategies"][s]["efficiency"])
-    return name, point["strategies"][name]["efficiency"]
 
 
 def table(doc):

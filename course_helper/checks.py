@@ -7,8 +7,13 @@ wrong, what is allowed and what to do instead.
 from __future__ import annotations
 
 import numbers
+import os
 
 import numpy as np
+
+#: Share of the available host memory one run may plan to take; the rest is left to the
+#: notebook, the browser and the operating system.
+HOST_MEMORY_SHARE = 0.8
 
 
 def positive_int(name, value, *, minimum=1, hint=""):
@@ -18,6 +23,16 @@ def positive_int(name, value, *, minimum=1, hint=""):
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}" + (f"; {hint}" if hint else ""))
     return int(value)
+
+
+def flag(name, value):
+    """Return ``value`` as a bool, refusing anything but True and False.
+
+    A flag taken by truthiness would read ``unsafe="no"`` as yes.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
 
 
 def positive_float(name, value, *, hint=""):
@@ -69,3 +84,41 @@ def same_layout(dst, src):
         if not arr.flags.c_contiguous:
             raise ValueError(f"the {side} is not C-contiguous (a strided view); an async copy moves one "
                              "contiguous block - copy whole rows/planes, or make a contiguous buffer first")
+
+
+def host_memory_available():
+    """Bytes of host memory available now (None when the operating system does not say)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def host_memory_shortfall(need):
+    """None when ``need`` bytes fit in the host memory a run may take, else the bytes available."""
+    avail = host_memory_available()
+    if avail is not None and need > HOST_MEMORY_SHARE * avail:
+        return avail
+    return None
+
+
+def host_memory(need, what, advice, detail=""):
+    """Refuse (MemoryError) to go on when ``need`` bytes do not fit in host memory.
+
+    ``what`` names what needs the memory and ``detail`` breaks the bytes down;
+    ``advice`` says what to do, or is a function of the available bytes that says it.
+    """
+    avail = host_memory_shortfall(need)
+    if avail is None:
+        return
+    advice = advice(avail) if callable(advice) else advice
+    detail = f" ({detail})" if detail else ""
+    raise MemoryError(f"{what} needs {need / 2**20:,.0f} MiB of host memory{detail} but only "
+                      f"{avail / 2**20:,.0f} MiB are available; {advice}")

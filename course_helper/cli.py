@@ -17,6 +17,8 @@ import sys
 
 
 def _parser():
+    from .strategies import STRATEGIES
+    names = ", ".join(STRATEGIES)
     p = argparse.ArgumentParser(prog="python -m course_helper",
                                 description="Overlapping GPU compute with IO: the course's headless tools.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -25,7 +27,7 @@ def _parser():
     c.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     c.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
     c.add_argument("--strategies", default="sequential,streams,events",
-                   help="comma-separated strategies (default: all three)")
+                   help=f"comma-separated strategies out of {names} (default: the lesson's three)")
     c.add_argument("--repeats", type=int, default=3, help="timed runs per strategy (default 3)")
     c.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
@@ -38,7 +40,8 @@ def _parser():
                         "(default: the course sweep on a GPU, a small one on the CPU)")
     b.add_argument("--every-sweep", action="store_true",
                    help="also sweep the snapshot interval at 2048^2 x 320 (every 1..32)")
-    b.add_argument("--strategies", default=None, help="comma-separated strategies (default: all available)")
+    b.add_argument("--strategies", default=None,
+                   help=f"comma-separated strategies out of {names} (default: all this backend runs)")
     b.add_argument("--repeats", type=int, default=5, help="timed runs per strategy and point (default 5)")
     b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
     b.add_argument("--out", default=None, help="folder for bench.json and bench.png")

@@ -1,4 +1,8 @@
-"""Run several strategies on one problem and put them side by side."""
+"""Run several strategies on one problem and put them side by side.
+
+:func:`time_strategies` is the timing both :func:`compare_strategies` and the
+benchmark (:mod:`course_helper.bench`) use.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +11,59 @@ from . import checks
 from .solver import STRATEGIES, solve
 from .wave import WaveProblem
 
-__all__ = ["compare_strategies", "Comparison"]
+__all__ = ["compare_strategies", "Comparison", "time_strategies", "baseline_first"]
+
+
+def baseline_first(strategies):
+    """Checked strategy names, each once, with ``"sequential"`` (the baseline) first."""
+    if isinstance(strategies, str):
+        strategies = [strategies]
+    strategies = list(strategies)
+    if not strategies:
+        raise ValueError(f"give at least one strategy out of {', '.join(STRATEGIES)}")
+    for s in strategies:
+        checks.one_of("strategy", s, tuple(STRATEGIES))
+    return ["sequential"] + [s for s in dict.fromkeys(strategies) if s != "sequential"]
+
+
+def _nscratch_for(name, nscratch):
+    """``nscratch`` for a strategy that takes a chosen number of scratch buffers, else None."""
+    return nscratch if STRATEGIES[name].max_nscratch is None else None
+
+
+def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None):
+    """Time each strategy on ``problem``: one untimed warm-up solve (kernel loading, pinned
+    pool), then ``repeats`` timed solves, untraced.
+
+    The sequential strategy always runs first, as the baseline. ``nscratch`` goes
+    to the strategies that can use a chosen number of scratch buffers.
+
+    Returns ``{name: {"times_ms", "median_ms", "min_ms", "max_ms", "speedup",
+    "max_diff"}}``: ``speedup`` is the sequential median over this median,
+    ``max_diff`` the largest difference of the last run's images from the
+    sequential ones (0.0: identical).
+    """
+    order = baseline_first(strategies)
+    repeats = checks.positive_int("repeats", repeats)
+    rows, reference = {}, None
+    for name in order:
+        ns = _nscratch_for(name, nscratch)
+        solve(problem, name, every=every, nscratch=ns, trace=False)       # warm-up
+        times = []
+        for i in range(repeats):
+            last = solve(problem, name, every=every, nscratch=ns, trace=False)
+            times.append(last.elapsed_ms)
+            if progress is not None:
+                progress(name, i)
+        if reference is None:
+            reference = last.images
+        rows[name] = {"times_ms": times, "median_ms": float(np.median(times)), "min_ms": float(min(times)),
+                      "max_ms": float(max(times)), "max_diff": last.max_difference(reference)}
+        del last                      # one output stack at a time besides the reference
+    base = rows["sequential"]["median_ms"]
+    for r in rows.values():
+        r["speedup"] = base / r["median_ms"]
+    return rows
 
 
 class Comparison:
@@ -33,6 +89,7 @@ class Comparison:
 
     def table(self, timings=True):
         """The rows as aligned text. ``timings=False`` leaves out machine-dependent columns."""
+        timings = checks.flag("timings", timings)
         head = ["strategy"] + (["median ms", "min ms", "max ms", "speedup", "overlap"] if timings else []) \
             + ["max diff"]
         lines = []
@@ -94,35 +151,12 @@ def compare_strategies(problem=None, strategies=("sequential", "streams", "event
     """
     problem = WaveProblem() if problem is None else problem
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
-    if isinstance(strategies, str):
-        strategies = [strategies]
-    strategies = list(strategies)
-    if not strategies:
-        raise ValueError(f"give at least one strategy out of {', '.join(STRATEGIES)}")
-    for s in strategies:
-        checks.one_of("strategy", s, tuple(STRATEGIES))
-    repeats = checks.positive_int("repeats", repeats)
-    order = ["sequential"] + [s for s in dict.fromkeys(strategies) if s != "sequential"]
-
-    results, times = {}, {}
-    for name in order:
-        ns = None if name == "sequential" else nscratch
-        solve(problem, name, every=every, nscratch=ns, trace=False)      # warm-up
-        runs = []
-        for i in range(repeats):
-            # Time untraced runs; keep one traced run for the overlap figure and pictures.
-            runs.append(solve(problem, name, every=every, nscratch=ns, trace=False).elapsed_ms)
-            if progress is not None:
-                progress(name, i)
-        results[name] = solve(problem, name, every=every, nscratch=ns, trace=True)
-        times[name] = runs
-    base = np.median(times["sequential"])
-    reference = results["sequential"].images
-    rows = []
-    for name in order:
-        t = np.asarray(times[name])
-        rows.append({"strategy": name, "median_ms": float(np.median(t)), "min_ms": float(t.min()),
-                     "max_ms": float(t.max()), "speedup": float(base / np.median(t)),
-                     "max_diff": results[name].max_difference(reference),
+    timed = time_strategies(problem, strategies, repeats, every, nscratch, progress)
+    results, rows = {}, []
+    for name, t in timed.items():
+        # Time untraced runs; keep one traced run for the overlap figure and pictures.
+        results[name] = solve(problem, name, every=every, nscratch=_nscratch_for(name, nscratch), trace=True)
+        rows.append({"strategy": name, "median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
+                     "speedup": t["speedup"], "max_diff": t["max_diff"],
                      "overlap": results[name].trace.summary()["overlap_fraction"]})
     return Comparison(rows, results, problem, every)

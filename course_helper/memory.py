@@ -13,7 +13,6 @@ pinned, so the same checks and the same code work everywhere.
 """
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from . import checks, observe, recording, streams
 from .backend import backend_name, cupy_module
+from .checks import host_memory_available
 
 __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
            "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
@@ -314,11 +314,8 @@ def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
     if not sizes or any(not np.isfinite(s) or s <= 0 for s in sizes):
         raise ValueError(f"sizes_mib must be a non-empty list of positive sizes in MiB, got {sizes_mib!r}")
     repeats = checks.positive_int("repeats", repeats)
-    largest = max(sizes) * 2**20 * 3          # device source + two host buffers
-    avail = host_memory_available()
-    if avail is not None and largest > avail:
-        raise MemoryError(f"measuring {max(sizes)} MiB needs about {largest / 2**20:.0f} MiB of host "
-                          f"memory but only {avail / 2**20:.0f} MiB are available; use smaller sizes")
+    checks.host_memory(max(sizes) * 2**20 * 3, f"measuring {max(sizes)} MiB",   # source + two host buffers
+                       advice="use smaller sizes")
     stream = streams.resolve(stream) if stream is not None else streams.create_streams(1, name="copy")[0]
     start, end = streams.create_events(2, timing=True)
     rows = []
@@ -346,19 +343,3 @@ def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
                          "returned_early": early / (repeats + 1), "correct": ok})
             del dst
     return rows
-
-
-def host_memory_available():
-    """Bytes of host memory available now (None when the OS does not say)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-

@@ -13,16 +13,30 @@ with ``inspect.getsource``, so what you read there is what runs.
 * :func:`staged` - copy each saved level device-to-device into a staging ring
   on the compute stream, then to the host from there; compute only waits when
   every staging buffer is still being copied.
-* :func:`graph` / :func:`graph_staged` - the event loop / the staged loop
-  captured once into a CUDA graph (``solve`` then replays it).
+* ``"graph"`` / ``"graph-staged"`` - the event loop / the staged loop captured
+  once into a CUDA graph by :func:`capture_loop` (``solve`` then replays it).
+
+Each strategy declares what its loop needs in one :class:`Strategy` entry of
+:data:`STRATEGIES`, at the end of this module; argument checks, defaults,
+``solve``, the command line, the benchmark and the tests all read it. A new
+strategy is one loop plus one entry.
 """
 from __future__ import annotations
 
-from .graphs import capture_graph
+from dataclasses import dataclass
+from typing import Callable
+
+from .graphs import capture_graph, graphs_supported
 from .memory import copy_on_device_async, copy_to_host, copy_to_host_async, zero_async
 from .wave import launch_wave2d
 
-__all__ = ["sequential", "with_streams", "with_events", "staged", "graph", "graph_staged"]
+__all__ = ["sequential", "with_streams", "with_events", "staged", "capture_loop", "COPY_LAG",
+           "Strategy", "STRATEGIES", "register"]
+
+#: How many turns the ring loops copy a level after computing it. The kernel of turn L reads
+#: levels L-2 and L-1 and writes L, so L - COPY_LAG is the newest level no kernel touches any
+#: more; the loops run COPY_LAG extra turns to copy the last levels.
+COPY_LAG = 3
 
 
 def sequential(run):
@@ -42,20 +56,20 @@ def with_streams(run):
     before the buffer it reads is overwritten."""
     U, m = run.U, run.nscratch                      # m >= 4 scratch wavefields
     compute, io, ready = run.compute, run.io, run.ready   # io[b] and ready[b] belong to buffer b
-    for level in range(run.nt + 3):                 # 3 extra turns copy the last levels
+    for level in range(run.nt + COPY_LAG):          # COPY_LAG extra turns copy the last levels
         if level < run.nt:
-            b = level % m
+            b = level % m                           # the buffer computed this turn
             if level >= 2:
                 io[b].synchronize()                 # host waits: the copy that read U[b] is done
                 launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[b],
                               run.V, run.problem, n=level - 2, stream=compute)
             compute.record(ready[b])                # level is complete when compute gets here
-        old = level - 3                             # newest level no kernel touches any more
+        old = level - COPY_LAG                      # newest level no kernel touches any more
         k = run.slot(old)
         if k is not None:
-            b = old % m
-            io[b].wait_event(ready[b])              # device-side: copy after the kernel that made it
-            copy_to_host_async(run.images[k], U[b], io[b], level=old)
+            c = old % m                             # the buffer copied this turn
+            io[c].wait_event(ready[c])              # device-side: copy after the kernel that made it
+            copy_to_host_async(run.images[k], U[c], io[c], level=old)
 
 
 def with_events(run):
@@ -63,21 +77,21 @@ def with_events(run):
     copy of the buffer it overwrites; the host never blocks."""
     U, m = run.U, run.nscratch
     compute, io, ready, copied = run.compute, run.io, run.ready, run.copied
-    for level in range(run.nt + 3):
+    for level in range(run.nt + COPY_LAG):
         if level < run.nt:
-            b = level % m
+            b = level % m                           # the buffer computed this turn
             if level >= 2:
                 compute.wait_event(copied[b])       # device-side: the copy that read U[b] is done
                 launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[b],
                               run.V, run.problem, n=level - 2, stream=compute)
             compute.record(ready[b])
-        old = level - 3
+        old = level - COPY_LAG
         k = run.slot(old)
         if k is not None:
-            b = old % m
-            io[b].wait_event(ready[b])
-            copy_to_host_async(run.images[k], U[b], io[b], level=old)
-            io[b].record(copied[b])                 # U[b] may be overwritten after this point
+            c = old % m                             # the buffer copied this turn
+            io[c].wait_event(ready[c])
+            copy_to_host_async(run.images[k], U[c], io[c], level=old)
+            io[c].record(copied[c])                 # U[c] may be overwritten after this point
 
 
 def staged(run):
@@ -85,7 +99,7 @@ def staged(run):
     copy whole staging buffers (``batch`` levels each) to the host on the IO streams."""
     U, m = run.U, run.nscratch                      # 3 scratch wavefields: only compute touches them
     S, ns, batch = run.staging, len(run.staging), run.batch   # ns staging buffers of `batch` levels
-    compute, io, staged_ev, copied = run.compute, run.io, run.ready, run.copied   # per staging buffer
+    compute, io, filled, copied = run.compute, run.io, run.filled, run.copied   # per staging buffer
     for level in range(run.nt):
         if level >= 2:
             launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[level % m],
@@ -99,14 +113,17 @@ def staged(run):
         copy_on_device_async(S[s][j], U[level % m], compute, level=level)
         if j == batch - 1 or k == run.nsaved - 1:   # buffer full (or last level): ship it
             first = k - j
-            compute.record(staged_ev[s])
-            io[s].wait_event(staged_ev[s])
+            compute.record(filled[s])
+            io[s].wait_event(filled[s])
             copy_to_host_async(run.images[first:k + 1], S[s][:j + 1], io[s], level=run.level_of(first))
             io[s].record(copied[s])
 
 
-def _captured(loop, run):
-    """Capture ``loop`` into a graph that starts from the zero initial state every replay."""
+def capture_loop(loop, run):
+    """Capture ``loop(run)`` into a CUDA graph that starts from the zero initial state every replay.
+
+    Nothing runs during the capture; ``graph.launch()`` replays the whole loop. ``solve``
+    captures the graph strategies this way (untimed, like compiling) and times one replay."""
     compute = run.compute
     with capture_graph(compute) as cap:
         zero_async(run.U[0], compute)               # levels 0 and 1 are reset on every replay,
@@ -118,11 +135,77 @@ def _captured(loop, run):
     return cap.graph
 
 
-def graph(run):
-    """The event loop, captured into a CUDA graph. Returns the graph; solve() replays it."""
-    return _captured(with_events, run)
+# --------------------------------------------------------------------------
+# The registry: what each strategy's loop needs
+# --------------------------------------------------------------------------
+#: Fewest scratch wavefields any loop can use: the kernel reads two levels and writes a third.
+KERNEL_LEVELS = 3
 
 
-def graph_staged(run):
-    """The staged loop, captured into a CUDA graph. Returns the graph; solve() replays it."""
-    return _captured(staged, run)
+@dataclass(frozen=True)
+class Strategy:
+    """What one strategy's loop needs; :func:`course_helper.prepare` builds it from this.
+
+    Attributes
+    ----------
+    name : str
+        The name ``solve`` takes.
+    loop : callable
+        The loop, called as ``loop(run)`` with the :class:`~course_helper.solver.Run`
+        that ``prepare`` builds (for a graph strategy: the loop that is captured).
+    nscratch : int
+        Scratch wavefields by default.
+    min_nscratch : int
+        Fewest scratch wavefields that give a right answer; fewer (down to
+        ``KERNEL_LEVELS``) only with ``unsafe=True``, to watch the race.
+    max_nscratch : int or None
+        Most scratch wavefields the loop can use (None: any number up to the ring limit).
+    streams : bool
+        Whether the loop uses a compute stream and IO streams with a pinned output
+        (False: the default stream and pageable memory).
+    staged : bool
+        Whether the loop copies out of a staging ring (``nstaging`` buffers of ``batch`` levels);
+        then it has one IO stream per staging buffer, otherwise one per scratch buffer.
+    graph : bool
+        Whether ``solve`` captures the loop once into a CUDA graph and times a replay.
+    """
+    name: str
+    loop: Callable
+    nscratch: int = KERNEL_LEVELS
+    min_nscratch: int = KERNEL_LEVELS
+    max_nscratch: int | None = None
+    streams: bool = True
+    staged: bool = False
+    graph: bool = False
+
+    def available(self):
+        """``(True, "")`` when the active backend runs this strategy, else ``(False, reason)``."""
+        if self.graph:
+            return graphs_supported()
+        return True, ""
+
+
+#: strategy name -> its :class:`Strategy`, in the order the course introduces them
+STRATEGIES = {}
+
+
+def register(strategy):
+    """Add a :class:`Strategy` to :data:`STRATEGIES` (its name must be new); returns it."""
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"register a Strategy(...), got {type(strategy).__name__}")
+    if strategy.name in STRATEGIES:
+        raise ValueError(f"a strategy named {strategy.name!r} is already registered")
+    top = strategy.nscratch if strategy.max_nscratch is None else strategy.max_nscratch
+    if not KERNEL_LEVELS <= strategy.min_nscratch <= strategy.nscratch <= top:
+        raise ValueError(f"strategy {strategy.name!r}: need {KERNEL_LEVELS} <= min_nscratch <= nscratch "
+                         "<= max_nscratch")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+register(Strategy("sequential", sequential, max_nscratch=KERNEL_LEVELS, streams=False))
+register(Strategy("streams", with_streams, nscratch=5, min_nscratch=4))
+register(Strategy("events", with_events, nscratch=5, min_nscratch=4))
+register(Strategy("staged", staged, staged=True))
+register(Strategy("graph", with_events, nscratch=5, min_nscratch=4, graph=True))
+register(Strategy("graph-staged", staged, staged=True, graph=True))

@@ -236,6 +236,7 @@ def create_streams(n, synchronise=False, priority=None, name="stream"):
     >>> io = create_streams(2, name="io")
     """
     n = checks.positive_int("n (the number of streams)", n)
+    synchronise = checks.flag("synchronise", synchronise)
     if not isinstance(name, str):
         raise TypeError(f"name must be a string, got {type(name).__name__}")
     lo, hi = stream_priority_range()
@@ -272,6 +273,7 @@ def _gpu_stream(non_blocking, priority):
 def create_events(n, timing=False):
     """Create ``n`` events; ``timing=True`` lets :func:`elapsed_ms` time between them."""
     n = checks.positive_int("n (the number of events)", n)
+    timing = checks.flag("timing", timing)
     backend = backend_name()
     events = []
     for _ in range(n):

@@ -7,8 +7,6 @@ import os
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
-
 __all__ = ["Trace", "TraceEvent", "KINDS", "write_atomically"]
 
 #: Kinds of timeline entry and the colour each is drawn in.

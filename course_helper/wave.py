@@ -15,7 +15,7 @@ from importlib import resources
 import numpy as np
 
 from . import checks, recording, streams
-from .backend import backend_name, cupy_module
+from .backend import cupy_module
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
            "STENCIL", "stability_limit"]

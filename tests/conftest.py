@@ -13,7 +13,7 @@ import course_helper as ch  # noqa: E402
 
 
 def _gpu_reason():
-    return None if ch.gpu_available() else "no working CUDA GPU here (the GPU tests run on a GPU machine)"
+    return None if ch.backend.gpu_available() else "no working CUDA GPU here (the GPU tests run on a GPU machine)"
 
 
 @pytest.fixture(autouse=True)

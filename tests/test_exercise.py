@@ -4,7 +4,7 @@ import pytest
 import course_helper as ch
 
 
-def bake_and_copy(nplanes, shape, nbuf, wait_for_copy=True):
+def bake_and_copy(nplanes, shape, nbuf):
     """A reference solution of the exercise (the notebook's solution has the same shape)."""
     stack = ch.pinned_empty((nplanes, *shape))
     stack.fill(np.nan)
@@ -14,8 +14,7 @@ def bake_and_copy(nplanes, shape, nbuf, wait_for_copy=True):
     baked, copied = ch.create_events(nbuf), ch.create_events(nbuf)
     for k in range(nplanes):
         b = k % nbuf
-        if wait_for_copy:
-            compute.wait_event(copied[b])
+        compute.wait_event(copied[b])
         ch.bake_layer(buf[b], k, compute)
         compute.record(baked[b])
         io[b].wait_event(baked[b])
@@ -28,7 +27,7 @@ def bake_and_copy(nplanes, shape, nbuf, wait_for_copy=True):
 def test_layer_values_are_what_the_kernel_bakes(backend):
     plane = ch.device_empty((20, 30))
     ch.bake_layer(plane, 7)
-    np.testing.assert_array_equal(ch.to_host(plane), ch.layer_values(7, (20, 30)))
+    np.testing.assert_array_equal(ch.to_host(plane), ch.exercise.layer_values(7, (20, 30)))
 
 
 def test_a_correct_cake_passes(backend):
@@ -39,24 +38,24 @@ def test_a_correct_cake_passes(backend):
 def test_checker_names_missing_and_swapped_planes(cpu):
     stack = bake_and_copy(6, (8, 8), nbuf=2)
     stack[2] = np.nan
-    stack[4] = ch.layer_values(5, (8, 8))
-    with pytest.raises(ch.LayerCakeError) as info:
+    stack[4] = ch.exercise.layer_values(5, (8, 8))
+    with pytest.raises(ch.exercise.LayerCakeError) as info:
         ch.check_layer_cake(stack)
     msg = str(info.value)
     assert "plane 2 was never" in msg and "plane 4 holds layer 5" in msg and "wait_event" in msg
 
 
 def test_checker_refuses_device_and_misshaped_stacks(backend):
-    with pytest.raises(ch.LayerCakeError, match="still on the device"):
+    with pytest.raises(ch.exercise.LayerCakeError, match="still on the device"):
         ch.check_layer_cake(ch.device_zeros((2, 4, 4)))
-    with pytest.raises(ch.LayerCakeError, match="3D"):
+    with pytest.raises(ch.exercise.LayerCakeError, match="3D"):
         ch.check_layer_cake(np.zeros((4, 4)))
-    with pytest.raises(ch.LayerCakeError, match="has 2 planes"):
+    with pytest.raises(ch.exercise.LayerCakeError, match="has 2 planes"):
         ch.check_layer_cake(np.zeros((2, 4, 4)), nplanes=3)
 
 
 def test_pageable_stack_is_mentioned(cpu):
-    stack = np.stack([ch.layer_values(k, (4, 4)) for k in range(3)])
+    stack = np.stack([ch.exercise.layer_values(k, (4, 4)) for k in range(3)])
     assert "not pinned" in ch.check_layer_cake(stack)
 
 

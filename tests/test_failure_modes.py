@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import course_helper as ch
-from course_helper import solver, strategies
+from course_helper import compare, solver, strategies
 from conftest import course_threads
 
 P = dict(n0=24, n1=24, nt=12)
@@ -59,7 +59,7 @@ BAD_INPUT = [
     ("elapsed_ms never recorded", lambda: ch.elapsed_ms(_event(True), _event(True)), ValueError, "never recorded"),
     ("elapsed_ms not events", lambda: ch.elapsed_ms(1, 2), TypeError, "Event"),
     ("pinned_empty negative shape", lambda: ch.pinned_empty((-1, 3)), ValueError, "non-negative"),
-    ("pinned_zeros shape text", lambda: ch.pinned_zeros("big"), ValueError, "non-negative"),
+    ("pinned_zeros shape text", lambda: ch.memory.pinned_zeros("big"), ValueError, "non-negative"),
     ("device_empty float shape", lambda: ch.device_empty((2.5,)), ValueError, "non-negative"),
     ("device_zeros shape object", lambda: ch.device_zeros(object()), TypeError, "tuple"),
     ("to_device of a device array", lambda: ch.to_device(_dev()), TypeError, "device array"),
@@ -78,10 +78,10 @@ BAD_INPUT = [
     ("copy_to_device_async pageable", lambda: ch.copy_to_device_async(_dev(), np.zeros((24, 24), np.float32)),
      ValueError, "pageable"),
     ("copy_to_device_async host dst", lambda: ch.copy_to_device_async(_pin(), _pin()), TypeError, "device"),
-    ("copy_on_device_async host src", lambda: ch.copy_on_device_async(_dev(), _pin()), TypeError, "device"),
-    ("copy_on_device_async shape", lambda: ch.copy_on_device_async(_dev((3, 3)), _dev()), ValueError, "shape"),
-    ("copy_to_host device dst", lambda: ch.copy_to_host(_dev(), _dev()), TypeError, "host"),
-    ("zero_async host array", lambda: ch.zero_async(np.zeros(3)), TypeError, "device"),
+    ("copy_on_device_async host src", lambda: ch.memory.copy_on_device_async(_dev(), _pin()), TypeError, "device"),
+    ("copy_on_device_async shape", lambda: ch.memory.copy_on_device_async(_dev((3, 3)), _dev()), ValueError, "shape"),
+    ("copy_to_host device dst", lambda: ch.memory.copy_to_host(_dev(), _dev()), TypeError, "host"),
+    ("zero_async host array", lambda: ch.memory.zero_async(np.zeros(3)), TypeError, "device"),
     ("measure_bandwidth no sizes", lambda: ch.measure_bandwidth(()), ValueError, "non-empty"),
     ("measure_bandwidth repeats 0", lambda: ch.measure_bandwidth((1,), repeats=0), ValueError, "at least 1"),
     ("WaveProblem grid too small", lambda: ch.WaveProblem(4, 24), ValueError, "padding"),
@@ -109,6 +109,23 @@ BAD_INPUT = [
     ("solve nstaging=0", lambda: ch.solve(_problem(), "staged", nstaging=0), ValueError, "at least 1"),
     ("solve batch for events", lambda: ch.solve(_problem(), "events", batch=4), ValueError, "staged"),
     ("solve not a problem", lambda: ch.solve("problem"), TypeError, "WaveProblem"),
+    ("solve unsafe='no'", lambda: ch.solve(_problem(), "events", nscratch=3, unsafe="no"), TypeError,
+     "unsafe must be True or False"),
+    ("solve trace='no'", lambda: ch.solve(_problem(), trace="no"), TypeError, "trace must be True or False"),
+    ("solve trace=1", lambda: ch.solve(_problem(), trace=1), TypeError, "True or False"),
+    ("prepare unsafe=1", lambda: ch.prepare(_problem(), "events", nscratch=3, unsafe=1), TypeError,
+     "True or False"),
+    ("solve nstaging=2000", lambda: ch.solve(_problem(), "staged", nstaging=2000), ValueError, "at most 32"),
+    ("solve nscratch=200", lambda: ch.solve(_problem(), "events", nscratch=200), ValueError, "at most 32"),
+    ("plan_memory every=0", lambda: ch.solver.plan_memory(_problem(), every=0), ValueError, "at least 1"),
+    ("plan_memory nscratch<0", lambda: ch.solver.plan_memory(_problem(), nscratch=-4), ValueError, "at least 3"),
+    ("plan_memory not a problem", lambda: ch.solver.plan_memory("problem"), TypeError, "WaveProblem"),
+    ("create_streams synchronise='no'", lambda: ch.create_streams(1, synchronise="no"), TypeError,
+     "synchronise must be True or False"),
+    ("create_events timing=1", lambda: ch.create_events(1, timing=1), TypeError, "timing must be True or False"),
+    ("device_report print_it='yes'", lambda: ch.device_report(print_it="yes"), TypeError, "True or False"),
+    ("Comparison.table timings='no'", lambda: compare.Comparison([], {}, _problem(), 1).table(timings="no"),
+     TypeError, "timings must be True or False"),
     ("compare_strategies repeats=0", lambda: ch.compare_strategies(_problem(), repeats=0), ValueError, "at least 1"),
     ("compare_strategies unknown", lambda: ch.compare_strategies(_problem(), ["fast"]), ValueError, "unknown"),
     ("compare_strategies none", lambda: ch.compare_strategies(_problem(), []), ValueError, "at least one"),
@@ -120,7 +137,7 @@ BAD_INPUT = [
     ("animate step 0", lambda: ch.animate(np.zeros((2, 3, 3)), step=0), ValueError, "step"),
     ("set_backend unknown", lambda: ch.set_backend("tpu"), ValueError, "not a backend"),
     ("bake_layer host plane", lambda: ch.bake_layer(np.zeros((3, 3), np.float32), 0), TypeError, "device"),
-    ("check_layer_cake 2D", lambda: ch.check_layer_cake(np.zeros((3, 3))), ch.LayerCakeError, "3D"),
+    ("check_layer_cake 2D", lambda: ch.check_layer_cake(np.zeros((3, 3))), ch.exercise.LayerCakeError, "3D"),
 ]
 
 
@@ -143,27 +160,25 @@ def test_bad_input_leaves_nothing_queued(backend):
 
 
 def test_graph_strategy_refusal_names_reason_and_alternative(cpu):
-    with pytest.raises(ch.GraphsUnsupported, match="GPU backend.*'staged' or 'events'"):
+    with pytest.raises(ch.graphs.GraphsUnsupported, match="GPU backend.*'staged' or 'events'"):
         ch.solve(_problem(), "graph")
-    with pytest.raises(ch.GraphsUnsupported):
-        with ch.capture_graph(ch.create_streams(1)[0]):
+    with pytest.raises(ch.graphs.GraphsUnsupported):
+        with ch.graphs.capture_graph(ch.create_streams(1)[0]):
             pass
 
 
 # --- nothing lost, nothing invented ------------------------------------------------
-CPU_STRATEGIES = ["sequential", "streams", "events", "staged"]
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n0=st.integers(5, 30), n1=st.integers(5, 30), nt=st.integers(3, 28), data=st.data())
 def test_every_saved_level_is_written_once_and_right(cpu, n0, n1, nt, data):
     problem = ch.WaveProblem(n0, n1, nt=nt)
     every = data.draw(st.integers(1, nt - 1), label="every")
-    strategy = data.draw(st.sampled_from(CPU_STRATEGIES), label="strategy")
+    strategy = data.draw(st.sampled_from(solver.available_strategies()), label="strategy")
+    entry = ch.STRATEGIES[strategy]
     kwargs = {}
-    if strategy in ("streams", "events"):
-        kwargs["nscratch"] = data.draw(st.integers(4, 7), label="nscratch")
-    if strategy == "staged":
+    if entry.max_nscratch is None:
+        kwargs["nscratch"] = data.draw(st.integers(entry.min_nscratch, entry.min_nscratch + 3), label="nscratch")
+    if entry.staged:
         kwargs["nstaging"] = data.draw(st.integers(1, 4), label="nstaging")
         kwargs["batch"] = data.draw(st.integers(1, 6), label="batch")
     r = ch.solve(problem, strategy, every=every, **kwargs)
@@ -178,7 +193,7 @@ def test_every_saved_level_is_written_once_and_right(cpu, n0, n1, nt, data):
 
 def test_gpu_strategies_on_random_sizes_match_sequential(backend):
     rng = np.random.default_rng(7)
-    names = list(ch.STRATEGIES) if backend == "gpu" else CPU_STRATEGIES
+    names = solver.available_strategies()
     for _ in range(4):
         n0, n1 = (int(x) for x in rng.integers(5, 70, size=2))
         nt = int(rng.integers(3, 40))
@@ -193,15 +208,8 @@ def test_gpu_strategies_on_random_sizes_match_sequential(backend):
 
 # --- races are caught ----------------------------------------------------------------
 def _run(loop, problem, nscratch=4):
-    run = solver.Run(problem, 1, nscratch, U=[ch.device_zeros(problem.shape) for _ in range(nscratch)],
-                     V=ch.to_device(problem.velocity), images=ch.pinned_empty((problem.nt, *problem.shape)))
-    run.images.fill(np.nan)
-    run.compute = ch.create_streams(1, name="compute")[0]
-    run.io = ch.create_streams(nscratch, name="io")
-    run.ready, run.copied = ch.create_events(nscratch), ch.create_events(nscratch)
-    ch.synchronize()
-    loop(run)
-    ch.synchronize()
+    with ch.prepare(problem, "streams", nscratch=nscratch) as run:
+        loop(run)
     return run.images
 
 

@@ -6,7 +6,7 @@ import course_helper as ch
 
 def test_pinned_arrays_and_views_are_pinned(backend):
     a = ch.pinned_empty((4, 8))
-    z = ch.pinned_zeros(16, dtype=np.float64)
+    z = ch.memory.pinned_zeros(16, dtype=np.float64)
     assert a.shape == (4, 8) and a.dtype == np.float32
     assert z.dtype == np.float64 and np.all(z == 0)
     assert ch.is_pinned(a) and ch.is_pinned(z)
@@ -47,7 +47,7 @@ def test_async_round_trip_into_slices_of_a_pinned_stack(backend):
     back = ch.device_zeros((16, 24))
     ch.copy_to_device_async(back, stack[3], streams[0])
     other = ch.device_zeros((16, 24))
-    ch.copy_on_device_async(other, back, streams[0])
+    ch.memory.copy_on_device_async(other, back, streams[0])
     streams[0].synchronize()
     np.testing.assert_array_equal(ch.to_host(other), planes[3])
 
@@ -105,7 +105,7 @@ def test_read_only_host_targets_are_refused_before_anything_is_queued(backend):
 def test_blocking_copy_accepts_pageable_memory(backend):
     x = np.arange(10, dtype=np.float32)
     out = np.empty(10, np.float32)
-    ch.copy_to_host(out, ch.to_device(x))
+    ch.memory.copy_to_host(out, ch.to_device(x))
     np.testing.assert_array_equal(out, x)
 
 

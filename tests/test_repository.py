@@ -1,5 +1,4 @@
 """Keeps the repository itself honest: dependency lists agree, notebooks are canonical."""
-import json
 import pathlib
 import re
 import tomllib
@@ -53,3 +52,28 @@ def test_notebook_is_canonical(path):
     # One canonical serialisation: what nbformat writes.
     assert raw == nbformat.writes(nb), \
         f"{path.name} is not saved in canonical nbformat form (run python tools/canonical_notebooks.py)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_uses_only_the_public_surface(path):
+    """A notebook imports the package as `ch` and reaches no private name through it."""
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert not re.findall(r"^\s*(?:from course_helper\b.*|import course_helper\.\S*)", code, re.M)
+    assert not re.findall(r"\bch(?:\.[A-Za-z]\w*)*\._\w+", code), "a private name of course_helper"
+
+
+def test_the_package_namespace_is_its_short_public_list():
+    import types
+
+    import course_helper as ch
+    public = {n for n in dir(ch) if not n.startswith("_") and not isinstance(getattr(ch, n), types.ModuleType)}
+    assert public == set(ch.__all__), "names outside __all__ belong in their module"
+    assert len(ch.__all__) <= 40
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The helper package", 1)[1].split("\n## ", 1)[0]
+    for name in ch.__all__:
+        assert f"`{name}" in section, f"the README's helper package section does not list {name}"
+        if callable(getattr(ch, name)):
+            assert getattr(ch, name).__doc__, f"{name} has no docstring"

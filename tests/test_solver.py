@@ -4,24 +4,26 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper import solver
+from course_helper import checks, solver, strategies
+from course_helper.cli import main
 
-STRATEGIES = ["sequential", "streams", "events", "staged", "graph", "graph-staged"]
-GRAPHS = ("graph", "graph-staged")
+STRATEGIES = list(ch.STRATEGIES)                      # the registry drives every parametrised test
+GRAPHS = [name for name, entry in ch.STRATEGIES.items() if entry.graph]
+STAGED = [name for name, entry in ch.STRATEGIES.items() if entry.staged]
 
 
 @pytest.fixture(autouse=True)
-def _graphs_need_a_gpu(request):
-    """Graph strategies run on the GPU backend only; elsewhere they must refuse clearly.
-
-    The backend that counts is the one the test runs on: ask for the ``backend``
-    fixture's value (setting it up first), not for whatever is active now."""
+def _strategy_runs_here(request):
+    """A strategy the active backend does not run (graphs without CUDA graphs) is skipped with
+    the registry's reason; its refusal is tested in test_graph_refused_on_cpu."""
     strategy = getattr(request.node, "callspec", None) and request.node.callspec.params.get("strategy")
-    if strategy not in GRAPHS:
+    if strategy is None:
         return
-    used = request.getfixturevalue("backend") if "backend" in request.fixturenames else ch.backend_name()
-    if used != "gpu":
-        pytest.skip("CUDA graphs need the GPU backend (refusal tested in test_graph_refused_on_cpu)")
+    if "backend" in request.fixturenames:
+        request.getfixturevalue("backend")            # switch backend first, then ask
+    ok, why = ch.STRATEGIES[strategy].available()
+    if not ok:
+        pytest.skip(why)
 
 
 def covered(trace, problem, every):
@@ -47,12 +49,12 @@ def test_every_level_is_written_exactly_once(backend, small, strategy):
     assert list(r.levels) == list(range(small.nt))           # levels 0 and 1 included, no gaps
     assert covered(r.trace, small, 1) == Counter(range(small.nt)), "some level was copied twice or not at all"
     assert len(r.trace.kernels) == small.nt - 2
-    if strategy in ("staged", "graph-staged"):
+    if strategy in STAGED:
         assert Counter(e.level for e in r.trace.of_kind("D2D")) == Counter(range(small.nt))
 
 
 def test_all_strategies_give_identical_images(backend, small, reference):
-    results = {s: ch.solve(small, s) for s in STRATEGIES if s not in GRAPHS or backend == "gpu"}
+    results = {s: ch.solve(small, s) for s in solver.available_strategies()}
     base = results["sequential"].images
     for s, r in results.items():
         assert np.array_equal(r.images, base), f"{s} differs from sequential"
@@ -117,7 +119,7 @@ def test_problem_must_be_a_wave_problem(backend):
 
 
 def test_output_too_large_for_host_memory_is_refused_before_allocating(backend, monkeypatch, small):
-    monkeypatch.setattr(solver, "host_memory_available", lambda: 100_000)
+    monkeypatch.setattr(checks, "host_memory_available", lambda: 100_000)
     allocated = []
     monkeypatch.setattr(solver, "pinned_empty", lambda *a, **k: allocated.append(a))
     with pytest.raises(MemoryError, match="every=") as info:
@@ -127,9 +129,66 @@ def test_output_too_large_for_host_memory_is_refused_before_allocating(backend, 
 
 
 def test_plan_memory_counts_bytes(small):
-    plan = ch.plan_memory(small, every=5, nscratch=4)
+    plan = ch.solver.plan_memory(small, every=5, nscratch=4)
     assert plan["host"] == 10 * 48 * 48 * 4
     assert plan["device"] == 5 * 48 * 48 * 4
+    staged = ch.solver.plan_memory(small, "staged", every=5, nstaging=2, batch=3)
+    assert staged["device"] == (3 + 2 * 3 + 1) * 48 * 48 * 4
+
+
+@pytest.mark.parametrize("kwargs,err,msg", [
+    (dict(every=0), ValueError, "at least 1"),
+    (dict(every=50), ValueError, "not below nt"),
+    (dict(nscratch=-1), ValueError, "at least 3"),
+    (dict(nscratch=3), ValueError, "race"),
+    (dict(strategy="sequential", nscratch=5), ValueError, "always uses 3"),
+    (dict(strategy="staged", nstaging=-2), ValueError, "at least 1 buffer"),
+    (dict(strategy="events", batch=2), ValueError, "only used by the staged"),
+    (dict(strategy="warp"), ValueError, "unknown strategy"),
+    (dict(unsafe="yes"), TypeError, "True or False"),
+])
+def test_plan_memory_checks_its_arguments_like_solve(small, kwargs, err, msg):
+    with pytest.raises(err, match=msg):
+        ch.solver.plan_memory(small, **kwargs)
+    with pytest.raises(err, match=msg):
+        ch.solve(small, **kwargs)
+
+
+@pytest.mark.parametrize("flag", ["trace", "unsafe"])
+@pytest.mark.parametrize("value", ["no", 0, 1, None, "False"])
+def test_solve_refuses_flags_that_are_not_bools(backend, small, flag, value):
+    with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+        ch.solve(small, "events", nscratch=3, **{flag: value})
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(strategy="staged", nstaging=2000), "nstaging \\(staging buffers\\) must be at most 32"),
+    (dict(strategy="events", nscratch=33), "nscratch must be at most 32"),
+    (dict(strategy="staged", nscratch=200), "nscratch must be at most 32"),
+])
+def test_ring_sizes_have_an_upper_bound(backend, small, kwargs, msg):
+    from conftest import course_threads
+    before = len(course_threads())
+    with pytest.raises(ValueError, match=msg) as info:
+        ch.solve(small, **kwargs)
+    assert "IO stream" in str(info.value)
+    assert len(course_threads()) == before                     # refused before any stream was made
+    ch.solve(small, kwargs["strategy"], **{k: 32 for k in kwargs if k != "strategy"}, trace=False)
+
+
+def test_the_whole_plan_must_fit_in_host_memory_on_the_cpu_backend(cpu, monkeypatch, small):
+    # 50 saved levels of 9 KiB fit in 80% of 700 kB; adding 30 scratch buffers (and the velocity) does not.
+    plan = ch.solver.plan_memory(small, "events", nscratch=30)
+    assert plan["host"] <= 0.8 * 700_000 < plan["host"] + plan["device"]
+    monkeypatch.setattr(checks, "host_memory_available", lambda: 700_000)
+    allocated = []
+    monkeypatch.setattr(solver, "device_zeros", lambda *a, **k: allocated.append(a))
+    with pytest.raises(MemoryError, match="CPU backend keeps in host memory") as info:
+        ch.solve(small, "events", nscratch=30)
+    assert "nscratch" in str(info.value)
+    assert allocated == []
+    monkeypatch.undo()
+    ch.solve(small, "events", nscratch=30, trace=False)        # with the real memory it runs
 
 
 def test_result_without_trace_says_how_to_get_one(backend, small):
@@ -142,8 +201,10 @@ def test_result_without_trace_says_how_to_get_one(backend, small):
 
 
 def test_graph_refused_on_cpu(cpu, small):
+    assert GRAPHS, "the registry should hold the graph strategies"
     for name in GRAPHS:
-        with pytest.raises(ch.GraphsUnsupported, match="GPU backend") as info:
+        assert name not in solver.available_strategies()
+        with pytest.raises(ch.graphs.GraphsUnsupported, match="GPU backend") as info:
             ch.solve(small, name)
         assert "'staged' or 'events'" in str(info.value)
 
@@ -181,31 +242,71 @@ def test_default_batch_aims_at_4_mib_copies():
 def test_graph_replays_are_identical_only_with_the_reset(backend, small):
     if backend != "gpu":
         pytest.skip("CUDA graphs need the GPU backend")
-    from course_helper import strategies
-    from course_helper.graphs import capture_graph
     base = ch.solve(small, "sequential", trace=False).images
     r = ch.solve(small, "graph", trace=False)
     assert np.array_equal(r.images, base) and r.capture_ms > 0
     # Capture the same loop by hand, with and without resetting levels 0 and 1.
-    run = solver.Run(small, 1, 5, U=[ch.device_zeros(small.shape) for _ in range(5)],
-                     V=ch.to_device(small.velocity), images=ch.pinned_empty((small.nt, *small.shape)))
-    run.compute = ch.create_streams(1)[0]
-    run.io = ch.create_streams(5)
-    run.ready, run.copied = ch.create_events(5), ch.create_events(5)
-    ch.synchronize()
-    g = strategies.graph(run)                     # with the reset
-    for _ in range(2):
-        run.images.fill(np.nan)
-        g.launch()
+    with ch.prepare(small, "graph") as run:
+        g = strategies.capture_loop(strategies.with_events, run)   # with the reset
+        for _ in range(2):
+            run.images.fill(np.nan)
+            g.launch()
+            ch.synchronize()
+            assert np.array_equal(run.images, base)
+    with ch.prepare(small, "graph") as run:                     # fresh events for a new capture
+        with ch.graphs.capture_graph(run.compute) as cap:       # without the reset
+            strategies.with_events(run)
+            for io in run.io:
+                run.compute.wait_stream(io)
+        cap.graph.launch()
         ch.synchronize()
-        assert np.array_equal(run.images, base)
-    run.ready, run.copied = ch.create_events(5), ch.create_events(5)   # fresh events for a new capture
-    with capture_graph(run.compute) as cap:       # without the reset
-        strategies.with_events(run)
-        for io in run.io:
-            run.compute.wait_stream(io)
-    cap.graph.launch()
-    ch.synchronize()
-    cap.graph.launch()
-    ch.synchronize()
+        cap.graph.launch()
     assert not np.array_equal(run.images, base), "a replay without reset should start from stale levels"
+
+
+def test_prepare_builds_what_the_registry_declares(backend, small):
+    for name in solver.available_strategies():
+        entry = ch.STRATEGIES[name]
+        with ch.prepare(small, name, every=2) as run:
+            assert run.strategy == name and run.nscratch == entry.nscratch and len(run.U) == entry.nscratch
+            assert run.images.shape == (25, *small.shape) and np.isnan(run.images).all()
+            assert ch.is_pinned(run.images) == entry.streams
+            nio = run.nstaging if entry.staged else run.nscratch
+            assert len(run.io) == len(run.copied) == (nio if entry.streams else 0)
+            assert len(run.filled) == (nio if entry.staged else 0)
+            assert len(run.ready) == (nio if entry.streams and not entry.staged else 0)
+            assert (run.nstaging > 0) == entry.staged
+
+
+def test_a_loop_run_on_a_prepared_run_gives_the_solve_answer(backend, small):
+    with ch.prepare(small, "events", nscratch=6) as run:
+        strategies.with_events(run)
+    assert np.array_equal(run.images, ch.solve(small, "sequential", trace=False).images)
+
+
+@pytest.fixture
+def extra_strategy():
+    """A strategy added the way the course says: one loop, one registry entry."""
+    def events_wide(run):
+        strategies.with_events(run)
+
+    entry = strategies.register(strategies.Strategy("events-wide", events_wide, nscratch=7, min_nscratch=4))
+    yield entry
+    del strategies.STRATEGIES["events-wide"]
+
+
+def test_a_registered_strategy_is_picked_up_everywhere(cpu, small, extra_strategy, capsys, tmp_path):
+    r = ch.solve(small, "events-wide")                          # defaults from its entry
+    assert r.nscratch == 7 and np.array_equal(r.images, ch.solve(small, "sequential", trace=False).images)
+    with pytest.raises(ValueError, match="nscratch >= 4"):      # validation from its entry
+        ch.solve(small, "events-wide", nscratch=3)
+    assert "events-wide" in solver.available_strategies()
+    assert ch.compare_strategies(small, ["events-wide"], repeats=1).agree
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    assert "events-wide" in capsys.readouterr().out             # the command line's choices
+    assert main(["compare", "--backend", "cpu", "--n", "24", "--nt", "10", "--repeats", "1",
+                 "--strategies", "events-wide", "--no-progress"]) == 0
+    assert "events-wide" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="already registered"):
+        strategies.register(strategies.Strategy("events-wide", strategies.with_events))

@@ -32,7 +32,7 @@ def test_stream_count_must_be_a_whole_number(backend, n):
 
 
 def test_priority_range_is_checked(backend):
-    lo, hi = ch.stream_priority_range()
+    lo, hi = ch.streams.stream_priority_range()
     assert hi <= lo
     s = ch.create_streams(1, priority=hi)[0]
     assert s.priority == hi
@@ -198,7 +198,7 @@ def test_elapsed_on_an_unfinished_event_says_to_synchronize(backend):
 def test_record_returns_event_and_rejects_non_events(backend):
     (s,) = ch.create_streams(1)
     ev = s.record()
-    assert isinstance(ev, ch.Event)
+    assert isinstance(ev, ch.streams.Event)
     with pytest.raises(TypeError):
         s.record("not an event")
     with pytest.raises(TypeError):
@@ -211,13 +211,13 @@ def test_record_returns_event_and_rejects_non_events(backend):
 
 def test_stream_as_context_manager_sets_current_stream(backend):
     (s,) = ch.create_streams(1)
-    assert ch.current_stream().is_default
+    assert ch.streams.current_stream().is_default
     with s:
-        assert ch.current_stream() is s
+        assert ch.streams.current_stream() is s
         a = ch.device_zeros((4,))
         h = ch.pinned_empty((4,))
         ch.copy_to_host_async(h, a)              # goes to s
-    assert ch.current_stream().is_default
+    assert ch.streams.current_stream().is_default
     s.synchronize()
     assert np.all(h == 0)
 

@@ -3,7 +3,6 @@ import json
 import os
 import stat
 
-import numpy as np
 import pytest
 
 import course_helper as ch

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import backend_name, synchronize
-from .timeline import _intersection, _length, _union
+from course_helper.backend import backend_name, synchronize
+from course_helper.timeline import _intersection, _length, _union
 
 __all__ = ["cupti_available", "run_with_cupti", "agreement"]
 
