@@ -87,16 +87,16 @@ def test_mismatches_are_refused_before_anything_is_queued(backend):
 def test_read_only_host_targets_are_refused_before_anything_is_queued(backend):
     (s,) = ch.create_streams(1)
     src = ch.to_device(np.ones((4, 4), np.float32))
-    frozen = ch.pinned_zeros((4, 4))
+    frozen = ch.memory.pinned_zeros((4, 4))
     frozen.flags.writeable = False
-    stack = ch.pinned_zeros((3, 4, 4))
+    stack = ch.memory.pinned_zeros((3, 4, 4))
     frozen_view = stack[1]
     frozen_view.flags.writeable = False
     for dst in (frozen, frozen_view):
         with pytest.raises(ValueError, match="read-only"):
             ch.copy_to_host_async(dst, src, s)
         with pytest.raises(ValueError, match="read-only"):
-            ch.copy_to_host(dst, src, s)
+            ch.memory.copy_to_host(dst, src, s)
     assert s.done                    # nothing was queued
     ch.synchronize()                 # and nothing fails later
     assert not frozen.any() and not stack.any()

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(autouse=True)
 def _needs_a_gpu():
-    if not ch.gpu_available():
+    if not ch.backend.gpu_available():
         pytest.skip("no working CUDA GPU here: with one backend nothing can leak")
 
 
