@@ -144,11 +144,26 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
         results[name] = {"times_ms": times, "median_ms": med, "min_ms": float(min(times)),
                          "max_ms": float(max(times)), "efficiency": point["bound_ms"] / med,
                          "identical_to_sequential": identical}
+    if backend_name() == "gpu":
+        results["raw-cupy-events"] = _raw_cupy_row(problem, every, repeats, point["bound_ms"], reference)
     base = results["sequential"]["median_ms"]
     for r in results.values():
         r["speedup"] = base / r["median_ms"]
     point["strategies"] = results
     return point
+
+
+def _raw_cupy_row(problem, every, repeats, bound_ms, reference):
+    """The reference row: the events loop in plain CuPy (the helper's overhead is the gap)."""
+    from .raw_cupy import events_loop
+    events_loop(problem, every)                                         # warm-up
+    times = []
+    for _ in range(repeats):
+        images, ms = events_loop(problem, every)
+        times.append(ms)
+    med = float(np.median(times))
+    return {"times_ms": times, "median_ms": med, "min_ms": float(min(times)), "max_ms": float(max(times)),
+            "efficiency": bound_ms / med, "identical_to_sequential": bool(np.array_equal(images, reference))}
 
 
 def _machine():
@@ -184,7 +199,8 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
 
 def best(point):
     """(strategy, efficiency) of the most efficient strategy at a measured point."""
-    name = max(point["strategies"], key=lambda s: point["strategies"][s]["efficiency"])
+    name = max((s for s in point["strategies"] if s in STRATEGIES),   # not the raw-CuPy reference row
+               key=lambda s: point["strategies"][s]["efficiency"])
     return name, point["strategies"][name]["efficiency"]
 
 
