@@ -29,9 +29,8 @@ def run_with_cupti(fn):
 
     Returns ``(fn's result, records)``; each record is a dict as described in
     :class:`course_helper.cupti_trace.ActivitySession` (``cls`` is "kernel",
-    "memset" or the copy direction, e.g. "DTOH"). Run ``fn`` with the event
-    timing (``COURSE_HELPER_TIMING=events``) if it traces: only one CUPTI
-    recording can run at a time.
+    "memset" or the copy direction, e.g. "DTOH"). Only one CUPTI recording
+    runs at a time, so a trace recorded inside ``fn`` is timed by CUDA events.
     """
     ok, why = cupti_available()
     if not ok:

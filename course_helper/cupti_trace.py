@@ -56,9 +56,10 @@ def available():
 def wanted():
     """True when new traces should be timed by CUPTI.
 
-    That is: CUPTI is :func:`available` and ``COURSE_HELPER_TIMING`` is unset
-    or ``auto``. ``events`` always gives the event timing; ``cupti`` raises
-    when CUPTI cannot be used.
+    That is: CUPTI is :func:`available`, no other CUPTI recording is running
+    in this process (e.g. ``cupti_check.run_with_cupti`` around the run), and
+    ``COURSE_HELPER_TIMING`` is unset or ``auto``. ``events`` always gives the
+    event timing; ``cupti`` raises when CUPTI cannot be used.
     """
     choice = os.environ.get(TIMING_ENV, "auto").strip().lower() or "auto"
     if choice not in _CHOICES:
@@ -66,6 +67,8 @@ def wanted():
     if choice == "events":
         return False
     ok, why = available()
+    if ok and _receiver is not None:
+        ok, why = False, "another CUPTI recording is running in this process"
     if choice == "cupti" and not ok:
         raise RuntimeError(f"{TIMING_ENV}=cupti, but CUPTI cannot be used: {why}")
     return ok
