@@ -13,8 +13,8 @@ label. The matching is **by order**: work on one stream runs in the order it
 was queued, so the k-th kernel record of a stream belongs to the k-th kernel
 queued on that stream (copies and fills likewise, each kind on its own). A
 replayed CUDA graph runs on streams of its own, so there the k-th kernel (or
-copy) to *start* is the k-th captured: in the course's loops each kind of work
-starts in the order it was queued. Host waits stay on the host clock.
+copy) to *start* is the k-th captured: in the course's captured loops each
+kind of work forms one chain. Host waits stay on the host clock.
 
 Without CUPTI (the CPU backend, ROCm, or ``cupti-python`` not installed) the
 recorder falls back to CUDA events around each operation. Every trace says
@@ -268,9 +268,10 @@ def _match_graph(ops, recs):
     not tell which op a record belongs to, and the graph node ids that
     cupti-python 13.4 reported on the course's H200 (driver 580) were not
     usable. Records are matched in start order instead: in the course's
-    captured loops each kind of work can only start in the order it was
-    queued (kernels form one chain; a level's copy waits for its kernel), and
-    every replay repeats the pattern."""
+    captured loops each kind of work forms one chain (the kernels and the
+    device copies on the compute stream, the copies to the host on one IO
+    stream), so it starts in the order it was queued, and every replay repeats
+    the pattern."""
     recs = sorted(recs, key=lambda r: r["start_ns"])
     if not ops:
         return []
