@@ -5,7 +5,7 @@ every host-side wait through :func:`host_wait`. While a recorder is active
 (``with tracing() as trace:`` or ``solve(..., trace=True)``) each operation is
 timed *on its own stream*:
 
-* GPU backend: a CUDA event is recorded just before and just after the
+* GPU backend without CUPTI: a CUDA event is recorded just before and after the
   operation on the operation's stream; after the run every timestamp is read
   relative to one reference event, so all streams share the device clock. On
   an idle stream the "before" event fires as soon as it is recorded, while the
