@@ -1,16 +1,19 @@
-"""Ground truth for the course's timelines: a CUPTI activity trace of the same run.
+"""Ground truth for the course's event timing: a CUPTI activity trace of the same run.
 
-The course times every operation with CUDA events recorded around it on its
-own stream. NVIDIA's CUPTI records what the driver saw (kernels and memory
-copies with their stream ids and nanosecond timestamps). Running a solve with
-both lets us say how closely the event timeline matches. Needs the optional
-``cupti-python`` package (``pip install -e ".[cupti]"``) and the GPU backend.
+Where CUPTI is missing the course times every operation with CUDA events
+recorded around it on its own stream (the fallback of
+:mod:`course_helper.recording`). NVIDIA's CUPTI records what the driver saw
+(kernels and memory copies with their stream ids and nanosecond timestamps).
+Running an event-timed solve under CUPTI says how closely the fallback matches.
+Needs the optional ``cupti-python`` package (the ``cuda13`` extra) and the GPU
+backend.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from course_helper.backend import backend_name, synchronize
+from course_helper import cupti_trace
+from course_helper.backend import synchronize
 from course_helper.timeline import _intersection, _length, _union
 
 __all__ = ["cupti_available", "run_with_cupti", "agreement"]
@@ -18,56 +21,27 @@ __all__ = ["cupti_available", "run_with_cupti", "agreement"]
 
 def cupti_available():
     """``(True, "")`` when CUPTI tracing can run here, else ``(False, reason)``."""
-    if backend_name() != "gpu":
-        return False, "CUPTI needs the GPU backend"
-    try:
-        from cupti import cupti  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means no CUPTI
-        return False, f"cupti-python is not importable ({exc}); install the 'cupti' extra"
-    return True, ""
+    return cupti_trace.available()
 
 
 def run_with_cupti(fn):
     """Call ``fn()`` with CUPTI recording kernels, copies and memsets.
 
-    Returns ``(fn's result, records)``; each record is a dict with ``kind``
-    ("kernel", "memcpy", "memset"), ``start_ns``, ``end_ns``, ``stream_id``,
-    ``bytes`` and ``name``.
+    Returns ``(fn's result, records)``; each record is a dict as described in
+    :class:`course_helper.cupti_trace.ActivitySession` (``cls`` is "kernel",
+    "memset" or the copy direction, e.g. "DTOH"). Only one CUPTI recording
+    runs at a time, so a trace recorded inside ``fn`` is timed by CUDA events.
     """
     ok, why = cupti_available()
     if not ok:
         raise RuntimeError(why)
-    from cupti import cupti
-
-    kinds = {cupti.ActivityKind.CONCURRENT_KERNEL: "kernel", cupti.ActivityKind.MEMCPY: "memcpy",
-             cupti.ActivityKind.MEMSET: "memset"}
-    records = []
-
-    def requested():
-        return 8 * 1024 * 1024, 0
-
-    def completed(activities):
-        for a in activities:
-            kind = kinds.get(a.kind)
-            if kind is None:
-                continue
-            copy_kind = getattr(a, "copy_kind", None)
-            records.append({"kind": kind, "start_ns": int(a.start), "end_ns": int(a.end),
-                            "stream_id": int(a.stream_id), "bytes": int(getattr(a, "bytes", 0)),
-                            "name": str(getattr(a, "name", kind)),
-                            "copy": None if copy_kind is None else cupti.ActivityMemcpyKind(copy_kind).name})
-
-    cupti.activity_register_callbacks(requested, completed)
-    for kind in kinds:
-        cupti.activity_enable(kind)
+    session = cupti_trace.ActivitySession().start()
     try:
         result = fn()
         synchronize()
     finally:
-        cupti.activity_flush_all(1)
-        for kind in kinds:
-            cupti.activity_disable(kind)
-    return result, records
+        session.stop()
+    return result, session.records
 
 
 def agreement(trace, records):
@@ -77,9 +51,9 @@ def agreement(trace, records):
     dict with counts, the median and largest absolute duration difference (µs)
     and the busy/overlap figures from both sources.
     """
-    cuk = sorted((r for r in records if r["kind"] == "kernel" and "wave2d" in r["name"]),
+    cuk = sorted((r for r in records if r["cls"] == "kernel" and "wave2d" in r["name"]),
                  key=lambda r: r["start_ns"])
-    cuc = sorted((r for r in records if r["kind"] == "memcpy" and r["copy"] == "DTOH"),
+    cuc = sorted((r for r in records if r["cls"] == "DTOH"),
                  key=lambda r: r["start_ns"])
     ek = sorted(trace.kernels, key=lambda e: e.start_ms)
     ec = sorted(trace.of_kind("D2H"), key=lambda e: e.start_ms)

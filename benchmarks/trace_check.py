@@ -2,18 +2,24 @@
 
     python benchmarks/trace_check.py --out benchmarks/trace_check.json
 
-1. Tracing overhead: each strategy is run traced and untraced, alternately, and
-   the medians compared (the ratio traced / untraced, measured in one process).
-2. Accuracy: one traced run of each strategy under CUPTI (needs the 'cupti'
-   extra); the event timeline is compared with CUPTI's record of the same run.
+1. Overhead: each strategy run traced and untraced, alternately, and the
+   medians compared (traced / untraced, in one process). Traces are timed by
+   CUPTI where ``cupti-python`` works, else by CUDA events (the JSON says which).
+2. Mapping (CUPTI): every kernel and copy of a CUPTI-timed trace is found and
+   put on its lane and level: kernels run in level order, and no copy of a
+   level starts before the kernel that computed it has ended.
+3. The fallback: an event-timed trace (``COURSE_HELPER_TIMING=events``) run
+   under CUPTI, and the two records of that same run compared.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
 import course_helper as ch
 import cupti_check   # benchmarks/cupti_check.py, beside this script
+from course_helper import cupti_trace
 
 
 def overhead(problem, strategies, repeats):
@@ -29,32 +35,66 @@ def overhead(problem, strategies, repeats):
     return rows
 
 
+def mapping(problem, name):
+    """Checks of one CUPTI-timed trace: counts, level order, copies after their kernels."""
+    trace = ch.solve(problem, name, trace=True).trace
+    kernels = sorted(trace.kernels, key=lambda e: e.start_ms)
+    levels = [e.level for e in kernels]
+    made = {e.level: e.end_ms for e in kernels}
+    d2h = trace.of_kind("D2H")
+    # a staged batch is labelled with its first level; its last level is made later
+    late = [e for e in d2h if e.start_ms < made.get(e.level, float("-inf")) - 1e-6]
+    s = trace.summary()
+    return {"timing": trace.timing, "kernels": len(kernels), "d2h_copies": len(d2h),
+            "d2d_copies": len(trace.of_kind("D2D")), "memsets": len(trace.of_kind("memset")),
+            "kernels_in_level_order": levels == sorted(levels), "copies_before_their_kernel": len(late),
+            "lanes": trace.tracks, **{k: trace.meta[k] for k in trace.meta if k.startswith("cupti_")},
+            "compute_ms": s["compute_ms"], "copy_ms": s["copy_ms"], "overlap_ms": s["overlap_ms"],
+            "overlap_fraction": s["overlap_fraction"], "total_ms": s["total_ms"]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     strategies = [s for s in ch.STRATEGIES if s not in ("graph", "graph-staged") or ch.graphs_supported()[0]]
-    doc = {"machine": ch.device_report(), "overhead": {}, "cupti": {}}
-    for n, nt in ((256, 640), (1024, 640)):
-        p = ch.WaveProblem(n0=n, n1=n, nt=nt)
-        doc["overhead"][f"{n}x{nt}"] = overhead(p, strategies, args.repeats)
-        for name, r in doc["overhead"][f"{n}x{nt}"].items():
-            print(f"overhead {n}^2x{nt} {name:<13} untraced {r['untraced_ms']:8.2f} ms  traced "
-                  f"{r['traced_ms']:8.2f} ms  ratio {r['ratio']:.3f}", flush=True)
     ok, why = cupti_check.cupti_available()
-    if ok:
+    doc = {"machine": ch.device_report(), "timing": "CUPTI" if cupti_trace.wanted() else "CUDA events",
+           "overhead": {}, "mapping": {}, "fallback_vs_cupti": {}}
+    for n in (256, 1024):
+        p = ch.WaveProblem(n0=n, n1=n, nt=640)
+        doc["overhead"][f"{n}x640"] = overhead(p, strategies, args.repeats)
+        for name, r in doc["overhead"][f"{n}x640"].items():
+            print(f"overhead {n}^2x640 {name:<13} untraced {r['untraced_ms']:8.2f} ms  traced "
+                  f"{r['traced_ms']:8.2f} ms  ratio {r['ratio']:.3f}", flush=True)
+    if not ok:
+        doc["mapping"] = doc["fallback_vs_cupti"] = {"skipped": why}
+        print("cupti skipped:", why)
+    else:
         for n in (256, 1024):
             p = ch.WaveProblem(n0=n, n1=n, nt=640)
             for name in strategies:
-                result, records = cupti_check.run_with_cupti(lambda: ch.solve(p, name, trace=True))
-                agree = cupti_check.agreement(result.trace, records)
-                doc["cupti"][f"{n}x640 {name}"] = agree
-                print(f"cupti {n}^2 {name:<13} " + ", ".join(
-                    f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in agree.items()), flush=True)
-    else:
-        doc["cupti"] = {"skipped": why}
-        print("cupti skipped:", why)
+                m = doc["mapping"][f"{n}x640 {name}"] = mapping(p, name)
+                print(f"mapping {n}^2 {name:<13} " + ", ".join(f"{k}={v}" for k, v in m.items()
+                                                               if not isinstance(v, float)), flush=True)
+        before = os.environ.get(cupti_trace.TIMING_ENV)
+        os.environ[cupti_trace.TIMING_ENV] = "events"       # the fallback, recorded under CUPTI
+        try:
+            for n in (256, 1024):
+                p = ch.WaveProblem(n0=n, n1=n, nt=640)
+                for name in strategies:
+                    result, records = cupti_check.run_with_cupti(lambda: ch.solve(p, name, trace=True))
+                    agree = cupti_check.agreement(result.trace, records)
+                    doc["fallback_vs_cupti"][f"{n}x640 {name}"] = agree
+                    print(f"fallback {n}^2 {name:<13} " + ", ".join(
+                        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in agree.items()),
+                        flush=True)
+        finally:
+            if before is None:
+                del os.environ[cupti_trace.TIMING_ENV]
+            else:
+                os.environ[cupti_trace.TIMING_ENV] = before
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     return 0

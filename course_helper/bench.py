@@ -27,7 +27,7 @@ from .backend import backend_name, device_report, synchronize
 from .compare import baseline_first, time_strategies
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
-from .solver import available_strategies, plan_memory, saved_levels
+from .solver import available_strategies, plan_memory, saved_levels, solve
 from .streams import create_events, create_streams, elapsed_ms
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
@@ -140,7 +140,24 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
                "identical_to_sequential": t["max_diff"] == 0.0, "speedup": t["speedup"]}
         for name, t in time_strategies(problem, order, repeats, every).items()}
+    if backend_name() == "gpu":
+        point["strategies"]["raw-cupy-events"] = _raw_cupy_row(problem, every, repeats, point)
     return point
+
+
+def _raw_cupy_row(problem, every, repeats, point):
+    """The reference row: the events loop in plain CuPy (the helper's overhead is the gap)."""
+    from .raw_cupy import events_loop
+    reference = solve(problem, "sequential", every=every, trace=False).images
+    events_loop(problem, every)                                         # warm-up
+    times = []
+    for _ in range(repeats):
+        images, ms = events_loop(problem, every)
+        times.append(ms)
+    med = float(np.median(times))
+    return {"times_ms": times, "median_ms": med, "min_ms": float(min(times)), "max_ms": float(max(times)),
+            "efficiency": point["bound_ms"] / med, "identical_to_sequential": bool(np.array_equal(images, reference)),
+            "speedup": point["strategies"]["sequential"]["median_ms"] / med}
 
 
 def _machine():

@@ -5,7 +5,7 @@ every host-side wait through :func:`host_wait`. While a recorder is active
 (``with tracing() as trace:`` or ``solve(..., trace=True)``) each operation is
 timed *on its own stream*:
 
-* GPU backend: a CUDA event is recorded just before and just after the
+* GPU backend without CUPTI: a CUDA event is recorded just before and after the
   operation on the operation's stream; after the run every timestamp is read
   relative to one reference event, so all streams share the device clock. On
   an idle stream the "before" event fires as soon as it is recorded, while the
@@ -13,8 +13,13 @@ timed *on its own stream*:
   the moment the host queued the operation (host clock mapped onto the device
   clock through the reference event). Checked against CUPTI in
   ``benchmarks/trace_check.py``;
+* GPU backend with CUPTI (``cupti-python`` installed): no events at all; the
+  driver's activity records time each operation (:mod:`course_helper.cupti_trace`,
+  an observer of the queued operations). This is the default where it works;
 * CPU backend: the stream's worker thread reads its clock when it starts and
   finishes the task.
+
+``trace.meta["timing"]`` says which of these timed a trace.
 
 Host waits are timed with the host clock, aligned with the device clock at
 the start of the recording (to within a few microseconds).
@@ -33,6 +38,11 @@ _current = None
 #: then recorded as event-record nodes of the graph.
 capturing = False
 _gpu_event_pool = []   # raw cudaEvent_t handles, reused between recordings
+
+
+def _cupti_wanted():
+    from .cupti_trace import wanted
+    return wanted()
 
 
 def current():
@@ -59,7 +69,14 @@ class Recorder:
         self.hosts = []
         self.tracks = []
         synchronize()
-        if self.backend == "gpu":
+        self.cupti = None
+        self.timing = "host clock"
+        if self.backend == "gpu" and _cupti_wanted():
+            from .cupti_trace import CuptiTimer
+            self.cupti = CuptiTimer().start()
+            self.timing = "CUPTI"
+        elif self.backend == "gpu":
+            self.timing = "CUDA events"
             rt = cupy_module().cuda.runtime
             self._rt = rt
             self._used = []
@@ -87,6 +104,12 @@ class Recorder:
         global _current
         if _current is self:
             _current = None
+        if self.cupti is not None and self.cupti.running:
+            # Let the queued work finish, so that CUPTI's records are complete, and stop
+            # CUPTI (its records are kept for finish()).
+            with contextlib.suppress(Exception):   # a device error resurfaces at the caller's next sync
+                synchronize()
+            self.cupti.stop()
 
     def mark(self, stream):
         ev = self._new_event()
@@ -117,7 +140,13 @@ class Recorder:
         self.deactivate()
         synchronize()
         events = []
-        if self.backend == "gpu":
+        if self.cupti is not None:
+            cupti_events, tracks, info = self.cupti.events()
+            events.extend(cupti_events)
+            for name in tracks:
+                self._track(name)
+            self.meta.update(info)
+        elif self.backend == "gpu":
             rt, t0 = self._rt, self._t0
             for it in self.items:
                 start = rt.eventElapsedTime(t0, it.start)
@@ -149,7 +178,7 @@ class Recorder:
                 e.start_ms -= origin
                 e.end_ms -= origin
         tracks = sorted(self.tracks, key=_track_order) + (["host"] if self.hosts else [])
-        return Trace(events, tracks, dict(self.meta, backend=self.backend))
+        return Trace(events, tracks, dict(self.meta, backend=self.backend, timing=self.timing))
 
 
 def _track_order(name):
@@ -168,7 +197,7 @@ def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None, rea
     observe.notify("op_queued", observe.Op(kind, name, stream, level, nbytes, tuple(reads), tuple(writes)))
     rec = _current
     if stream.on_gpu:
-        if rec is None:
+        if rec is None or rec.cupti is not None:    # untraced, or CUPTI times it (an observer)
             gpu()
             return
         start = rec.mark(stream)

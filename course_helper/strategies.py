@@ -23,7 +23,7 @@ strategy is one loop plus one entry.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .graphs import capture_graph, graphs_supported
@@ -123,8 +123,14 @@ def capture_loop(loop, run):
     """Capture ``loop(run)`` into a CUDA graph that starts from the zero initial state every replay.
 
     Nothing runs during the capture; ``graph.launch()`` replays the whole loop. ``solve``
-    captures the graph strategies this way (untimed, like compiling) and times one replay."""
+    captures the graph strategies this way (untimed, like compiling) and times one replay.
+
+    All copies are captured on one IO stream. In a graph every captured stream
+    becomes a branch, and copies spread over several branches ran about 10%
+    slower where the copies set the pace; one chain of copies runs as fast as
+    the stream loops (benchmarks/graph_copies.py)."""
     compute = run.compute
+    run = replace(run, io=[run.io[0]] * len(run.io))   # one IO stream for every buffer: one chain of copies
     with capture_graph(compute) as cap:
         zero_async(run.U[0], compute)               # levels 0 and 1 are reset on every replay,
         zero_async(run.U[1], compute)               # or a second replay would start from old data

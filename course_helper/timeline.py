@@ -161,7 +161,8 @@ class Trace:
         ``copy_ms`` (time at least one copy ran), ``overlap_ms`` (both at
         once), ``host_wait_ms``, ``total_ms`` (first start to last end) and
         ``overlap_fraction`` = overlap / copy time (how much of the copying
-        was hidden behind compute; 0 when nothing was copied).
+        was hidden behind compute; 0 when nothing was copied), and ``timing``:
+        what timed the device work ("CUPTI", "CUDA events", "host clock").
         """
         kern = _union((e.start_ms, e.end_ms) for e in self.kernels)
         copy = _union((e.start_ms, e.end_ms) for e in self.of_kind("D2H", "H2D"))
@@ -171,7 +172,13 @@ class Trace:
         total = (max(e.end_ms for e in self.events) - min(e.start_ms for e in self.events)) if self.events else 0.0
         return {"compute_ms": _length(kern), "copy_ms": copy_ms, "overlap_ms": overlap,
                 "host_wait_ms": _length(host), "total_ms": total,
-                "overlap_fraction": overlap / copy_ms if copy_ms > 0 else 0.0}
+                "overlap_fraction": overlap / copy_ms if copy_ms > 0 else 0.0,
+                "timing": self.timing}
+
+    @property
+    def timing(self):
+        """What timed the device work: "CUPTI", "CUDA events" or "host clock"."""
+        return self.meta.get("timing", "not recorded")
 
     def describe(self):
         """One sentence stating what the timeline shows."""
@@ -181,7 +188,7 @@ class Trace:
         return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms: "
                 f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
                 f"{100 * s['overlap_fraction']:.0f}% of copy time overlapped a kernel, "
-                f"host waited {s['host_wait_ms']:.2f} ms")
+                f"host waited {s['host_wait_ms']:.2f} ms (timing: {s['timing']})")
 
     # -- export -----------------------------------------------------------
     def to_chrome(self):
@@ -189,7 +196,7 @@ class Trace:
         pid = 1
         device = self.meta.get("device", self.meta.get("backend", "device"))
         out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                "args": {"name": f"course_helper ({device})"}}]
+                "args": {"name": f"course_helper ({device}, timing: {self.timing})"}}]
         tid = {name: i + 1 for i, name in enumerate(self.tracks)}
         for name, t in tid.items():
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": t, "args": {"name": name}})
@@ -205,7 +212,7 @@ class Trace:
             out.append({"ph": "X", "name": e.name, "cat": e.kind, "pid": pid, "tid": tid[e.track],
                         "ts": e.start_ms * 1e3, "dur": max(e.end_ms - e.start_ms, 0.0) * 1e3,
                         "args": args})
-        return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": dict(self.meta)}
+        return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": dict(self.meta, timing=self.timing)}
 
     def to_chrome_json(self, path):
         """Write the trace for https://ui.perfetto.dev or chrome://tracing; returns the path.
@@ -227,6 +234,7 @@ class Trace:
         levels : (first, last), optional
             Zoom to the work of these time levels (e.g. ``(100, 104)``).
         title : str, optional
+            Default: the strategy, and what timed the trace.
         """
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
@@ -256,7 +264,7 @@ class Trace:
         ax.legend(handles=[Patch(color=c, label=k) for k, c in KINDS.items() if k in present],
                   loc="upper right", fontsize="small", ncols=len(present) or 1)
         if title is None:
-            title = self.meta.get("strategy", "timeline")
+            title = f"{self.meta.get('strategy', 'timeline')} (timing: {self.timing})"
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)
         return ax

@@ -35,7 +35,7 @@ def test_summary_of_empty_and_copy_free_traces():
     assert Trace([], []).summary()["overlap_fraction"] == 0.0
     t = Trace([TraceEvent("compute", "kernel", "k", 0, 1)], ["compute"])
     assert t.summary() == {"compute_ms": 1, "copy_ms": 0, "overlap_ms": 0, "host_wait_ms": 0,
-                           "total_ms": 1, "overlap_fraction": 0.0}
+                           "total_ms": 1, "overlap_fraction": 0.0, "timing": "not recorded"}
 
 
 def validate_chrome(doc):

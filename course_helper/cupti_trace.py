@@ -1,0 +1,290 @@
+"""Timelines from CUPTI: the driver's own record of every kernel, copy and fill.
+
+On an NVIDIA GPU with ``cupti-python`` installed, a traced run
+(``solve(trace=True)`` or ``with tracing():``) is timed by CUPTI's activity
+records: hardware start and end timestamps of each kernel, copy and memset,
+with the stream (or graph node) it ran on and the bytes it moved. The helper
+then queues nothing extra, so the traced run does the same device work as an
+untraced one (graphs included: no timing nodes are captured).
+
+Each record is matched with the operation the helper queued, which carries
+the course's names: the stream ("compute", "io 2"), the time level and the
+label. The matching is **by order**: work on one stream runs in the order it
+was queued, so the k-th kernel record of a stream belongs to the k-th kernel
+queued on that stream (copies and fills likewise, each kind on its own). A
+replayed CUDA graph runs on streams of its own, so there the k-th kernel (or
+copy) to *start* is the k-th captured: in the course's captured loops each
+kind of work forms one chain. Host waits stay on the host clock.
+
+Without CUPTI (the CPU backend, ROCm, or ``cupti-python`` not installed) the
+recorder falls back to CUDA events around each operation. Every trace says
+which one timed it in ``trace.meta["timing"]``. Set the environment variable
+``COURSE_HELPER_TIMING=events`` to ask for the event timing even where CUPTI
+works (to compare the two), or ``=cupti`` to fail when CUPTI is missing.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+from . import observe
+from .backend import backend_name, cupy_module
+
+__all__ = ["available", "wanted", "ActivitySession", "CuptiTimer", "TIMING_ENV"]
+
+TIMING_ENV = "COURSE_HELPER_TIMING"
+_CHOICES = ("auto", "cupti", "events")
+_BUFFER_BYTES = 8 * 2**20
+
+# The helper's operation kinds and the CUPTI record class each is matched with.
+_OP_CLASS = {"kernel": "kernel", "D2H": "DTOH", "H2D": "HTOD", "D2D": "DTOD", "memset": "memset"}
+
+
+def available():
+    """``(True, "")`` when CUPTI can time traces here, else ``(False, reason)``."""
+    if backend_name() != "gpu":
+        return False, "CUPTI needs the GPU backend"
+    if getattr(cupy_module().cuda.runtime, "is_hip", False):
+        return False, "CUPTI is NVIDIA's; this CuPy is built for ROCm"
+    try:
+        from cupti import cupti  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means no CUPTI
+        return False, f"cupti-python is not importable ({exc}); install the 'cuda13' extra"
+    return True, ""
+
+
+def wanted():
+    """True when new traces should be timed by CUPTI.
+
+    That is: CUPTI is :func:`available`, no other CUPTI recording is running
+    in this process (e.g. ``cupti_check.run_with_cupti`` around the run), and
+    ``COURSE_HELPER_TIMING`` is unset or ``auto``. ``events`` always gives the
+    event timing; ``cupti`` raises when CUPTI cannot be used.
+    """
+    choice = os.environ.get(TIMING_ENV, "auto").strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise ValueError(f"{TIMING_ENV}={choice!r} is not one of {_CHOICES}")
+    if choice == "events":
+        return False
+    ok, why = available()
+    if ok and _receiver is not None:
+        ok, why = False, "another CUPTI recording is running in this process"
+    if choice == "cupti" and not ok:
+        raise RuntimeError(f"{TIMING_ENV}=cupti, but CUPTI cannot be used: {why}")
+    return ok
+
+
+# --------------------------------------------------------------------------
+# The raw activity records
+# --------------------------------------------------------------------------
+_receiver = None          # the ActivitySession that CUPTI's buffers go to
+_callbacks_registered = False
+
+
+def _buffer_requested():
+    return _BUFFER_BYTES, 0
+
+
+def _buffer_completed(activities):
+    # Runs on a CUPTI thread or inside a flush. The activity objects point into
+    # CUPTI's buffer, which is reused after this returns: copy the fields now.
+    if _receiver is not None:
+        _receiver._take(activities)
+
+
+class ActivitySession:
+    """CUPTI activity recording of kernels, copies and memsets between
+    :meth:`start` and :meth:`stop`; ``records`` then holds one dict per
+    operation: ``cls`` ("kernel", "DTOH", "HTOD", "DTOD", "memset", ...),
+    ``start_ns``, ``end_ns``, ``stream_id``, ``bytes``, ``name``,
+    ``graph_id`` (0 outside graphs), ``channel`` (the hardware channel: copy engine or compute queue) and
+    ``dst_kind`` (copies: "PINNED", "PAGEABLE", "DEVICE").
+
+    Only one session records at a time (CUPTI's activity buffers are global).
+    """
+
+    def __init__(self):
+        from cupti import cupti
+        self._cupti = cupti
+        a = cupti.ActivityKind
+        self._kinds = (a.CONCURRENT_KERNEL, a.MEMCPY, a.MEMSET)
+        self._kernel, self._memcpy = a.CONCURRENT_KERNEL, a.MEMCPY
+        self.records = []
+        self.t0_ns = None
+
+    def start(self):
+        global _receiver, _callbacks_registered
+        if _receiver is not None:
+            raise RuntimeError("a CUPTI recording is already running in this process")
+        cupti = self._cupti
+        if not _callbacks_registered:
+            cupti.activity_register_callbacks(_buffer_requested, _buffer_completed)
+            _callbacks_registered = True
+        _receiver = self
+        try:
+            for kind in self._kinds:
+                cupti.activity_enable(kind)
+        except BaseException:
+            _receiver = None
+            raise
+        self.t0_ns = int(cupti.get_timestamp())
+        return self
+
+    @property
+    def running(self):
+        return _receiver is self
+
+    def stop(self):
+        """Flush every completed record into ``records`` and stop recording."""
+        global _receiver
+        if _receiver is not self:
+            return
+        cupti = self._cupti
+        try:
+            cupti.activity_flush_all(1)
+        finally:
+            for kind in self._kinds:
+                cupti.activity_disable(kind)
+            _receiver = None
+
+    def _take(self, activities):
+        cupti = self._cupti
+        for a in activities:
+            if a.kind == self._kernel:
+                cls, name, nbytes, dst = "kernel", str(a.name), 0, None
+            elif a.kind == self._memcpy:
+                cls = cupti.ActivityMemcpyKind(a.copy_kind).name
+                name, nbytes = cls, int(a.bytes)
+                dst = cupti.ActivityMemoryKind(a.dst_kind).name
+            else:
+                cls, name, nbytes, dst = "memset", "memset", int(a.bytes), None
+            self.records.append({
+                "cls": cls, "start_ns": int(a.start), "end_ns": int(a.end), "stream_id": int(a.stream_id),
+                "bytes": nbytes, "name": name, "graph_id": int(getattr(a, "graph_id", 0)),
+                "channel": int(getattr(a, "channel_id", -1)), "dst_kind": dst})
+
+
+# --------------------------------------------------------------------------
+# The recorder's CUPTI timing: an observer of the queued operations
+# --------------------------------------------------------------------------
+class CuptiTimer:
+    """Times a recording with CUPTI: remembers every operation the helper
+    queues (an observer of :mod:`course_helper.observe`) and, at the end,
+    matches CUPTI's records with them (see the module text for how)."""
+
+    def __init__(self):
+        self.session = ActivitySession()
+        self.ops = []                  # (op, captured in a graph?) in queue order
+        self._capturing = 0
+
+    # -- observer calls --------------------------------------------------------
+    def op_queued(self, op):
+        if op.kind in _OP_CLASS:
+            self.ops.append((op, self._capturing > 0))
+
+    def capture_started(self, stream):
+        self._capturing += 1
+
+    def capture_ended(self, stream, graph):
+        self._capturing = max(0, self._capturing - 1)
+
+    # -- life cycle --------------------------------------------------------------
+    def start(self):
+        observe.add(self)
+        try:
+            self.session.start()
+        except BaseException:
+            observe.remove(self)
+            raise
+        return self
+
+    @property
+    def running(self):
+        return self.session.running
+
+    def stop(self):
+        observe.remove(self)
+        self.session.stop()
+
+    # -- matching ---------------------------------------------------------------
+    def events(self):
+        """``(events, tracks, info)``: TraceEvents in ms from :meth:`start`, the
+        lanes in the order they were first used, and counts for the trace's meta."""
+        from .timeline import TraceEvent
+        ops_by_key, recs_by_key, tracks = {}, {}, []
+        stream_ids = {}
+        for op, captured in self.ops:
+            if op.stream.name not in tracks:
+                tracks.append(op.stream.name)
+            if captured:
+                key = ("graph", _OP_CLASS[op.kind])
+            else:
+                ptr = op.stream.raw.ptr
+                if ptr not in stream_ids:
+                    stream_ids[ptr] = _cupti_stream_id(self.session._cupti, ptr)
+                key = (stream_ids[ptr], _OP_CLASS[op.kind])
+            ops_by_key.setdefault(key, []).append(op)
+        for r in self.session.records:
+            key = ("graph", r["cls"]) if r["graph_id"] else (r["stream_id"], r["cls"])
+            recs_by_key.setdefault(key, []).append(r)
+        t0 = self.session.t0_ns
+        events, unmatched_ops, foreign = [], 0, 0
+        for key, ops in ops_by_key.items():
+            recs = recs_by_key.pop(key, [])
+            if key[0] == "graph":
+                pairs = _match_graph(ops, recs)
+            else:
+                pairs = _match_stream(ops, sorted(recs, key=lambda r: r["start_ns"]))
+            used = sum(len(rs) for _, rs in pairs)
+            foreign += len(recs) - used
+            for op, rs in pairs:
+                if not rs:
+                    unmatched_ops += 1
+                for r in rs:
+                    events.append(TraceEvent(op.stream.name, op.kind, op.name, (r["start_ns"] - t0) / 1e6,
+                                             (r["end_ns"] - t0) / 1e6, op.nbytes, op.level))
+        foreign += sum(len(v) for v in recs_by_key.values())
+        if unmatched_ops:
+            warnings.warn(f"CUPTI delivered no record for {unmatched_ops} of {len(self.ops)} traced "
+                          "operations; they are missing from the timeline", RuntimeWarning, stacklevel=3)
+        info = {"cupti_records": len(self.session.records), "cupti_unmatched_ops": unmatched_ops,
+                "cupti_other_records": foreign}
+        return events, tracks, info
+
+
+def _match_stream(ops, recs):
+    """Pair the ops of one stream and kind with its records, both in queue order.
+    Work the helper did not queue (plain CuPy calls inside the block) also
+    leaves records; where kernels are in excess, keep those named like the op."""
+    if len(recs) > len(ops) and ops and ops[0].kind == "kernel":
+        recs = [r for r in recs if ops[0].name.split()[0] in r["name"]] or recs
+    return [(op, [recs[i]] if i < len(recs) else []) for i, op in enumerate(ops)]
+
+
+def _match_graph(ops, recs):
+    """Pair the ops captured into a graph with the records of its replays.
+
+    A replayed graph runs its nodes on streams of its own, so the stream does
+    not tell which op a record belongs to, and the graph node ids that
+    cupti-python 13.4 reported on the course's H200 (driver 580) were not
+    usable. Records are matched in start order instead: in the course's
+    captured loops each kind of work forms one chain (the kernels and the
+    device copies on the compute stream, the copies to the host on one IO
+    stream), so it starts in the order it was queued, and every replay repeats
+    the pattern."""
+    recs = sorted(recs, key=lambda r: r["start_ns"])
+    if not ops:
+        return []
+    replays = max(1, len(recs) // len(ops)) if len(recs) % len(ops) == 0 else 1
+    return [(op, recs[i::len(ops)][:replays] if i < len(recs) else []) for i, op in enumerate(ops)]
+
+
+def _cupti_stream_id(cupti, stream_ptr):
+    """CUPTI's id of the CUDA stream ``stream_ptr`` (0: the legacy default stream)."""
+    try:
+        ctx = int(cupy_module().cuda.driver.ctxGetCurrent())
+        return int(cupti.get_stream_id_ex(ctx, int(stream_ptr), 0))
+    except Exception as exc:  # noqa: BLE001 - then this stream's work cannot be matched
+        warnings.warn(f"CUPTI could not name the stream {stream_ptr:#x} ({exc}); its work is missing "
+                      "from the timeline", RuntimeWarning, stacklevel=4)
+        return ("unknown stream", stream_ptr)

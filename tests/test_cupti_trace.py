@@ -1,0 +1,73 @@
+"""Which clock times a trace, and how CUPTI's records are matched with the queued operations."""
+import numpy as np
+import pytest
+
+import course_helper as ch
+from course_helper import cupti_trace, raw_cupy
+from course_helper.observe import Op
+
+
+class _S:
+    def __init__(self, name):
+        self.name = name
+
+
+def _rec(start, name="wave2d_4o", cls="kernel"):
+    return {"cls": cls, "start_ns": start, "end_ns": start + 5, "name": name, "stream_id": 1, "graph_id": 0}
+
+
+def test_timing_choice(monkeypatch, backend):
+    monkeypatch.setenv(cupti_trace.TIMING_ENV, "events")
+    assert cupti_trace.wanted() is False
+    monkeypatch.setenv(cupti_trace.TIMING_ENV, "sometimes")
+    with pytest.raises(ValueError, match="COURSE_HELPER_TIMING"):
+        cupti_trace.wanted()
+    monkeypatch.delenv(cupti_trace.TIMING_ENV)
+    ok, why = cupti_trace.available()
+    assert cupti_trace.wanted() is ok
+    if backend == "cpu":
+        assert not ok and "GPU backend" in why
+        monkeypatch.setenv(cupti_trace.TIMING_ENV, "cupti")
+        with pytest.raises(RuntimeError, match="CUPTI cannot be used"):
+            cupti_trace.wanted()
+
+
+def test_every_trace_names_its_clock(backend, monkeypatch):
+    p = ch.WaveProblem(n0=32, n1=32, nt=12)
+    expected = {"cpu": "host clock"}.get(backend, "CUPTI" if cupti_trace.available()[0] else "CUDA events")
+    t = ch.solve(p, "events").trace
+    assert t.timing == expected == t.summary()["timing"] == t.to_chrome()["otherData"]["timing"]
+    assert expected in t.describe()
+    assert expected in t.plot().get_title()
+    if backend == "gpu":
+        monkeypatch.setenv(cupti_trace.TIMING_ENV, "events")
+        assert ch.solve(p, "events").trace.timing == "CUDA events"
+
+
+def test_stream_records_pair_in_queue_order_and_skip_foreign_kernels():
+    s = _S("compute")
+    ops = [Op("kernel", f"wave2d_4o level {k}", s, k) for k in (2, 3)]
+    recs = [_rec(10), _rec(20, name="cupy_multiply"), _rec(30)]
+    pairs = cupti_trace._match_stream(ops, recs)
+    assert [(op.level, [r["start_ns"] for r in rs]) for op, rs in pairs] == [(2, [10]), (3, [30])]
+    # fewer records than operations: the rest stay unmatched (and are reported)
+    assert cupti_trace._match_stream(ops, recs[:1])[1][1] == []
+
+
+def test_graph_records_pair_in_start_order_per_replay():
+    s = _S("io 0")
+    ops = [Op("D2H", f"D2H level {k}", s, k) for k in range(3)]
+    recs = [_rec(t, cls="DTOH") for t in (50, 10, 30, 40, 60, 20)]   # two replays, out of order
+    pairs = cupti_trace._match_graph(ops, recs)
+    assert [[r["start_ns"] for r in rs] for _, rs in pairs] == [[10, 40], [20, 50], [30, 60]]
+
+
+def test_raw_loop_needs_the_gpu(backend):
+    p = ch.WaveProblem(n0=32, n1=32, nt=12)
+    if backend == "cpu":
+        with pytest.raises(RuntimeError, match="GPU backend"):
+            raw_cupy.events_loop(p)
+        return
+    images, ms = raw_cupy.events_loop(p, every=3)
+    assert ms > 0
+    assert np.array_equal(images, ch.solve(p, "events", every=3, trace=False).images)
