@@ -59,7 +59,8 @@ from .timeline import Trace, TraceEvent
 from .wave import PAD, WaveProblem, launch_wave2d
 
 __all__ = ["HALO", "STRATEGIES", "Slab", "decompose", "owner_of", "Team", "run_rank", "gather",
-           "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound"]
+           "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
+           "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome"]
 
 HALO = PAD                  #: halo rows on each inner side: the stencil's reach
 STRATEGIES = ("blocking", "overlap")
@@ -207,8 +208,13 @@ class Team:
             self.device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
             self.device = self.device.decode() if isinstance(self.device, bytes) else self.device
             if self.size > 1:
+                sharing = self.comm.Split_type(_mpi().COMM_TYPE_SHARED).Get_size()
+                if sharing > cupy.cuda.runtime.getDeviceCount():
+                    raise RuntimeError(f"{sharing} ranks share this node's {cupy.cuda.runtime.getDeviceCount()} "
+                                       "GPU(s); NCCL needs one GPU per rank. Start fewer ranks, or run them "
+                                       "on the CPU backend (COURSE_HELPER_BACKEND=cpu)")
                 from cupy.cuda import nccl
-                if not nccl.available:
+                if not getattr(nccl, "available", True):
                     raise RuntimeError("the GPU backend exchanges halos with NCCL, but this CuPy has no NCCL")
                 uid = nccl.get_unique_id() if self.rank == 0 else None
                 self.nccl = nccl.NcclCommunicator(self.size, self.comm.bcast(uid, root=0), self.rank)
@@ -432,11 +438,12 @@ class RankResult:
     slab: Slab
     images: np.ndarray        # (nsaved, owned rows, n1): this rank's rows of each saved level
     levels: np.ndarray
-    elapsed_ms: float         # this rank's loop, device synchronised
-    trace: Trace | None
+    elapsed_ms: float         # this rank's loop, device synchronised (the median of the repeats)
+    times_ms: list            # every repeat
+    trace: Trace | None       # the last repeat's timeline, if recorded
 
 
-def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapshot=None):
+def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapshot=None, repeats=1):
     """Run this rank's part of the decomposed solve (call it on every rank of ``team``).
 
     Parameters
@@ -448,42 +455,92 @@ def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapsho
     every : int or None
         Save every ``every``-th level (None or 0: save nothing).
     trace : bool
-        Record this rank's timeline (aligned with the other ranks' at a barrier).
+        Record this rank's timeline (of the last repeat), aligned with the
+        other ranks' at the barrier that starts the loop.
     on_snapshot : callable, optional
         ``on_snapshot(level, rows, data)`` is called on the host for every saved
         level once its copy has landed, in level order: ``rows`` is the slice
-        of global rows, ``data`` the (owned rows, n1) host array.
+        of global rows, ``data`` the (owned rows, n1) host array. This is the
+        hook for a writer that stores each rank's slab (e.g. of one Zarr array).
+    repeats : int
+        Timed runs from the zero initial state (after one untimed warm-up step).
     """
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     checks.one_of("strategy", strategy, STRATEGIES)
+    repeats = checks.positive_int("repeats", repeats)
     if every:
         every = checks.positive_int("every", every)
         if every >= problem.nt:
             raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
     decompose(problem.n0, team.size)                 # a clear error before anything is allocated
     run = _RankRun(team, problem, strategy, every, on_snapshot)
-    _warm_up(run)
+    times, timeline = [], None
     try:
-        synchronize()
-        recorder = None
-        if trace:
-            recorder = recording.Recorder({"strategy": strategy, "rank": team.rank, "ranks": team.size,
-                                           "device": team.device, "n0": problem.n0, "n1": problem.n1,
-                                           "nt": problem.nt}).activate()
-        with recording.host_wait("start"):
-            team.comm.Barrier()                      # all ranks start together (also the time origin)
-        t0 = time.perf_counter()
-        try:
-            _loop(run)
+        _warm_up(run)
+        for i in range(repeats):
+            for u in run.U:
+                zero_async(u, run.compute)
             synchronize()
-        finally:
-            elapsed = (time.perf_counter() - t0) * 1e3
-            timeline = recorder.finish() if recorder is not None else None
+            recorder = None
+            if trace and i == repeats - 1:
+                recorder = recording.Recorder({"strategy": strategy, "rank": team.rank, "ranks": team.size,
+                                               "device": team.device, "n0": problem.n0, "n1": problem.n1,
+                                               "nt": problem.nt}).activate()
+            try:
+                with recording.host_wait("start"):
+                    team.comm.Barrier()              # all ranks start together (and the time origin)
+                t0 = time.perf_counter()
+                _loop(run)
+                synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+            finally:
+                if recorder is not None:
+                    timeline = recorder.finish()
     finally:
         run.close()
     if timeline is not None:
         timeline = _rank_timeline(timeline, sum(a.nbytes for _, a in _edges(run.slab, run.U[0])[0]))
-    return RankResult(run.slab, run.images, run.levels, elapsed, timeline)
+    return RankResult(run.slab, run.images, run.levels, float(np.median(times)), times, timeline)
+
+
+def measure_parts(team, problem, every, repeats=3):
+    """Each part of a rank's work alone, in ms (slowest rank, median of ``repeats``):
+    ``compute_ms`` (the slab's kernels back to back), ``exchange_ms`` (the halo exchanges back to
+    back) and ``io_ms`` (the saved bytes at the peak pinned device-to-host bandwidth), with
+    ``bound_ms`` = :func:`halo_bound` of the three."""
+    from .memory import measure_bandwidth
+    run = _RankRun(team, problem, "blocking", every, None)
+    steps = range(2, problem.nt)
+
+    def kernels():
+        for level in steps:
+            run.launch(run.whole, level, run.compute)
+
+    def exchanges():
+        after = run.compute.record(run.computed)
+        for level in steps:
+            run.link.exchange(run.U[level % run.m], level, after=after)
+            run.link.join(run.compute)
+
+    def timed(work):
+        times = []
+        for _ in range(repeats + 1):                 # the first run warms up
+            synchronize()
+            team.comm.Barrier()
+            t0 = time.perf_counter()
+            work()
+            synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return team.max(float(np.median(times[1:])))
+
+    try:
+        compute_ms, exchange_ms = timed(kernels), timed(exchanges)
+        peak = max(r["gb_per_s"] for r in measure_bandwidth((64,), repeats=3) if r["memory"] == "pinned")
+    finally:
+        run.close()
+    io_ms = team.max(run.images.nbytes / (peak * 1e9) * 1e3)
+    return {"compute_ms": compute_ms, "exchange_ms": exchange_ms, "io_ms": io_ms, "peak_d2h_gbps": peak,
+            "bound_ms": halo_bound(compute_ms, exchange_ms, io_ms)}
 
 
 def _warm_up(run):
@@ -621,7 +678,8 @@ class HaloResult:
         self.identical = summary.get("identical")
         path = pathlib.Path(folder)
         self.images = np.load(path / "images.npy") if (path / "images.npy").exists() else None
-        self.traces = _traces_from_chrome(path / "trace.json") if (path / "trace.json").exists() else []
+        trace = path / "trace.json"
+        self.traces = traces_from_chrome(json.loads(trace.read_text())) if trace.exists() else []
 
     @property
     def trace(self):
@@ -639,9 +697,8 @@ class HaloResult:
                 f"identical={self.identical}>")
 
 
-def _traces_from_chrome(path):
-    """Split a trace written by :func:`chrome_trace` back into one Trace per rank."""
-    doc = json.loads(pathlib.Path(path).read_text())
+def traces_from_chrome(doc):
+    """Split a Chrome trace dict made by :func:`chrome_trace` back into one Trace per rank."""
     traces = []
     for pid in sorted({e["pid"] for e in doc["traceEvents"]}):
         mine = [e for e in doc["traceEvents"] if e["pid"] == pid]
@@ -653,16 +710,26 @@ def _traces_from_chrome(path):
     return traces
 
 
+def ranks_backend(ranks):
+    """The backend ``ranks`` ranks on this machine get: the GPU when this process uses the GPU
+    backend and there is one GPU per rank, else the CPU."""
+    if backend_name() == "gpu" and cupy_module().cuda.runtime.getDeviceCount() >= ranks:
+        return "gpu"
+    return "cpu"
+
+
 def launch_halo(ranks=2, n=256, nt=None, strategy="overlap", every=1, check=False, trace=True,
                 backend=None, timeout=300, mpiexec_args=()):
     """Run ``mpiexec -n ranks python -m course_helper halo ...`` and return a :class:`HaloResult`.
 
     The ranks run in their own processes (as they would on several GPUs); this
-    process only waits for them and reads back what rank 0 wrote.
+    process only waits for them and reads back what rank 0 wrote. ``backend``
+    defaults to :func:`ranks_backend` (the GPU only with one GPU per rank).
     """
     ranks = checks.positive_int("ranks", ranks)
     checks.one_of("strategy", strategy, STRATEGIES)
     decompose(n, ranks)
+    backend = checks.one_of("backend", backend, ("auto", "gpu", "cpu")) if backend else ranks_backend(ranks)
     with tempfile.TemporaryDirectory(prefix="halo-") as out:
         cmd = [find_mpiexec(), *mpiexec_args, "-n", str(ranks), sys.executable, "-m", "course_helper", "halo",
                "--n", str(n), "--strategy", strategy, "--every", str(every), "--out", out]
@@ -672,9 +739,7 @@ def launch_halo(ranks=2, n=256, nt=None, strategy="overlap", every=1, check=Fals
             cmd.append("--check")
         if trace:
             cmd.append("--trace")
-        env = dict(os.environ)
-        if backend:
-            env["COURSE_HELPER_BACKEND"] = backend
+        env = dict(os.environ, COURSE_HELPER_BACKEND=backend)
         env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[1]),
                                              env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
