@@ -194,7 +194,9 @@ def halo_main(args):
 
     if args.backend:
         os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
+    from . import checks
     problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+    checks.positive_int("every", args.every)
     if args.trace and not args.out:
         raise ValueError("--trace writes trace.json into the --out folder; give --out")
     if args.out:

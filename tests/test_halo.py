@@ -140,8 +140,49 @@ def test_bad_sizes_stop_every_rank_with_a_message():
     assert "every rank needs at least 4" in p.stderr
 
 
+@pytest.mark.parametrize("args,msg", [
+    (["--n", "3"], "padding"),
+    (["--every", "0"], "every must be at least 1"),
+    (["--trace"], "give --out"),
+])
+def test_the_halo_command_refuses_bad_arguments_before_starting_mpi(args, msg, capsys, monkeypatch):
+    from course_helper.cli import main
+    monkeypatch.setenv("COURSE_HELPER_BACKEND", os.environ.get("COURSE_HELPER_BACKEND", "auto"))  # restored after
+    assert main(["halo", "--backend", "cpu", *args]) == 2
+    assert msg in capsys.readouterr().err
+
+
 def test_the_api_refuses_bad_input_before_starting_ranks():
     with pytest.raises(ValueError, match="unknown strategy"):
         halo.launch_halo(ranks=2, strategy="eventually")
     with pytest.raises(ValueError, match="every rank needs"):
         halo.launch_halo(ranks=8, n=32)
+
+
+_SNAPSHOT_SCRIPT = """
+import json, numpy as np, course_helper as ch
+from course_helper import halo
+team = halo.Team()
+seen = []
+def on_snapshot(level, rows, data):
+    seen.append((level, rows.start, rows.stop, bool(np.all(np.isfinite(data))), float(np.abs(data).sum())))
+p = ch.WaveProblem(n0=40, n1=32, nt=30)
+res = halo.run_rank(team, p, "overlap", every=4, on_snapshot=on_snapshot, repeats=2)
+sums = [float(np.abs(res.images[k]).sum()) for k in range(len(res.levels))]
+print(json.dumps({"rank": team.rank, "seen": seen, "sums": sums, "first": res.slab.first, "stop": res.slab.stop}))
+"""
+
+
+def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order():
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(halo.__file__))), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr
+    ranks = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        levels = [s[0] for s in r["seen"]]
+        assert levels == list(range(0, 30, 4)) * 2               # every saved level, in order, each repeat
+        assert all(s[1:3] == [r["first"], r["stop"]] and s[3] for s in r["seen"])
+        assert [s[4] for s in r["seen"][8:]] == r["sums"]         # the hook saw the data that landed
