@@ -60,11 +60,13 @@ from .wave import PAD, WaveProblem, launch_wave2d
 
 __all__ = ["HALO", "STRATEGIES", "Slab", "decompose", "owner_of", "Team", "run_rank", "gather",
            "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
-           "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome"]
+           "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
+           "ranks_env"]
 
 HALO = PAD                  #: halo rows on each inner side: the stencil's reach
 STRATEGIES = ("blocking", "overlap")
 NSCRATCH = 5                #: slab buffers per rank (level L lives in U[L % 5], as in solve)
+_TAG = 18                   # MPI tag of halo messages: one tag will do, MPI keeps each pair's messages in order
 
 
 # --------------------------------------------------------------------------
@@ -286,8 +288,8 @@ class _Mpi:
         after.synchronize()
         sends, recvs = _edges(self.slab, U)
         start = time.perf_counter()
-        reqs = [self.comm.Irecv(b.view(np.ndarray), source=peer, tag=level) for peer, b in recvs]
-        reqs += [self.comm.Isend(a.view(np.ndarray), dest=peer, tag=level) for peer, a in sends]
+        reqs = [self.comm.Irecv(b.view(np.ndarray), source=peer, tag=_TAG) for peer, b in recvs]
+        reqs += [self.comm.Isend(a.view(np.ndarray), dest=peer, tag=_TAG) for peer, a in sends]
         self.pending = (reqs, level, start)
 
     def join(self, stream):
@@ -651,6 +653,19 @@ def find_mpiexec():
     return found
 
 
+def ranks_env(backend):
+    """The environment for ranks started from this process: this copy of ``course_helper`` first
+    on the path, the chosen backend, and (as root, e.g. in a container) Open MPI's consent to run
+    as root, which MPICH ignores."""
+    env = dict(os.environ, COURSE_HELPER_BACKEND=backend)
+    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[1]),
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
 class HaloResult:
     """What :func:`launch_halo` returns.
 
@@ -739,10 +754,7 @@ def launch_halo(ranks=2, n=256, nt=None, strategy="overlap", every=1, check=Fals
             cmd.append("--check")
         if trace:
             cmd.append("--trace")
-        env = dict(os.environ, COURSE_HELPER_BACKEND=backend)
-        env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[1]),
-                                             env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ranks_env(backend))
         if p.returncode not in (0, 1):
             raise RuntimeError(f"the ranks failed (exit {p.returncode}):\n{p.stderr.strip()[-2000:]}")
         return HaloResult(out, json.loads((pathlib.Path(out) / "summary.json").read_text()))

@@ -92,10 +92,8 @@ def _mpiexec():
 
 
 def _run_ranks(ranks, *args, timeout=240):
-    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(halo.__file__))), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "course_helper", "halo", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout, env=halo.ranks_env("cpu"))
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
@@ -174,10 +172,8 @@ print(json.dumps({"rank": team.rank, "seen": seen, "sums": sums, "first": res.sl
 
 
 def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order():
-    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(halo.__file__))), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT],
-                       capture_output=True, text=True, timeout=240, env=env)
+                       capture_output=True, text=True, timeout=240, env=halo.ranks_env("cpu"))
     assert p.returncode == 0, p.stderr
     ranks = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
