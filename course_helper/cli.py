@@ -46,7 +46,27 @@ def _parser():
     b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
     b.add_argument("--out", default=None, help="folder for bench.json and bench.png")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _halo_parser(sub)
     return p
+
+
+def _halo_parser(sub):
+    h = sub.add_parser("halo", help="one solve split across MPI ranks (run it under mpiexec -n R)",
+                       description="The wave problem decomposed along dimension 0 across the ranks of "
+                                   "mpiexec, halos exchanged every step (NCCL between GPUs, MPI on the CPU). "
+                                   "Example: mpiexec -n 2 python -m course_helper halo --check")
+    h.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
+    h.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
+    h.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
+    h.add_argument("--strategy", choices=("blocking", "overlap"), default="overlap",
+                   help="blocking: compute, then exchange; overlap: boundary rows first, "
+                        "exchanged while the interior computes (default)")
+    h.add_argument("--check", action="store_true",
+                   help="gather on rank 0 and compare bit for bit with the single-device solve (exit 1 if they differ)")
+    h.add_argument("--trace", action="store_true", help="record every rank's timeline (needs --out)")
+    h.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
+    h.add_argument("--out", default=None,
+                   help="folder for summary.json, images.npy (gathered levels) and trace.json (one process per rank)")
 
 
 def _parse_points(text):
@@ -173,6 +193,63 @@ def compare_main(args):
     return 0
 
 
+def halo_main(args):
+    """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks."""
+    import json
+
+    import numpy as np
+
+    from . import halo, wave
+    from .timeline import write_atomically
+
+    if args.backend:
+        os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
+    from . import checks
+    problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+    checks.positive_int("every", args.every)
+    if args.trace and not args.out:
+        raise ValueError("--trace writes trace.json into the --out folder; give --out")
+    if args.out:
+        _check_out(args.out)
+    team = halo.Team()
+    halo.decompose(problem.n0, team.size)
+    try:
+        res = halo.run_rank(team, problem, args.strategy, every=args.every, trace=args.trace)
+        images = halo.gather(team, res, problem) if (args.check or args.out) else None
+        traces = team.comm.gather(res.trace, root=0)
+        rank_ms = team.comm.gather(res.elapsed_ms, root=0)
+        identical = None
+        if args.check and team.rank == 0:
+            from .solver import solve
+            single = solve(problem, strategy="events", every=args.every, trace=False)
+            identical = bool(np.array_equal(images.view(np.uint32), single.images.view(np.uint32)))
+    except Exception as exc:
+        if team.size > 1:      # the other ranks would wait for this one for ever
+            print(f"error on rank {team.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            team.comm.Abort(2)
+        raise
+    if team.rank != 0:
+        return 0
+    summary = {"ranks": team.size, "strategy": args.strategy, "n0": problem.n0, "n1": problem.n1,
+               "nt": problem.nt, "every": args.every, "backend": team.backend, "device": team.device,
+               "elapsed_ms": max(rank_ms), "rank_ms": rank_ms, "identical": identical}
+    print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels on {team.size} ranks ({team.backend}, "
+          f"{args.strategy}): {max(rank_ms):.1f} ms")
+    if args.out:
+        out = args.out
+        write_atomically(os.path.join(out, "images.npy"), lambda f: np.save(f, images), binary=True)
+        if args.trace:
+            doc = halo.chrome_trace(traces)
+            write_atomically(os.path.join(out, "trace.json"), lambda f: json.dump(doc, f))
+        write_atomically(os.path.join(out, "summary.json"), lambda f: json.dump(summary, f, indent=1))
+    if identical is False:
+        print("ERROR: the decomposed result differs from the single-device solve", file=sys.stderr)
+        return 1
+    if identical:
+        print(f"identical to the single-device solve, bit for bit ({len(res.levels)} levels)")
+    return 0
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     try:
@@ -180,7 +257,9 @@ def main(argv=None):
             return compare_main(args)
         if args.command == "bench":
             return bench_main(args)
-    except (ValueError, TypeError, MemoryError, OSError, RuntimeError) as exc:
+        if args.command == "halo":
+            return halo_main(args)
+    except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 2

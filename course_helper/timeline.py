@@ -11,7 +11,7 @@ __all__ = ["Trace", "TraceEvent", "KINDS", "write_atomically"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
 KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
-         "memset": "#8c564b", "host wait": "#7f7f7f"}
+         "memset": "#8c564b", "host wait": "#7f7f7f", "halo": "#d62728"}
 _COPIES = ("D2H", "H2D", "D2D")
 
 
@@ -191,12 +191,15 @@ class Trace:
                 f"host waited {s['host_wait_ms']:.2f} ms (timing: {s['timing']})")
 
     # -- export -----------------------------------------------------------
-    def to_chrome(self):
-        """The trace as a Chrome Trace Event Format dict (what Perfetto opens)."""
-        pid = 1
+    def to_chrome(self, pid=1, process_name=None):
+        """The trace as a Chrome Trace Event Format dict (what Perfetto opens).
+
+        ``pid`` and ``process_name`` place it as one process among several (one per rank of a
+        distributed run, see :func:`course_helper.halo.chrome_trace`).
+        """
         device = self.meta.get("device", self.meta.get("backend", "device"))
         out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                "args": {"name": f"course_helper ({device}, timing: {self.timing})"}}]
+                "args": {"name": process_name or f"course_helper ({device}, timing: {self.timing})"}}]
         tid = {name: i + 1 for i, name in enumerate(self.tracks)}
         for name, t in tid.items():
             out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": t, "args": {"name": name}})

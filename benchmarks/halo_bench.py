@@ -1,0 +1,88 @@
+"""Scaling of the decomposed solve on two GPUs (notebook 12's figures).
+
+Run on a machine with two GPUs, from the repository root::
+
+    mpiexec -n 2 python benchmarks/halo_bench.py --out benchmarks/
+
+It writes ``halo.json``: weak scaling (an N x N grid on one GPU against 2N x N
+on two), strong scaling (one grid on one and on two GPUs), the blocking and
+overlap strategies side by side, each point with its bound (the slowest of
+compute, halo exchange and snapshot copies, each measured alone), and the
+timelines of one short traced run of each strategy. The one-GPU runs use rank 0 alone with the
+same code (no neighbour, no exchange).
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from course_helper import halo  # noqa: E402
+from course_helper.wave import WaveProblem  # noqa: E402
+
+WEAK = (2048, 4096, 8192)       # grid rows per GPU (N x N on one GPU, 2N x N on two)
+STRONG = 16384                  # one 16384^2 grid (1 GiB a level) on one and on two GPUs
+
+
+def point(team, problem, strategies, every, repeats):
+    """Time each strategy on this team (median of repeats, slowest rank) and measure the bound."""
+    row = {"ranks": team.size, "n0": problem.n0, "n1": problem.n1, "nt": problem.nt, "every": every,
+           "strategies": {}}
+    for s in strategies:
+        res = halo.run_rank(team, problem, s, every=every, repeats=repeats)
+        row["strategies"][s] = {"ms": team.max(res.elapsed_ms), "runs_ms": res.times_ms}
+    row.update(halo.measure_parts(team, problem, every))
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--nt", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    team = halo.Team()
+    solo = team.split(1)
+    t_start = time.time()
+    doc = {"machine": {"device": team.device, "ranks": team.size, "host": platform.node(),
+                       "transport": "NCCL send/recv (cupy.cuda.nccl)" if team.backend == "gpu" else "MPI",
+                       "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")},
+           "weak": [], "strong": []}
+    both = ("blocking", "overlap")
+
+    def log(msg):
+        if team.rank == 0:
+            print(f"[{time.time() - t_start:6.1f} s] {msg}", flush=True)
+
+    for n in WEAK:
+        every = args.nt // 4
+        if solo is not None:
+            doc["weak"].append(point(solo, WaveProblem(n0=n, n1=n, nt=args.nt), ("blocking",), every, args.repeats))
+        team.comm.Barrier()
+        doc["weak"].append(point(team, WaveProblem(n0=2 * n, n1=n, nt=args.nt), both, every, args.repeats))
+        log(f"weak {n}: {[(p['ranks'], p['strategies']) for p in doc['weak'][-2:]]}")
+    nt = args.nt // 3
+    if solo is not None:
+        doc["strong"].append(point(solo, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), ("blocking",), nt // 2, args.repeats))
+    team.comm.Barrier()
+    doc["strong"].append(point(team, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), both, nt // 2, args.repeats))
+    log(f"strong: {[(p['ranks'], p['strategies']) for p in doc['strong']]}")
+
+    # One traced run of each strategy for the timeline pictures (short, so the file stays small).
+    doc["timelines"] = {}
+    for s in both:
+        res = halo.run_rank(team, WaveProblem(n0=8192, n1=4096, nt=24), s, every=8, trace=True)
+        traces = team.comm.gather(res.trace, root=0)
+        if team.rank == 0:
+            doc["timelines"][s] = halo.chrome_trace(traces)
+    if team.rank == 0:
+        with open(os.path.join(args.out, "halo.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+        log(f"wrote {os.path.join(args.out, 'halo.json')}")
+
+
+if __name__ == "__main__":
+    main()

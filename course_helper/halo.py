@@ -1,0 +1,760 @@
+"""Beyond one GPU: the wave problem split across ranks, with the halo exchange overlapped.
+
+The grid is cut along dimension 0 into one slab per rank (one MPI process per
+GPU). A rank computes the rows it *owns* and holds two more rows on each inner
+side, the *halo*: copies of the neighbour's edge rows, which the 4th-order
+stencil reaches into. After every step the neighbours swap those rows.
+
+Each rank runs the very same update as the single-device solve: the
+``wave2d_4o`` kernel (or its NumPy twin) launched through
+:func:`~course_helper.wave.launch_wave2d` on a *window* of its slab - a few
+rows plus two rows of context on each side - described by a sub-problem with
+the same time step, spacing and wavelet. So every cell sees the same
+arithmetic, and the gathered result is bit for bit the single-device one.
+
+Two strategies:
+
+* ``blocking``: compute the whole slab, exchange the halos, then go on;
+* ``overlap``: compute the boundary rows first on a high-priority stream,
+  exchange them on a halo stream while the interior computes on the compute
+  stream, and join both before the next step.
+
+Either way every saved level of the rank's own rows is streamed to pinned host
+memory on IO streams while the next levels compute, and handed to an optional
+``on_snapshot(level, rows, data)`` hook once it has landed (the place for a
+writer that stores each rank's slab on disk).
+
+Transport: on the GPU backend NCCL (``cupy.cuda.nccl``) sends and receives the
+halo rows on the halo stream, device to device; on the CPU backend the host
+moves them with MPI (``Isend``/``Irecv`` on NumPy buffers) once the boundary
+rows are computed. The link's time is not modelled on the CPU backend.
+
+Processes are started with ``mpiexec`` through ``mpi4py``::
+
+    mpiexec -n 2 python -m course_helper halo --n 256 --strategy overlap --check
+
+and from Python (a notebook) with :func:`launch_halo`, which runs that command
+as a subprocess and returns the gathered result and the merged timeline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import checks, recording
+from .backend import backend_name, cupy_module, synchronize
+from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device, zero_async
+from .streams import create_events, create_streams, stream_priority_range
+from .timeline import Trace, TraceEvent
+from .wave import PAD, WaveProblem, launch_wave2d
+
+__all__ = ["HALO", "STRATEGIES", "Slab", "decompose", "owner_of", "Team", "run_rank", "gather",
+           "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
+           "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
+           "ranks_env"]
+
+HALO = PAD                  #: halo rows on each inner side: the stencil's reach
+STRATEGIES = ("blocking", "overlap")
+NSCRATCH = 5                #: slab buffers per rank (level L lives in U[L % 5], as in solve)
+_TAG = 18                   # MPI tag of halo messages: one tag will do, MPI keeps each pair's messages in order
+
+
+# --------------------------------------------------------------------------
+# Decomposition (pure arithmetic: no MPI, no device)
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Slab:
+    """The rows of the global grid one rank works on.
+
+    ``first``..``stop`` (one past the end) are the global rows this rank
+    computes; it holds ``lo``..``hi``, two more rows on each side: the halo
+    from a neighbour on an inner side, the zero wall rows on a global edge.
+    """
+    rank: int
+    ranks: int
+    first: int
+    stop: int
+
+    @property
+    def lo(self):
+        return self.first - HALO
+
+    @property
+    def hi(self):
+        return self.stop + HALO
+
+    @property
+    def rows(self):
+        """Rows held locally (owned rows plus two on each side)."""
+        return self.hi - self.lo
+
+    @property
+    def owned(self):
+        return self.stop - self.first
+
+    @property
+    def up(self):
+        """Rank holding the rows above (smaller indices), or None at the global edge."""
+        return self.rank - 1 if self.rank > 0 else None
+
+    @property
+    def down(self):
+        """Rank holding the rows below, or None at the global edge."""
+        return self.rank + 1 if self.rank < self.ranks - 1 else None
+
+    def owns(self, row):
+        return self.first <= row < self.stop
+
+
+def decompose(n0, ranks):
+    """Split the interior rows ``PAD .. n0-PAD-1`` into ``ranks`` balanced slabs.
+
+    The first ``(n0 - 2 PAD) % ranks`` slabs get one row more. Every slab owns
+    at least ``2 HALO`` rows, so that the boundary rows of its two inner sides
+    never overlap.
+
+    >>> [(s.first, s.stop) for s in decompose(20, 3)]
+    [(2, 8), (8, 14), (14, 18)]
+    """
+    n0 = checks.positive_int("n0", n0, minimum=2 * PAD + 1)
+    ranks = checks.positive_int("ranks", ranks)
+    interior = n0 - 2 * PAD
+    if interior < 2 * HALO * ranks:
+        raise ValueError(f"{ranks} ranks cannot share {interior} interior rows: every rank needs at least "
+                         f"{2 * HALO} (its boundary rows on each side); use n0 >= {2 * HALO * ranks + 2 * PAD} "
+                         "or fewer ranks")
+    base, extra = divmod(interior, ranks)
+    slabs, first = [], PAD
+    for r in range(ranks):
+        stop = first + base + (1 if r < extra else 0)
+        slabs.append(Slab(r, ranks, first, stop))
+        first = stop
+    return slabs
+
+
+def owner_of(n0, ranks, row):
+    """The rank whose slab owns global row ``row`` (e.g. the source's row)."""
+    row = checks.positive_int("row", row, minimum=0)
+    for s in decompose(n0, ranks):
+        if s.owns(row):
+            return s.rank
+    raise ValueError(f"row {row} is a wall row (outside {PAD}..{n0 - PAD - 1}); no rank computes it")
+
+
+class _Window(WaveProblem):
+    """Global rows ``a``..``b`` as a problem of their own: ``b - a`` computed rows plus two rows of
+    context on each side, with the global problem's time step, spacing and wavelet.
+
+    The source term is the global one where the window holds the source cell; elsewhere the kernel
+    adds ``-0.0``, which leaves every float32 unchanged bit for bit (IEEE 754: x + (-0) == x, also
+    for x = -0), so a window without the source computes exactly what the full grid computes there.
+    """
+
+    def __init__(self, problem, a, b):
+        p0, p1 = problem.source
+        self.holds_source = a <= p0 < b
+        # Uniform velocity vmax: gives the same dt, fm and td (the kernel reads the slab's own V).
+        super().__init__(n0=b - a + 2 * PAD, n1=problem.n1, dx=(problem.dx0, problem.dx1),
+                         velocity=problem.vmax, cfl=problem.cfl, nt=problem.nt,
+                         source=(p0 - a + PAD, p1) if self.holds_source else (PAD, PAD),
+                         points_per_wavelength=problem.points_per_wavelength)
+        if (self.dt, self.fm, self.td) != (problem.dt, problem.fm, problem.td):
+            raise RuntimeError("a slab window does not reproduce the problem's time step; cannot decompose")
+        self.parent = problem
+
+    def source_amplitude(self, n):
+        return self.parent.source_amplitude(n) if self.holds_source else np.float32(-0.0)
+
+
+# --------------------------------------------------------------------------
+# The ranks: MPI, devices and the transport of halo rows
+# --------------------------------------------------------------------------
+def _mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ImportError("the distributed course needs mpi4py and an MPI: "
+                          "python -m pip install -e '.[distributed]'") from None
+    return MPI
+
+
+class Team:
+    """The ranks of one MPI communicator, ready to exchange halos.
+
+    On the GPU backend each rank takes the GPU ``local rank % device count``
+    (call this before anything else touches the GPU) and the team opens an
+    NCCL communicator, its unique id broadcast through MPI. On the CPU backend
+    the halos travel through MPI itself.
+    """
+
+    def __init__(self, comm=None):
+        MPI = _mpi()
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.nccl = None
+        if os.environ.get("COURSE_HELPER_BACKEND", "auto").strip().lower() != "cpu":
+            _pick_gpu(self.comm)
+        self.backend = backend_name()
+        if self.backend == "gpu":
+            cupy = cupy_module()
+            self.device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+            self.device = self.device.decode() if isinstance(self.device, bytes) else self.device
+            if self.size > 1:
+                sharing = self.comm.Split_type(_mpi().COMM_TYPE_SHARED).Get_size()
+                if sharing > cupy.cuda.runtime.getDeviceCount():
+                    raise RuntimeError(f"{sharing} ranks share this node's {cupy.cuda.runtime.getDeviceCount()} "
+                                       "GPU(s); NCCL needs one GPU per rank. Start fewer ranks, or run them "
+                                       "on the CPU backend (COURSE_HELPER_BACKEND=cpu)")
+                from cupy.cuda import nccl
+                if not getattr(nccl, "available", True):
+                    raise RuntimeError("the GPU backend exchanges halos with NCCL, but this CuPy has no NCCL")
+                uid = nccl.get_unique_id() if self.rank == 0 else None
+                self.nccl = nccl.NcclCommunicator(self.size, self.comm.bcast(uid, root=0), self.rank)
+        else:
+            import platform
+            self.device = f"CPU ({platform.processor() or platform.machine()})"
+
+    def split(self, ranks):
+        """A team of the first ``ranks`` ranks (the others get None), e.g. for a 1-GPU baseline."""
+        sub = self.comm.Split(0 if self.rank < ranks else _mpi().UNDEFINED, self.rank)
+        return None if sub == _mpi().COMM_NULL else Team(sub)
+
+    def max(self, value):
+        return self.comm.allreduce(value, op=_mpi().MAX)
+
+
+def _pick_gpu(comm):
+    """One GPU per rank on a node: the rank's index among the ranks sharing its node."""
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:   # no CuPy or no device: the backend choice will say why  # noqa: BLE001
+        return
+    if count > 0:
+        local = comm.Split_type(_mpi().COMM_TYPE_SHARED).Get_rank()
+        cupy.cuda.Device(local % count).use()
+
+
+class _Nccl:
+    """GPU halos: NCCL send/recv of the edge rows on the halo stream, device to device."""
+
+    def __init__(self, team, slab, halo_stream):
+        self.comm, self.slab, self.stream = team.nccl, slab, halo_stream
+        self.done = create_events(1)[0]
+
+    def exchange(self, U, level, after):
+        """Queue the swap of ``U``'s edge rows after event ``after``; returns at once."""
+        self.stream.wait_event(after)
+        if self.comm is not None:
+            sends, recvs = _edges(self.slab, U)
+            nbytes = sum(a.nbytes for _, a in sends)
+            recording.enqueue(self.stream, kind="halo", name=f"halo level {level}", nbytes=nbytes,
+                              level=level, gpu=lambda: self._swap(sends, recvs),
+                              reads=tuple(a for _, a in sends), writes=tuple(a for _, a in recvs))
+        self.stream.record(self.done)
+
+    def _swap(self, sends, recvs):
+        nccl = cupy_module().cuda.nccl
+        ptr = self.stream.raw.ptr
+        nccl.groupStart()
+        for (peer, a), (_, b) in zip(sends, recvs):
+            self.comm.send(a.data.ptr, a.size, nccl.NCCL_FLOAT32, peer, ptr)
+            self.comm.recv(b.data.ptr, b.size, nccl.NCCL_FLOAT32, peer, ptr)
+        nccl.groupEnd()
+
+    def join(self, stream):
+        """Make ``stream`` wait until the halo rows have arrived (device-side)."""
+        stream.wait_event(self.done)
+
+
+class _Mpi:
+    """CPU halos: the host sends and receives the edge rows with MPI once they are computed."""
+
+    def __init__(self, team, slab):
+        self.comm, self.slab, self.pending = team.comm, slab, None
+
+    def exchange(self, U, level, after):
+        """Wait for ``after`` on the host, then post the sends and receives; returns at once."""
+        after.synchronize()
+        sends, recvs = _edges(self.slab, U)
+        start = time.perf_counter()
+        reqs = [self.comm.Irecv(b.view(np.ndarray), source=peer, tag=_TAG) for peer, b in recvs]
+        reqs += [self.comm.Isend(a.view(np.ndarray), dest=peer, tag=_TAG) for peer, a in sends]
+        self.pending = (reqs, level, start)
+
+    def join(self, stream):
+        """Wait on the host until the halo rows have arrived; later work is queued after that."""
+        if self.pending is None:
+            return
+        reqs, level, start = self.pending
+        _mpi().Request.Waitall(reqs)
+        self.pending = None
+        rec = recording.current()
+        if rec is not None and reqs:
+            rec.add_host(f"halo level {level}", start, time.perf_counter())
+
+
+def _edges(slab, U):
+    """``([(peer, rows to send)], [(peer, halo rows to fill)])`` of the local array ``U``."""
+    sends, recvs = [], []
+    if slab.up is not None:
+        sends.append((slab.up, U[HALO:2 * HALO]))
+        recvs.append((slab.up, U[:HALO]))
+    if slab.down is not None:
+        sends.append((slab.down, U[-2 * HALO:-HALO]))
+        recvs.append((slab.down, U[-HALO:]))
+    return sends, recvs
+
+
+# --------------------------------------------------------------------------
+# One rank's run
+# --------------------------------------------------------------------------
+class _RankRun:
+    """Everything one rank's loop needs: its slab, windows, buffers, streams and events."""
+
+    def __init__(self, team, problem, strategy, every, on_snapshot):
+        self.problem, self.strategy, self.every = problem, strategy, every
+        self.slab = s = decompose(problem.n0, team.size)[team.rank]
+        self.m = NSCRATCH
+        self.U = [device_zeros((s.rows, problem.n1)) for _ in range(self.m)]
+        self.V = to_device(np.ascontiguousarray(problem.velocity[s.lo:s.hi]))
+        self.levels = np.arange(0, problem.nt, every) if every else np.arange(0)
+        self.images = pinned_empty((len(self.levels), s.owned, problem.n1))
+        self.images.fill(np.nan)
+        # The windows: the whole slab, or its boundary rows (inner sides only) and the rest.
+        self.whole = self._window(s.first, s.stop)
+        top = s.first + HALO if s.up is not None else s.first
+        bottom = s.stop - HALO if s.down is not None else s.stop
+        self.edges = [self._window(a, b) for a, b in ((s.first, top), (bottom, s.stop)) if b > a]
+        self.inner = self._window(top, bottom) if bottom > top else None
+        high = stream_priority_range()[1]
+        self.compute = create_streams(1, name="compute")[0]
+        self.boundary = create_streams(1, priority=high, name="boundary")[0]
+        halo_stream = create_streams(1, priority=high, name="halo")[0]
+        self.io = create_streams(self.m, name="io")
+        self.ready, self.copied = create_events(self.m), create_events(self.m)
+        self.edges_done, self.computed = create_events(2)
+        self.link = _Nccl(team, s, halo_stream) if team.backend == "gpu" else _Mpi(team, s)
+        self.on_snapshot = on_snapshot
+        self.unsent = deque()          # (level, k, event) copies not yet handed to on_snapshot
+        self._streams = [self.compute, self.boundary, halo_stream, *self.io]
+
+    def _window(self, a, b):
+        """(sub-problem, local row slice) of global rows a..b plus two rows of context each side."""
+        first = a - PAD - self.slab.lo
+        return _Window(self.problem, a, b), slice(first, first + b - a + 2 * PAD)
+
+    def launch(self, window, level, stream):
+        """Queue the kernel for ``level`` on the rows of ``window``."""
+        wp, rows = window
+        U, m = self.U, self.m
+        launch_wave2d(U[(level - 2) % m][rows], U[(level - 1) % m][rows], U[level % m][rows],
+                      self.V[rows], wp, n=level - 2, stream=stream)
+
+    def slot(self, level):
+        if self.every and level % self.every == 0:
+            return level // self.every
+        return None
+
+    def save(self, level, k):
+        """Stream the owned rows of ``level`` to the host on its IO stream."""
+        b = level % self.m
+        self.io[b].wait_event(self.ready[b])
+        copy_to_host_async(self.images[k], self.U[b][HALO:-HALO], self.io[b], level=level)
+        self.io[b].record(self.copied[b])
+        self.unsent.append((level, k, self.copied[b]))
+
+    def hand_over(self, wait=False):
+        """Give the landed snapshots, in order, to ``on_snapshot`` (all of them when ``wait``)."""
+        while self.unsent and (wait or self.unsent[0][2].done):
+            level, k, event = self.unsent.popleft()
+            if self.on_snapshot is not None:
+                event.synchronize()
+                self.on_snapshot(level, slice(self.slab.first, self.slab.stop), self.images[k])
+
+    def close(self):
+        for s in self._streams:
+            close = getattr(s.raw, "close", None)
+            if close is not None:
+                close()
+
+
+def blocking_step(run, level):
+    """Compute the whole slab, then exchange the halos, then go on: nothing overlaps the exchange."""
+    b = level % run.m
+    run.compute.wait_event(run.copied[b])            # the IO stream has finished reading U[b]
+    run.launch(run.whole, level, run.compute)
+    run.link.exchange(run.U[b], level, after=run.compute.record(run.computed))
+    run.link.join(run.compute)                       # the next level needs the neighbours' rows
+    run.compute.record(run.ready[b])
+
+
+def overlap_step(run, level):
+    """Boundary rows first on a high-priority stream; their exchange runs on the halo stream
+    while the interior computes; both are joined before the next level."""
+    b = level % run.m
+    prev = run.ready[(level - 1) % run.m]            # the whole previous level, halos included
+    run.boundary.wait_event(prev)
+    run.boundary.wait_event(run.copied[b])
+    for window in run.edges:
+        run.launch(window, level, run.boundary)
+    run.boundary.record(run.edges_done)
+    run.compute.wait_event(run.copied[b])
+    if run.inner is not None:
+        run.launch(run.inner, level, run.compute)    # the interior, while the halos travel
+    run.link.exchange(run.U[b], level, after=run.edges_done)
+    run.compute.wait_event(run.edges_done)
+    run.link.join(run.compute)
+    run.compute.record(run.ready[b])
+
+
+_STEPS = {"blocking": blocking_step, "overlap": overlap_step}
+
+
+def _loop(run):
+    for level in range(run.problem.nt):
+        if level >= 2:                               # levels 0 and 1 are the zero initial state
+            _STEPS[run.strategy](run, level)
+        else:
+            run.compute.record(run.ready[level % run.m])
+        k = run.slot(level)
+        if k is not None:
+            run.save(level, k)
+        run.hand_over()
+    run.hand_over(wait=True)
+
+
+@dataclass
+class RankResult:
+    """What :func:`run_rank` returns on every rank."""
+    slab: Slab
+    images: np.ndarray        # (nsaved, owned rows, n1): this rank's rows of each saved level
+    levels: np.ndarray
+    elapsed_ms: float         # this rank's loop, device synchronised (the median of the repeats)
+    times_ms: list            # every repeat
+    trace: Trace | None       # the last repeat's timeline, if recorded
+
+
+def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapshot=None, repeats=1):
+    """Run this rank's part of the decomposed solve (call it on every rank of ``team``).
+
+    Parameters
+    ----------
+    team : Team
+    problem : WaveProblem
+        The global problem (the same on every rank).
+    strategy : {"blocking", "overlap"}
+    every : int or None
+        Save every ``every``-th level (None or 0: save nothing).
+    trace : bool
+        Record this rank's timeline (of the last repeat), aligned with the
+        other ranks' at the barrier that starts the loop.
+    on_snapshot : callable, optional
+        ``on_snapshot(level, rows, data)`` is called on the host for every saved
+        level once its copy has landed, in level order: ``rows`` is the slice
+        of global rows, ``data`` the (owned rows, n1) host array. This is the
+        hook for a writer that stores each rank's slab (e.g. of one Zarr array).
+    repeats : int
+        Timed runs from the zero initial state (after one untimed warm-up step).
+    """
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    checks.one_of("strategy", strategy, STRATEGIES)
+    repeats = checks.positive_int("repeats", repeats)
+    if every:
+        every = checks.positive_int("every", every)
+        if every >= problem.nt:
+            raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
+    decompose(problem.n0, team.size)                 # a clear error before anything is allocated
+    run = _RankRun(team, problem, strategy, every, on_snapshot)
+    times, timeline = [], None
+    try:
+        _warm_up(run)
+        for i in range(repeats):
+            for u in run.U:
+                zero_async(u, run.compute)
+            synchronize()
+            recorder = None
+            if trace and i == repeats - 1:
+                recorder = recording.Recorder({"strategy": strategy, "rank": team.rank, "ranks": team.size,
+                                               "device": team.device, "n0": problem.n0, "n1": problem.n1,
+                                               "nt": problem.nt}).activate()
+            try:
+                with recording.host_wait("start"):
+                    team.comm.Barrier()              # all ranks start together (and the time origin)
+                t0 = time.perf_counter()
+                _loop(run)
+                synchronize()
+                times.append((time.perf_counter() - t0) * 1e3)
+            finally:
+                if recorder is not None:
+                    timeline = recorder.finish()
+    finally:
+        run.close()
+    if timeline is not None:
+        timeline = _rank_timeline(timeline, sum(a.nbytes for _, a in _edges(run.slab, run.U[0])[0]))
+    return RankResult(run.slab, run.images, run.levels, float(np.median(times)), times, timeline)
+
+
+def measure_parts(team, problem, every, repeats=3):
+    """Each part of a rank's work alone, in ms (slowest rank, median of ``repeats``):
+    ``compute_ms`` (the slab's kernels back to back), ``exchange_ms`` (the halo exchanges back to
+    back) and ``io_ms`` (the saved bytes at the peak pinned device-to-host bandwidth), with
+    ``bound_ms`` = :func:`halo_bound` of the three."""
+    from .memory import measure_bandwidth
+    run = _RankRun(team, problem, "blocking", every, None)
+    steps = range(2, problem.nt)
+
+    def kernels():
+        for level in steps:
+            run.launch(run.whole, level, run.compute)
+
+    def exchanges():
+        after = run.compute.record(run.computed)
+        for level in steps:
+            run.link.exchange(run.U[level % run.m], level, after=after)
+            run.link.join(run.compute)
+
+    def timed(work):
+        times = []
+        for _ in range(repeats + 1):                 # the first run warms up
+            synchronize()
+            team.comm.Barrier()
+            t0 = time.perf_counter()
+            work()
+            synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return team.max(float(np.median(times[1:])))
+
+    try:
+        compute_ms, exchange_ms = timed(kernels), timed(exchanges)
+        peak = max(r["gb_per_s"] for r in measure_bandwidth((64,), repeats=3) if r["memory"] == "pinned")
+    finally:
+        run.close()
+    io_ms = team.max(run.images.nbytes / (peak * 1e9) * 1e3)
+    return {"compute_ms": compute_ms, "exchange_ms": exchange_ms, "io_ms": io_ms, "peak_d2h_gbps": peak,
+            "bound_ms": halo_bound(compute_ms, exchange_ms, io_ms)}
+
+
+def _warm_up(run):
+    """One untimed step on zero data: loads the kernel and opens the NCCL connections."""
+    for window in [run.whole, *run.edges]:
+        run.launch(window, 2, run.compute)
+    run.link.exchange(run.U[2], 2, after=run.compute.record(run.computed))
+    run.link.join(run.compute)
+    zero_async(run.U[2], run.compute)                # the warm-up wrote the source into level 2
+    synchronize()
+
+
+def _rank_timeline(trace, halo_bytes):
+    """Put the halo exchange on its own lane and time zero at the end of the start barrier."""
+    start = next(e for e in trace.events if e.name == "start")
+    events = []
+    for e in trace.events:
+        if e is start:
+            continue
+        if e.name.startswith("halo level"):
+            e = TraceEvent("halo", "halo", e.name, e.start_ms, e.end_ms, halo_bytes, int(e.name.split()[-1]))
+        e.start_ms -= start.end_ms
+        e.end_ms -= start.end_ms
+        events.append(e)
+    tracks = [t for t in ("boundary", "compute", "halo") if any(e.track == t for e in events)]
+    tracks += [t for t in trace.tracks if t not in tracks and any(e.track == t for e in events)]
+    return Trace(events, tracks, trace.meta)
+
+
+# --------------------------------------------------------------------------
+# Gathering, checking, timelines
+# --------------------------------------------------------------------------
+def gather(team, result, problem):
+    """Assemble every rank's saved rows on rank 0: (nsaved, n0, n1) there, None elsewhere.
+
+    The wall rows (two on each global edge) are zero, as in the single-device solve.
+    """
+    if team.rank != 0:
+        team.comm.Send(np.ascontiguousarray(result.images), dest=0, tag=7)
+        return None
+    out = np.zeros((len(result.levels), problem.n0, problem.n1), np.float32)
+    for s in decompose(problem.n0, team.size):
+        if s.rank == 0:
+            part = result.images
+        else:
+            part = np.empty((len(result.levels), s.owned, problem.n1), np.float32)
+            team.comm.Recv(part, source=s.rank, tag=7)
+        out[:, s.first:s.stop] = part
+    return out
+
+
+def merge_traces(traces, title=None, one_io_lane=True):
+    """One Trace with every rank's lanes, named ``"rank R compute"`` etc., on a shared clock.
+
+    With ``one_io_lane`` a rank's IO streams share one lane ("rank R io"), to keep the picture short.
+    """
+    def lane(r, track):
+        return f"rank {r} io" if one_io_lane and track.startswith("io ") else f"rank {r} {track}"
+
+    events, tracks = [], []
+    origin = min((e.start_ms for t in traces for e in t.events), default=0.0)
+    for r, t in enumerate(traces):
+        tracks += list(dict.fromkeys(lane(r, name) for name in t.tracks))
+        events += [TraceEvent(lane(r, e.track), e.kind, e.name, e.start_ms - origin, e.end_ms - origin,
+                              e.bytes, e.level) for e in t.events]
+    meta = dict(traces[0].meta) if traces else {}
+    meta.pop("rank", None)
+    if title:
+        meta["strategy"] = title
+    return Trace(events, tracks, meta)
+
+
+def chrome_trace(traces):
+    """The ranks' timelines as one Chrome trace: one process per rank, its lanes as threads."""
+    origin = min((e.start_ms for t in traces for e in t.events), default=0.0)
+    doc = {"traceEvents": [], "displayTimeUnit": "ms",
+           "otherData": {k: v for k, v in (traces[0].meta if traces else {}).items() if k != "rank"}}
+    for r, t in enumerate(traces):
+        shifted = Trace([TraceEvent(e.track, e.kind, e.name, e.start_ms - origin, e.end_ms - origin,
+                                    e.bytes, e.level) for e in t.events], t.tracks, t.meta)
+        part = shifted.to_chrome(pid=r + 1, process_name=f"rank {r} ({t.meta.get('device', '')})")
+        doc["traceEvents"] += part["traceEvents"]
+    return doc
+
+
+def halo_bound(compute_ms, exchange_ms, io_ms):
+    """The distributed run's physical limit: with perfect overlap a rank can finish no sooner
+    than the busiest of its compute, its halo exchanges and its copies to the host (each alone)."""
+    return max(compute_ms, exchange_ms, io_ms)
+
+
+# --------------------------------------------------------------------------
+# Running ranks from Python (a notebook): mpiexec as a subprocess
+# --------------------------------------------------------------------------
+def find_mpiexec():
+    """The ``mpiexec`` to start ranks with: ``$COURSE_HELPER_MPIEXEC``, the one next to this
+    Python (the ``mpich`` wheel installs it in the environment's ``bin``), else the one on PATH."""
+    env = os.environ.get("COURSE_HELPER_MPIEXEC")
+    if env:
+        return env
+    here = pathlib.Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise FileNotFoundError("no mpiexec found: python -m pip install -e '.[distributed]' installs "
+                                "mpi4py and MPICH (its mpiexec lands next to python)")
+    return found
+
+
+def ranks_env(backend):
+    """The environment for ranks started from this process: this copy of ``course_helper`` first
+    on the path, the chosen backend, and (as root, e.g. in a container) Open MPI's consent to run
+    as root, which MPICH ignores."""
+    env = dict(os.environ, COURSE_HELPER_BACKEND=backend)
+    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[1]),
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+class HaloResult:
+    """What :func:`launch_halo` returns.
+
+    Attributes
+    ----------
+    images : numpy.ndarray
+        The gathered saved levels, (nsaved, n0, n1).
+    identical : bool or None
+        With ``check=True``: whether they equal the single-device solve bit for bit.
+    elapsed_ms : float
+        The slowest rank's loop time.
+    rank_ms : list of float
+    traces : list of Trace
+        Each rank's timeline (with ``trace=True``).
+    summary : dict
+        What the run printed as JSON (sizes, strategy, device, times).
+    """
+
+    def __init__(self, folder, summary):
+        self.summary = summary
+        self.ranks = summary["ranks"]
+        self.strategy = summary["strategy"]
+        self.elapsed_ms = summary["elapsed_ms"]
+        self.rank_ms = summary["rank_ms"]
+        self.identical = summary.get("identical")
+        path = pathlib.Path(folder)
+        self.images = np.load(path / "images.npy") if (path / "images.npy").exists() else None
+        trace = path / "trace.json"
+        self.traces = traces_from_chrome(json.loads(trace.read_text())) if trace.exists() else []
+
+    @property
+    def trace(self):
+        """Every rank's lanes in one Trace (for ``.plot()``)."""
+        if not self.traces:
+            raise ValueError("this run recorded no timeline; use launch_halo(..., trace=True)")
+        return merge_traces(self.traces, title=f"{self.strategy}, {self.ranks} ranks")
+
+    def chrome(self):
+        """The merged Chrome trace (one process per rank) as a dict."""
+        return chrome_trace(self.traces)
+
+    def __repr__(self):
+        return (f"<HaloResult {self.strategy!r}, {self.ranks} ranks: {self.elapsed_ms:.1f} ms, "
+                f"identical={self.identical}>")
+
+
+def traces_from_chrome(doc):
+    """Split a Chrome trace dict made by :func:`chrome_trace` back into one Trace per rank."""
+    traces = []
+    for pid in sorted({e["pid"] for e in doc["traceEvents"]}):
+        mine = [e for e in doc["traceEvents"] if e["pid"] == pid]
+        names = {e["tid"]: e["args"]["name"] for e in mine if e.get("name") == "thread_name"}
+        events = [TraceEvent(names[e["tid"]], e["cat"], e["name"], e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3,
+                             e["args"].get("bytes", 0), e["args"].get("level"))
+                  for e in mine if e["ph"] == "X"]
+        traces.append(Trace(events, [names[t] for t in sorted(names)], dict(doc.get("otherData", {}), rank=pid - 1)))
+    return traces
+
+
+def ranks_backend(ranks):
+    """The backend ``ranks`` ranks on this machine get: the GPU when this process uses the GPU
+    backend and there is one GPU per rank, else the CPU."""
+    if backend_name() == "gpu" and cupy_module().cuda.runtime.getDeviceCount() >= ranks:
+        return "gpu"
+    return "cpu"
+
+
+def launch_halo(ranks=2, n=256, nt=None, strategy="overlap", every=1, check=False, trace=True,
+                backend=None, timeout=300, mpiexec_args=()):
+    """Run ``mpiexec -n ranks python -m course_helper halo ...`` and return a :class:`HaloResult`.
+
+    The ranks run in their own processes (as they would on several GPUs); this
+    process only waits for them and reads back what rank 0 wrote. ``backend``
+    defaults to :func:`ranks_backend` (the GPU only with one GPU per rank).
+    """
+    ranks = checks.positive_int("ranks", ranks)
+    checks.one_of("strategy", strategy, STRATEGIES)
+    decompose(n, ranks)
+    backend = checks.one_of("backend", backend, ("auto", "gpu", "cpu")) if backend else ranks_backend(ranks)
+    with tempfile.TemporaryDirectory(prefix="halo-") as out:
+        cmd = [find_mpiexec(), *mpiexec_args, "-n", str(ranks), sys.executable, "-m", "course_helper", "halo",
+               "--n", str(n), "--strategy", strategy, "--every", str(every), "--out", out]
+        if nt is not None:
+            cmd += ["--nt", str(nt)]
+        if check:
+            cmd.append("--check")
+        if trace:
+            cmd.append("--trace")
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ranks_env(backend))
+        if p.returncode not in (0, 1):
+            raise RuntimeError(f"the ranks failed (exit {p.returncode}):\n{p.stderr.strip()[-2000:]}")
+        return HaloResult(out, json.loads((pathlib.Path(out) / "summary.json").read_text()))

@@ -1,0 +1,184 @@
+"""The decomposed solve: slab arithmetic in-process, and real ranks under mpiexec (CPU backend)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import course_helper as ch
+from course_helper import halo
+from course_helper.wave import PAD
+
+
+# -- decomposition (no MPI) ---------------------------------------------------
+@pytest.mark.parametrize("n0,ranks", [(64, 1), (64, 2), (64, 3), (20, 3), (101, 4), (12, 2)])
+def test_slabs_tile_the_interior_exactly_and_evenly(n0, ranks):
+    slabs = halo.decompose(n0, ranks)
+    assert [s.rank for s in slabs] == list(range(ranks))
+    assert slabs[0].first == PAD and slabs[-1].stop == n0 - PAD
+    for a, b in zip(slabs, slabs[1:]):
+        assert a.stop == b.first                       # no gap, no overlap
+    sizes = [s.owned for s in slabs]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 2 * halo.HALO
+    for s in slabs:
+        assert (s.lo, s.hi, s.rows) == (s.first - 2, s.stop + 2, s.owned + 4)
+        assert s.up == (s.rank - 1 if s.rank else None)
+        assert s.down == (s.rank + 1 if s.rank < ranks - 1 else None)
+
+
+def test_a_slab_too_thin_for_its_boundary_rows_is_refused():
+    halo.decompose(12, 2)                              # 8 interior rows: 4 each, just enough
+    with pytest.raises(ValueError, match="at least 4"):
+        halo.decompose(11, 2)
+    with pytest.raises(ValueError, match="ranks must be at least 1"):
+        halo.decompose(64, 0)
+
+
+def test_the_source_belongs_to_exactly_one_rank():
+    p = ch.WaveProblem(n0=64, n1=40, nt=10, source=(33, 7))
+    slabs = halo.decompose(p.n0, 3)
+    owners = [s.rank for s in slabs if s.owns(p.source[0])]
+    assert owners == [halo.owner_of(p.n0, 3, p.source[0])] == [1]
+    assert halo.owner_of(64, 2, 2) == 0 and halo.owner_of(64, 2, 61) == 1
+    with pytest.raises(ValueError, match="wall row"):
+        halo.owner_of(64, 2, 1)
+
+
+def test_adding_negative_zero_leaves_every_float_unchanged_bit_for_bit():
+    x = np.array([0.0, -0.0, 1e-45, -3.5, np.inf, 7e37], np.float32)
+    assert np.array_equal((x + np.float32(-0.0)).view(np.uint32), x.view(np.uint32))
+    # ... which adding +0.0 would not (it turns -0 into +0): why the windows add -0.0
+    assert not np.array_equal((x + np.float32(0.0)).view(np.uint32), x.view(np.uint32))
+
+
+def test_windows_compute_exactly_the_full_grid_step(cpu):
+    """Boundary and interior windows of a slab, launched as the ranks launch them, give the
+    full-grid kernel's values bit for bit - with and without the source in the window."""
+    p = ch.WaveProblem(n0=40, n1=24, nt=20, source=(21, 9))
+    rng = np.random.default_rng(0)
+    U0, U1 = (ch.to_device(rng.standard_normal(p.shape).astype(np.float32)) for _ in range(2))
+    V = ch.to_device(p.velocity)
+    full, pieces = ch.device_zeros(p.shape), ch.device_zeros(p.shape)
+    n = 5
+    ch.launch_wave2d(U0, U1, full, V, p, n)
+    for a, b in [(2, 4), (4, 20), (20, 22), (22, 36), (36, 38)]:   # source row 21 in (20, 22)
+        w = halo._Window(p, a, b)
+        assert w.holds_source == (a <= 21 < b)
+        rows = slice(a - PAD, b + PAD)
+        ch.launch_wave2d(U0[rows], U1[rows], pieces[rows], V[rows], w, n)
+    ch.synchronize()
+    assert np.array_equal(ch.to_host(full).view(np.uint32), ch.to_host(pieces).view(np.uint32))
+
+
+def test_a_window_keeps_the_problems_time_step_and_wavelet():
+    p = ch.WaveProblem(n0=64, n1=48, dx=(2.0, 1.5), cfl=0.3, nt=30, source=(40, 10))
+    w = halo._Window(p, 38, 44)
+    assert (w.dt, w.fm, w.td, w.shape) == (p.dt, p.fm, p.td, (10, 48))
+    assert w.source == (40 - 38 + PAD, 10)
+    assert w.source_amplitude(3) == p.source_amplitude(3)
+    far = halo._Window(p, 2, 6)
+    assert not far.holds_source and np.signbit(far.source_amplitude(3)) and far.source_amplitude(3) == 0
+
+
+# -- real ranks under mpiexec --------------------------------------------------
+def _mpiexec():
+    try:
+        import mpi4py  # noqa: F401
+        return halo.find_mpiexec()
+    except (ImportError, FileNotFoundError) as exc:
+        pytest.skip(f"no MPI here ({exc}); python -m pip install -e '.[distributed]' brings mpi4py and MPICH")
+
+
+def _run_ranks(ranks, *args, timeout=240):
+    return subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "course_helper", "halo", *args],
+                          capture_output=True, text=True, timeout=timeout, env=halo.ranks_env("cpu"))
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("strategy", ["blocking", "overlap"])
+def test_check_passes_on_several_ranks(ranks, strategy):
+    p = _run_ranks(ranks, "--n", "40", "--nt", "45", "--every", "2", "--strategy", strategy, "--check")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"on {ranks} ranks" in p.stdout and "identical to the single-device solve" in p.stdout
+
+
+def test_the_source_off_centre_and_uneven_slabs_still_match(tmp_path):
+    # 43 rows: 39 interior rows over 2 ranks (20 + 19); the source sits near rank 0's lower edge
+    p = _run_ranks(2, "--n", "43", "--nt", "40", "--check", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    images = np.load(tmp_path / "images.npy")
+    assert images.shape == (40, 43, 43) and np.all(np.isfinite(images))
+    assert np.abs(images[-1]).max() > 0                   # the wave really travelled
+
+
+def test_launch_halo_returns_the_gathered_levels_and_every_ranks_timeline():
+    _mpiexec()
+    r = halo.launch_halo(ranks=2, n=40, nt=30, every=3, strategy="overlap", check=True, trace=True,
+                         backend="cpu")
+    assert r.identical is True and r.images.shape == (10, 40, 40) and len(r.rank_ms) == 2
+    assert [t.meta["rank"] for t in r.traces] == [0, 1]
+    for t in r.traces:
+        halos = t.of_kind("halo")
+        assert sorted(e.level for e in halos) == list(range(2, 30))   # one exchange per step
+        assert {"boundary", "compute", "halo"} <= set(t.tracks)
+        assert len([e for e in t.kernels if e.track == "boundary"]) == 28
+    merged = r.trace
+    assert merged.tracks[0].startswith("rank 0") and merged.tracks[-1].startswith("rank 1")
+    doc = r.chrome()
+    assert {e["pid"] for e in doc["traceEvents"]} == {1, 2}
+    names = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"]
+    assert names[0].startswith("rank 0") and names[1].startswith("rank 1")
+
+
+def test_bad_sizes_stop_every_rank_with_a_message():
+    p = _run_ranks(2, "--n", "11", "--nt", "10")
+    assert p.returncode == 2
+    assert "every rank needs at least 4" in p.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--n", "3"], "padding"),
+    (["--every", "0"], "every must be at least 1"),
+    (["--trace"], "give --out"),
+])
+def test_the_halo_command_refuses_bad_arguments_before_starting_mpi(args, msg, capsys, monkeypatch):
+    from course_helper.cli import main
+    monkeypatch.setenv("COURSE_HELPER_BACKEND", os.environ.get("COURSE_HELPER_BACKEND", "auto"))  # restored after
+    assert main(["halo", "--backend", "cpu", *args]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_the_api_refuses_bad_input_before_starting_ranks():
+    with pytest.raises(ValueError, match="unknown strategy"):
+        halo.launch_halo(ranks=2, strategy="eventually")
+    with pytest.raises(ValueError, match="every rank needs"):
+        halo.launch_halo(ranks=8, n=32)
+
+
+_SNAPSHOT_SCRIPT = """
+import json, numpy as np, course_helper as ch
+from course_helper import halo
+team = halo.Team()
+seen = []
+def on_snapshot(level, rows, data):
+    seen.append((level, rows.start, rows.stop, bool(np.all(np.isfinite(data))), float(np.abs(data).sum())))
+p = ch.WaveProblem(n0=40, n1=32, nt=30)
+res = halo.run_rank(team, p, "overlap", every=4, on_snapshot=on_snapshot, repeats=2)
+sums = [float(np.abs(res.images[k]).sum()) for k in range(len(res.levels))]
+print(json.dumps({"rank": team.rank, "seen": seen, "sums": sums, "first": res.slab.first, "stop": res.slab.stop}))
+"""
+
+
+def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order():
+    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT],
+                       capture_output=True, text=True, timeout=240, env=halo.ranks_env("cpu"))
+    assert p.returncode == 0, p.stderr
+    ranks = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        levels = [s[0] for s in r["seen"]]
+        assert levels == list(range(0, 30, 4)) * 2               # every saved level, in order, each repeat
+        assert all(s[1:3] == [r["first"], r["stop"]] and s[3] for s in r["seen"])
+        assert [s[4] for s in r["seen"][8:]] == r["sums"]         # the hook saw the data that landed
