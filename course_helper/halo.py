@@ -58,7 +58,7 @@ from .streams import create_events, create_streams, stream_priority_range
 from .timeline import Trace, TraceEvent
 from .wave import PAD, WaveProblem, launch_wave2d
 
-__all__ = ["HALO", "STRATEGIES", "Slab", "decompose", "owner_of", "Team", "run_rank", "gather",
+__all__ = ["HALO", "STRATEGIES", "Slab", "Window", "NcclTransport", "MpiTransport", "decompose", "owner_of", "Team", "run_rank", "gather",
            "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
            "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
            "ranks_env"]
@@ -151,7 +151,7 @@ def owner_of(n0, ranks, row):
     raise ValueError(f"row {row} is a wall row (outside {PAD}..{n0 - PAD - 1}); no rank computes it")
 
 
-class _Window(WaveProblem):
+class Window(WaveProblem):
     """Global rows ``a``..``b`` as a problem of their own: ``b - a`` computed rows plus two rows of
     context on each side, with the global problem's time step, spacing and wavelet.
 
@@ -245,7 +245,7 @@ def _pick_gpu(comm):
         cupy.cuda.Device(local % count).use()
 
 
-class _Nccl:
+class NcclTransport:
     """GPU halos: NCCL send/recv of the edge rows on the halo stream, device to device."""
 
     def __init__(self, team, slab, halo_stream):
@@ -259,11 +259,11 @@ class _Nccl:
             sends, recvs = _edges(self.slab, U)
             nbytes = sum(a.nbytes for _, a in sends)
             recording.enqueue(self.stream, kind="halo", name=f"halo level {level}", nbytes=nbytes,
-                              level=level, gpu=lambda: self._swap(sends, recvs),
+                              level=level, gpu=lambda: self.swap(sends, recvs),
                               reads=tuple(a for _, a in sends), writes=tuple(a for _, a in recvs))
         self.stream.record(self.done)
 
-    def _swap(self, sends, recvs):
+    def swap(self, sends, recvs):
         nccl = cupy_module().cuda.nccl
         ptr = self.stream.raw.ptr
         nccl.groupStart()
@@ -277,7 +277,7 @@ class _Nccl:
         stream.wait_event(self.done)
 
 
-class _Mpi:
+class MpiTransport:
     """CPU halos: the host sends and receives the edge rows with MPI once they are computed."""
 
     def __init__(self, team, slab):
@@ -344,7 +344,7 @@ class _RankRun:
         self.io = create_streams(self.m, name="io")
         self.ready, self.copied = create_events(self.m), create_events(self.m)
         self.edges_done, self.computed = create_events(2)
-        self.link = _Nccl(team, s, halo_stream) if team.backend == "gpu" else _Mpi(team, s)
+        self.link = NcclTransport(team, s, halo_stream) if team.backend == "gpu" else MpiTransport(team, s)
         self.on_snapshot = on_snapshot
         self.unsent = deque()          # (level, k, event) copies not yet handed to on_snapshot
         self._streams = [self.compute, self.boundary, halo_stream, *self.io]
@@ -352,7 +352,7 @@ class _RankRun:
     def _window(self, a, b):
         """(sub-problem, local row slice) of global rows a..b plus two rows of context each side."""
         first = a - PAD - self.slab.lo
-        return _Window(self.problem, a, b), slice(first, first + b - a + 2 * PAD)
+        return Window(self.problem, a, b), slice(first, first + b - a + 2 * PAD)
 
     def launch(self, window, level, stream):
         """Queue the kernel for ``level`` on the rows of ``window``."""

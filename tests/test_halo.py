@@ -64,7 +64,7 @@ def test_windows_compute_exactly_the_full_grid_step(cpu):
     n = 5
     ch.launch_wave2d(U0, U1, full, V, p, n)
     for a, b in [(2, 4), (4, 20), (20, 22), (22, 36), (36, 38)]:   # source row 21 in (20, 22)
-        w = halo._Window(p, a, b)
+        w = halo.Window(p, a, b)
         assert w.holds_source == (a <= 21 < b)
         rows = slice(a - PAD, b + PAD)
         ch.launch_wave2d(U0[rows], U1[rows], pieces[rows], V[rows], w, n)
@@ -74,11 +74,11 @@ def test_windows_compute_exactly_the_full_grid_step(cpu):
 
 def test_a_window_keeps_the_problems_time_step_and_wavelet():
     p = ch.WaveProblem(n0=64, n1=48, dx=(2.0, 1.5), cfl=0.3, nt=30, source=(40, 10))
-    w = halo._Window(p, 38, 44)
+    w = halo.Window(p, 38, 44)
     assert (w.dt, w.fm, w.td, w.shape) == (p.dt, p.fm, p.td, (10, 48))
     assert w.source == (40 - 38 + PAD, 10)
     assert w.source_amplitude(3) == p.source_amplitude(3)
-    far = halo._Window(p, 2, 6)
+    far = halo.Window(p, 2, 6)
     assert not far.holds_source and np.signbit(far.source_amplitude(3)) and far.source_amplitude(3) == 0
 
 
