@@ -26,6 +26,7 @@ from .timeline import Trace, TraceEvent
 from .recording import tracing
 from .viewer import SliceViewer, animate, compare_slices, plot_slices, show_code
 from .graphs import Graph, GraphsUnsupported, capture_graph, graphs_supported
+from .sanitizer import RaceError, sanitize
 from .exercise import LayerCakeError, bake_layer, check_layer_cake, layer_values
 from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution, ricker
 
@@ -45,4 +46,5 @@ __all__ = [
     "tracing", "Trace", "TraceEvent", "compare_strategies", "Comparison",
     "plot_slices", "compare_slices", "animate", "SliceViewer", "show_code",
     "bake_layer", "layer_values", "check_layer_cake", "LayerCakeError",
+    "sanitize", "RaceError",
 ]

@@ -251,6 +251,7 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     _require_host("dst", dst)
     _require_device("src", src)
     checks.same_layout(dst, src)
+    observe.notify("host_access", dst, "w", "copy_to_host")
     stream = _queue_copy("D2H", dst, src, stream, level)
     with recording.host_wait("blocking copy"):
         stream.raw.synchronize()

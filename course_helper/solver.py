@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checks, recording, strategies
+from . import checks, observe, recording, sanitizer, strategies
 from .backend import backend_name, cupy_module, synchronize
 from .graphs import GraphsUnsupported, graphs_supported
 from .memory import device_zeros, host_memory_available, pinned_empty, to_device
@@ -214,7 +214,7 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
 
 
 def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False,
-          nstaging=None, batch=None):
+          nstaging=None, batch=None, sanitize=False):
     """Solve the wave problem with one IO strategy and return a :class:`Result`.
 
     Parameters
@@ -238,6 +238,9 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     batch : int, optional
         Saved levels per staging buffer, shipped in one copy (staged
         strategies; default: enough for about 4 MiB, see :func:`default_batch`).
+    sanitize : bool
+        Check the loop for races (:mod:`course_helper.sanitizer`) and raise
+        ``RaceError`` at the first; leave it off for timings.
 
     Examples
     --------
@@ -274,6 +277,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
 
     recorder = None
     capture_ms = None
+    watcher = sanitizer.watch_run(run) if sanitize else None
     try:
         if trace:
             recorder = recording.Recorder({"strategy": strategy, "n0": problem.n0, "n1": problem.n1,
@@ -291,6 +295,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         synchronize()
         elapsed = (time.perf_counter() - t0) * 1e3
         timeline = recorder.finish() if recorder is not None else None
+        observe.notify("host_access", images, "r", "solve's result")
     except BaseException:
         # Leave the process usable: drain queued work, stop recording, re-raise.
         if recorder is not None:
@@ -301,6 +306,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
             pass
         raise
     finally:
+        sanitizer.stop(watcher)
         _close_streams(run)
     return Result(images, levels, elapsed, strategy, problem, every, nscratch, backend, timeline,
                   nstaging=nstaging, batch=batch, capture_ms=capture_ms)
