@@ -152,12 +152,16 @@ class _Shadow:
 
     def overlapping(self, span):
         space, lo, hi = span
+        first, last = lo >> _CHUNK, (hi - 1) >> _CHUNK
+        if first == last:                    # the common case: one chunk, no merging needed
+            found = self.chunks.get((space, first))
+            return [k for k in found if k[1] < hi and k[2] > lo] if found else []
         keys = set()
-        for c in range(lo >> _CHUNK, ((hi - 1) >> _CHUNK) + 1):
+        for c in range(first, last + 1):
             found = self.chunks.get((space, c))
             if found:
                 keys.update(found)
-        return sorted(k for k in keys if k[1] < hi and k[2] > lo)
+        return [k for k in keys if k[1] < hi and k[2] > lo]
 
     def _entry(self, key):
         entry = self.ranges.get(key)
@@ -215,6 +219,8 @@ class Sanitizer:
             self.names.add(name, arrays)
         self.host = {}                       # the host's vector clock
         self.clocks = {}                     # stream -> its vector clock
+        self.roles = {}                      # stream -> its part in the default stream's ordering
+        self.spans = {}                      # id(array) -> (array, its memory range)
         self.events = {}                     # id(event) -> (event, clock at its latest record)
         self.records = {}                    # stream -> [(position, event)] of its records
         self.shadow = _Shadow()
@@ -237,15 +243,29 @@ class Sanitizer:
         """The clock of ``stream`` as a new piece of work is queued on it."""
         vc = self._clock(stream)
         _join(vc, self.host)
-        if getattr(stream, "is_default", False):
+        role = self._role(stream)
+        if role:                             # legacy default-stream ordering
             for other, c in self.clocks.items():
-                if other is not stream and _blocking(other) and not getattr(other, "is_default", False):
-                    _join(vc, c)
-        elif _blocking(stream):
-            for other, c in self.clocks.items():
-                if getattr(other, "is_default", False):
+                if other is not stream and self._role(other) == -role:
                     _join(vc, c)
         return vc
+
+    def _role(self, stream):
+        """1 for the legacy default stream, -1 for a blocking stream, 0 for a non-blocking one."""
+        role = self.roles.get(stream)
+        if role is None:
+            role = self.roles[stream] = (1 if getattr(stream, "is_default", False)
+                                         else -1 if _blocking(stream) else 0)
+        return role
+
+    def _span(self, a):
+        """``_span(a)``, remembered for arrays met before (the same buffers come back every level)."""
+        known = self.spans.get(id(a))
+        if known is not None and known[0] is a:
+            return known[1]
+        span = _span(a)
+        self.spans[id(a)] = (a, span)      # holds ``a``, so its id is not reused meanwhile
+        return span
 
     # -- observer calls ------------------------------------------------------
     def op_queued(self, op):
@@ -255,7 +275,7 @@ class Sanitizer:
         clock = vc[op.stream] = vc.get(op.stream, 0) + 1
         for arrays, write in ((op.reads, False), (op.writes, True)):
             for a in arrays:
-                span = _span(a)
+                span = self._span(a)
                 if span is not None:
                     self._access(_Access(op.stream, clock, op, None, a, span, write), vc)
 

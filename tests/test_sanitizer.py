@@ -273,3 +273,13 @@ def test_off_means_no_observer(backend):
     assert not observe.active()
     ch.solve(ch.WaveProblem(**PROBLEM), "events", trace=False)
     assert not observe.active()
+
+
+def test_a_never_recorded_event_orders_nothing(world):
+    san, buf, _, a, b = world
+    never = FakeEvent()
+    san.op_queued(op(a, writes=[buf]))
+    san.event_waited(b, never)                          # counts as done: no wait at all
+    san.host_synced(never)
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(b, reads=[buf]))
