@@ -66,6 +66,7 @@ def is_device_array(a) -> bool:
 def to_device(host):
     """A new device array holding a copy of the host array ``host`` (blocking)."""
     _require_host("host", host)
+    observe.notify("host_access", host, "r", "to_device")
     if backend_name() == "gpu":
         return cupy_module().asarray(host)
     streams.default_stream().synchronize()

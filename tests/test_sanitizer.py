@@ -283,3 +283,12 @@ def test_a_never_recorded_event_orders_nothing(world):
     san.host_synced(never)
     with pytest.raises(ch.RaceError):
         san.op_queued(op(b, reads=[buf]))
+
+
+def test_to_device_reads_a_host_buffer_a_pending_copy_writes(backend):
+    host = ch.pinned_zeros((8, 8))
+    io, = ch.create_streams(1, name="io")
+    with pytest.raises(ch.RaceError, match=r"the host \(to_device\) reads"):
+        with ch.sanitize():
+            ch.copy_to_host_async(host, ch.device_zeros((8, 8)), io)
+            ch.to_device(host)
