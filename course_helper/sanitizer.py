@@ -228,6 +228,11 @@ class Sanitizer:
         self.graphs = {}                     # id(graph) -> (graph, captured accesses)
         self.failed = False
 
+    def close(self):
+        """Stop watching and let go of the buffers it remembers (device memory can be freed)."""
+        observe.remove(self)
+        self.shadow, self.spans, self.graphs, self.capture = _Shadow(), {}, {}, None
+
     def name(self, name, arrays):
         """Name an array (or a list of arrays) in race messages."""
         self.names.add(name, arrays)
@@ -441,13 +446,13 @@ def sanitize(names=None):
     try:
         yield san
     except BaseException:
-        observe.remove(san)
+        san.close()
         from .backend import synchronize
         with contextlib.suppress(Exception):      # the original error matters more
             synchronize()
         raise
     finally:
-        observe.remove(san)
+        san.close()
 
 
 def watch_run(run):
@@ -458,4 +463,4 @@ def watch_run(run):
 def stop(san):
     """Stop ``san`` (from :func:`watch_run`); nothing when None."""
     if san is not None:
-        observe.remove(san)
+        san.close()
