@@ -218,6 +218,8 @@ class Sanitizer:
         for name, arrays in (names or {}).items():
             self.names.add(name, arrays)
         self.host = {}                       # the host's vector clock
+        self.host_version = 0                # bumped whenever the host's clock changes
+        self.joined = {}                     # stream -> host_version last joined into its clock
         self.clocks = {}                     # stream -> its vector clock
         self.roles = {}                      # stream -> its part in the default stream's ordering
         self.spans = {}                      # id(array) -> (array, its memory range)
@@ -247,7 +249,9 @@ class Sanitizer:
     def _enqueue(self, stream):
         """The clock of ``stream`` as a new piece of work is queued on it."""
         vc = self._clock(stream)
-        _join(vc, self.host)
+        if self.joined.get(stream) != self.host_version:     # the host learnt something since
+            _join(vc, self.host)
+            self.joined[stream] = self.host_version
         role = self._role(stream)
         if role:                             # legacy default-stream ordering
             for other, c in self.clocks.items():
@@ -302,6 +306,7 @@ class Sanitizer:
     def host_synced(self, target):
         if self.failed:
             return
+        self.host_version += 1
         if target is None:
             for vc in self.clocks.values():
                 _join(self.host, vc)
@@ -316,6 +321,7 @@ class Sanitizer:
         if self.failed:
             return
         span = _span(array)
+        self.host_version += 1
         clock = self.host[_HOST] = self.host.get(_HOST, 0) + 1
         if span is not None:
             self._access(_Access(_HOST, clock, None, where, array, span, "w" in mode), self.host)
@@ -326,6 +332,7 @@ class Sanitizer:
         saved = ({s: dict(c) for s, c in self.clocks.items()}, dict(self.host), dict(self.events),
                  {s: list(r) for s, r in self.records.items()}, self.shadow)
         self.capture = (saved, [])
+        self.host_version += 1               # clocks are swapped in and out around the capture
         self.shadow = _Shadow()              # nothing captured runs now: check it within the capture
 
     def capture_ended(self, stream, graph):
@@ -333,6 +340,7 @@ class Sanitizer:
             return
         (self.clocks, self.host, self.events, self.records, self.shadow), captured = self.capture
         self.capture = None
+        self.host_version += 1
         self.graphs[id(graph)] = (graph, captured)
 
     def graph_launched(self, graph, stream):
@@ -348,21 +356,26 @@ class Sanitizer:
 
     # -- the check -----------------------------------------------------------
     def _access(self, acc, vc):
-        overlapping = self.shadow.overlapping(acc.span)
+        shadow, thread = self.shadow, acc.thread
+        overlapping = shadow.overlapping(acc.span)
         for key in overlapping:
-            last_write, reads = self.shadow.ranges[key]
-            earlier = [last_write] if last_write is not None else []
+            last_write, reads = shadow.ranges[key]
+            if (last_write is not None and last_write.thread is not thread
+                    and last_write.clock > vc.get(last_write.thread, 0)):
+                self._fail(last_write, acc)
             if acc.write:
-                earlier += list(reads.values())
-            for old in earlier:
-                if old.thread != acc.thread and old.clock > vc.get(old.thread, 0):
-                    self.failed = True
-                    raise self._race(old, acc)
+                for old in reads.values():
+                    if old.thread is not thread and old.clock > vc.get(old.thread, 0):
+                        self._fail(old, acc)
         if not acc.write and acc.op is not None and acc.op.kind in _COPIES and acc.op.level is not None:
             self._check_version(acc)
         self.shadow.record(acc, overlapping)
         if self.capture is not None:
             self.capture[1].append(acc)
+
+    def _fail(self, first, second):
+        self.failed = True
+        raise self._race(first, second)
 
     def _check_version(self, acc):
         """A copy of level L must find level L in its source: a source last written by the
