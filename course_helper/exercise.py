@@ -7,9 +7,9 @@ expected content of a plane.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from collections import Counter
+
+import numpy as np
 
 from . import checks, observe, recording, streams
 from .backend import cupy_module, synchronize
@@ -83,8 +83,7 @@ def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
     if is_device_array(stack):
         raise LayerCakeError("the stack is still on the device: the exercise copies every plane to a "
                              "host array made with pinned_empty((nplanes, n0, n1))")
-    if not isinstance(stack, np.ndarray):
-        stack = np.asarray(stack)
+    stack = np.asarray(stack)
     if stack.ndim != 3:
         raise LayerCakeError(f"the stack should be 3D (nplanes, n0, n1), got shape {stack.shape}")
     nplanes = stack.shape[0] if nplanes is None else nplanes
