@@ -130,3 +130,16 @@ def test_checker_reads_the_stack_only_when_the_copies_are_done(backend):
         with ch.sanitize():
             ch.copy_to_host_async(stack[1], ch.device_zeros((8, 8)), io)
             ch.check_layer_cake(stack)
+
+
+def test_stored_tracebacks_of_the_exercise_show_no_machine_path():
+    import json
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for path in [root / "notebooks" / "08_exercise_layer_cake.ipynb"]:
+        cells = json.loads(path.read_text())["cells"]
+        tracebacks = ["\n".join(o.get("traceback", [])) for c in cells for o in c.get("outputs", [])
+                      if o.get("output_type") == "error"]
+        assert tracebacks, "the exercise notebook should store the unfinished loop's error"
+        for tb in tracebacks:
+            assert ".py" not in tb and "course_helper/" not in tb, tb

@@ -292,3 +292,18 @@ def test_to_device_reads_a_host_buffer_a_pending_copy_writes(backend):
         with ch.sanitize():
             ch.copy_to_host_async(host, ch.device_zeros((8, 8)), io)
             ch.to_device(host)
+
+
+def test_message_names_both_operations_and_the_wait_to_add(cpu):
+    loop = next(f for d, f in mutants("events") if "io[b].wait_event(ready[b])" in d)
+    solver.STRATEGIES["events"], original = loop, solver.STRATEGIES["events"]
+    try:
+        with pytest.raises(ch.RaceError) as info:
+            ch.solve(ch.WaveProblem(**PROBLEM), "events", trace=False, sanitize=True)
+    finally:
+        solver.STRATEGIES["events"] = original
+    msg = str(info.value)
+    assert "race on U[2] (device memory)" in msg
+    assert "the kernel `wave2d_4o level 2` on `compute` writes U[2]" in msg
+    assert "the D2H copy of level 2 on `io 2` reads U[2]" in msg
+    assert "make `io 2` wait for the event recorded after the kernel `wave2d_4o level 2` on `compute`" in msg
