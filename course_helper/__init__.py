@@ -13,8 +13,9 @@ The names a learner uses (``__all__``)::
     solve, prepare, STRATEGIES, compare_strategies, graphs_supported   the IO strategies
     tracing                                                  timelines of your own loops
     plot_slices, compare_slices, animate, show_code          looking at results and code
-    bake_layer, check_layer_cake                             the exercise
+    bake_layer, check_layer_cake, LayerCakeError             the exercise
     physical_limit, plot_bench                               the benchmark's limit B
+    sanitize, RaceError                                      the race sanitizer
 
 Everything else stays reachable through its module: ``ch.strategies`` (the
 loops the notebooks show, and the registry), ``ch.memory``, ``ch.streams``,
@@ -24,13 +25,14 @@ from . import halo, raw_cupy, strategies
 from .backend import backend_name, device_report, set_backend, synchronize
 from .bench import physical_limit, plot_bench
 from .compare import compare_strategies
-from .exercise import bake_layer, check_layer_cake
+from .exercise import LayerCakeError, bake_layer, check_layer_cake
 from .graphs import graphs_supported
 from .memory import (copy_to_device_async, copy_to_host_async, device_empty, device_zeros, is_pinned,
                      measure_bandwidth, pinned_empty, to_device, to_host)
 from .recording import tracing
 from .solver import STRATEGIES, prepare, solve
 from .streams import create_events, create_streams, default_stream, elapsed_ms
+from .sanitizer import RaceError, sanitize
 from .viewer import animate, compare_slices, plot_slices, show_code
 from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution
 
@@ -45,6 +47,7 @@ __all__ = [
     "solve", "prepare", "STRATEGIES", "compare_strategies", "graphs_supported",
     "tracing",
     "plot_slices", "compare_slices", "animate", "show_code",
-    "bake_layer", "check_layer_cake",
+    "bake_layer", "check_layer_cake", "LayerCakeError",
     "physical_limit", "plot_bench",
+    "sanitize", "RaceError",
 ]

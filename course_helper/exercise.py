@@ -7,10 +7,13 @@ expected content of a plane.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
-from . import checks, recording, streams
-from .backend import cupy_module
+from . import checks, observe, recording, streams
+from .backend import cupy_module, synchronize
+from .sanitizer import RaceError, sanitize
 
 __all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
 
@@ -65,11 +68,17 @@ def bake_layer(plane, k, stream=None):
                       writes=(plane,))
 
 
-def check_layer_cake(stack, nplanes=None):
-    """Check a finished layer cake; raise :class:`LayerCakeError` saying what is wrong.
+def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
+    """Check a layer cake; raise :class:`LayerCakeError` saying what is wrong.
 
+    With ``loop`` (a function of no arguments that queues the whole cake into
+    ``stack``), the checker first runs it under the race sanitizer: a missing
+    or misplaced dependency fails every time, whatever the timing, with the
+    dependency to add. It also reports host waits inside the loop (rule 3).
+    ``buffers`` (the device plane buffers) lets messages name them.
     Returns a one-line success message when every plane holds its own layer.
     """
+    __tracebackhide__ = True       # a failure shows the learner's cell, not this file
     from .memory import is_device_array, is_pinned
     if is_device_array(stack):
         raise LayerCakeError("the stack is still on the device: the exercise copies every plane to a "
@@ -80,6 +89,8 @@ def check_layer_cake(stack, nplanes=None):
     nplanes = stack.shape[0] if nplanes is None else nplanes
     if stack.shape[0] != nplanes:
         raise LayerCakeError(f"the stack has {stack.shape[0]} planes but the cake has {nplanes}")
+    waits = _run_checked(loop, stack, buffers) if loop is not None else []
+    observe.notify("host_access", stack, "r", "check_layer_cake")
     problems = []
     for k in range(nplanes):
         plane = stack[k]
@@ -92,16 +103,63 @@ def check_layer_cake(stack, nplanes=None):
             continue
         layers = np.unique(np.floor(plane).astype(np.int64))
         if len(layers) == 1 and layers[0] != k:
-            problems.append(f"plane {k} holds layer {layers[0]}: its buffer was refilled before the copy "
+            problems.append(f"plane {k} holds layer {int(layers[0])}: its buffer was refilled before the copy "
                             "read it (a race) - make the bake of a buffer wait for the copy out of it "
                             "(record an event after the copy; compute_stream.wait_event(it))")
         elif len(layers) > 1:
-            problems.append(f"plane {k} mixes layers {list(layers)}: the copy overlapped the bake of the "
+            problems.append(f"plane {k} mixes layers {[int(x) for x in layers]}: the copy overlapped the bake of the "
                             "same buffer - the IO stream must wait for the event recorded after the bake")
         else:
             problems.append(f"plane {k} has the right layer number but wrong values")
     if problems:
         head = f"{len(problems)} of {nplanes} planes are wrong:\n  - "
         raise LayerCakeError(head + "\n  - ".join(problems[:6]) + ("\n  ..." if len(problems) > 6 else ""))
+    if waits:
+        counts = ", ".join(f"{what} x{n}" for what, n in Counter(waits).items())
+        raise LayerCakeError(f"all {nplanes} layers are correct, but the host waited inside the loop "
+                             f"{len(waits)} times ({counts}); rule 3: the host never waits in the loop - "
+                             "let the streams wait for events instead (stream.wait_event(event))")
     pinned = "" if is_pinned(stack) else " (note: the host stack is not pinned, so copies could not overlap)"
     return f"all {nplanes} layers are correct{pinned}"
+
+
+class _HostWaits:
+    """Observer: host waits followed by more queued work happened inside the loop."""
+
+    def __init__(self):
+        self.pending, self.inside = [], []
+
+    def host_synced(self, target):
+        if target is None:
+            self.pending.append("ch.synchronize()")
+        elif hasattr(target, "wait_event"):
+            self.pending.append(f"{target.name}.synchronize()")
+        else:
+            self.pending.append("event.synchronize()")
+
+    def _more_work(self, *args):
+        self.inside += self.pending
+        self.pending = []
+
+    op_queued = event_recorded = event_waited = _more_work
+
+
+def _run_checked(loop, stack, buffers):
+    """Run the learner's loop into a fresh (NaN) stack under the sanitizer; the host waits in it."""
+    __tracebackhide__ = True
+    if not callable(loop):
+        raise TypeError(f"loop must be a function that queues the whole cake, got {type(loop).__name__}")
+    synchronize()                                  # nothing earlier still writes the stack
+    observe.notify("host_access", stack, "w", "check_layer_cake")
+    stack.fill(np.nan)
+    waits = observe.add(_HostWaits())
+    try:
+        with sanitize(names={"stack": stack, "buffers": list(buffers or [])}):
+            loop()
+    except RaceError as err:
+        raise LayerCakeError(f"your loop has a race: it can bake a wrong cake on any run, "
+                             f"whatever the timing.\n{err}") from None
+    finally:
+        observe.remove(waits)
+    synchronize()
+    return waits.inside

@@ -66,6 +66,7 @@ def is_device_array(a) -> bool:
 def to_device(host):
     """A new device array holding a copy of the host array ``host`` (blocking)."""
     _require_host("host", host)
+    observe.notify("host_access", host, "r", "to_device")
     if backend_name() == "gpu":
         return cupy_module().asarray(host)
     streams.default_stream().synchronize()
@@ -263,6 +264,7 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     _require_device("src", src)
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
+    observe.notify("host_access", dst, "w", "copy_to_host")
     stream = _queue_copy("D2H", dst, src, stream, level)
     with recording.host_wait("blocking copy"):
         stream.raw.synchronize()

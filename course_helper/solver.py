@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checks, recording
+from . import checks, observe, recording, sanitizer
 from .backend import backend_name, cupy_module, synchronize
 from .graphs import GraphsUnsupported
 from .memory import device_zeros, pinned_empty, to_device
@@ -323,7 +323,7 @@ def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=F
 
 
 def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False,
-          nstaging=None, batch=None):
+          nstaging=None, batch=None, sanitize=False):
     """Solve the wave problem with one IO strategy and return a :class:`Result`.
 
     ``solve`` is :func:`prepare`, then the strategy's loop run and timed (for a
@@ -351,6 +351,9 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     batch : int, optional
         Saved levels per staging buffer, shipped in one copy (staged
         strategies; default: enough for about 4 MiB, see :func:`default_batch`).
+    sanitize : bool
+        Check the loop for races (:mod:`course_helper.sanitizer`) and raise
+        ``RaceError`` at the first; leave it off for timings.
 
     Examples
     --------
@@ -367,6 +370,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     backend = backend_name()
     recorder = None
     capture_ms = None
+    watcher = sanitizer.watch_run(run) if sanitize else None
     try:
         if trace:
             recorder = recording.Recorder({"strategy": strategy, "n0": run.problem.n0, "n1": run.problem.n1,
@@ -384,6 +388,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         synchronize()
         elapsed = (time.perf_counter() - t0) * 1e3
         timeline = recorder.finish() if recorder is not None else None
+        observe.notify("host_access", run.images, "r", "solve's result")
     except BaseException:
         # Leave the process usable: drain queued work, stop recording, re-raise.
         if recorder is not None:
@@ -394,6 +399,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
             pass
         raise
     finally:
+        sanitizer.stop(watcher)
         run.close()
     return Result(run.images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
                   backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms)

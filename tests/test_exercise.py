@@ -66,3 +66,79 @@ def test_bake_layer_bad_input(backend):
         ch.bake_layer(ch.device_zeros((2, 4, 4)), 0)
     with pytest.raises(ValueError, match="at least 0"):
         ch.bake_layer(ch.device_zeros((4, 4)), -1)
+
+
+def cake_loop(stack, buffers, mistake=None):
+    """The exercise's loop as a function for the checker; ``mistake`` drops or moves one dependency."""
+    nplanes, nbuf = len(stack), len(buffers)
+    (compute,) = ch.create_streams(1, name="compute")
+    io = ch.create_streams(nbuf, name="io")
+    baked, copied = ch.create_events(nbuf), ch.create_events(nbuf)
+
+    def loop():
+        for k in range(nplanes):
+            b = k % nbuf
+            if mistake == "host waits":
+                io[b].synchronize()
+            elif mistake not in ("no wait for copy", "wait for copy after bake"):
+                compute.wait_event(copied[b])
+            ch.bake_layer(buffers[b], k, compute)
+            if mistake == "wait for copy after bake":
+                compute.wait_event(copied[b])
+            if mistake != "no record of bake":
+                compute.record(baked[b])
+            if mistake != "no wait for bake":
+                io[b].wait_event(baked[b])
+            if mistake == "record of copy before copy":
+                io[b].record(copied[b])
+            ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+            if mistake not in ("no record of copy", "record of copy before copy", "host waits"):
+                io[b].record(copied[b])
+    return loop
+
+
+def test_checker_runs_a_correct_loop(backend):
+    stack, buffers = ch.pinned_empty((9, 16, 16)), [ch.device_empty((16, 16)) for _ in range(3)]
+    assert ch.check_layer_cake(stack, loop=cake_loop(stack, buffers), buffers=buffers) == \
+        "all 9 layers are correct"
+
+
+@pytest.mark.parametrize("mistake", ["no wait for copy", "no record of bake", "no wait for bake",
+                                     "no record of copy", "wait for copy after bake",
+                                     "record of copy before copy"])
+def test_every_missing_or_misplaced_dependency_fails_every_time(backend, mistake):
+    for nplanes, n in ((6, 8), (24, 64)):                # any size: the sanitizer does not need luck
+        stack, buffers = ch.pinned_empty((nplanes, n, n)), [ch.device_empty((n, n)) for _ in range(3)]
+        with pytest.raises(ch.LayerCakeError, match="race") as info:
+            ch.check_layer_cake(stack, loop=cake_loop(stack, buffers, mistake), buffers=buffers)
+        msg = str(info.value)
+        assert "buffers[" in msg and "wait" in msg and "np.int64" not in msg
+
+
+def test_host_waits_inside_the_loop_break_rule_3(backend):
+    stack, buffers = ch.pinned_empty((6, 8, 8)), [ch.device_empty((8, 8)) for _ in range(3)]
+    with pytest.raises(ch.LayerCakeError, match="host waited inside the loop 6 times") as info:
+        ch.check_layer_cake(stack, loop=cake_loop(stack, buffers, "host waits"), buffers=buffers)
+    assert "io 0.synchronize() x2" in str(info.value)
+
+
+def test_checker_reads_the_stack_only_when_the_copies_are_done(backend):
+    stack = ch.pinned_empty((2, 8, 8))
+    io, = ch.create_streams(1, name="io")
+    with pytest.raises(ch.RaceError, match="check_layer_cake"):
+        with ch.sanitize():
+            ch.copy_to_host_async(stack[1], ch.device_zeros((8, 8)), io)
+            ch.check_layer_cake(stack)
+
+
+def test_stored_tracebacks_of_the_exercise_show_no_machine_path():
+    import json
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for path in [root / "notebooks" / "08_exercise_layer_cake.ipynb"]:
+        cells = json.loads(path.read_text())["cells"]
+        tracebacks = ["\n".join(o.get("traceback", [])) for c in cells for o in c.get("outputs", [])
+                      if o.get("output_type") == "error"]
+        assert tracebacks, "the exercise notebook should store the unfinished loop's error"
+        for tb in tracebacks:
+            assert ".py" not in tb and "course_helper/" not in tb, tb

@@ -1,0 +1,479 @@
+"""A race sanitizer: happens-before analysis of the work the helper queues.
+
+The sanitizer is an observer of :mod:`course_helper.observe`. It never runs or
+delays anything; it reasons about the *program*: which operation reads or
+writes which memory, and which ordering the streams, events and host waits
+establish between them. Two accesses to overlapping memory, at least one of
+them a write, that nothing orders are a **race**, whether or not the timing
+of this run happened to make the answer right. So it reports the same thing
+on the GPU and on the CPU backend, on every run.
+
+Ordering is tracked with *vector clocks*, one per stream and one for the
+host: a clock maps every stream (and the host) to the last of its operations
+known to be finished before the clock's owner goes on. The rules:
+
+* work on one stream runs in the order it was queued;
+* queuing happens after everything the host knew to be finished;
+* ``stream.wait_event(e)`` orders later work on ``stream`` after the record of
+  ``e`` that is current at the call (a never-recorded event counts as done);
+* a host synchronise of a stream, an event or the device orders the host
+  after that work;
+* the legacy default stream waits for earlier work on blocking streams, and
+  blocking streams wait for earlier default-stream work (non-blocking
+  streams skip this);
+* work captured into a CUDA graph is ordered as inside the capture; a replay
+  comes after what precedes the launch on its stream, and later work on that
+  stream comes after the whole replay.
+
+One more check needs no clocks: a copy labelled with a time level must find
+that level in its source. A source last written by the operation of another
+level was overwritten before the copy ran (too few buffers in a ring): the
+copy is ordered, but it saves the wrong level.
+
+Use it with ``with ch.sanitize(): ...`` or ``ch.solve(..., sanitize=True)``;
+it raises :class:`RaceError` when the second access of a race is queued.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from . import observe
+
+__all__ = ["RaceError", "Sanitizer", "sanitize"]
+
+_HOST = "host"           # the host's key in a vector clock
+_CHUNK = 20              # shadow-memory lookup granularity: 1 MiB
+_COPIES = ("D2H", "H2D", "D2D")
+
+
+class RaceError(RuntimeError):
+    """Two accesses to overlapping memory, at least one a write, that nothing orders.
+
+    Attributes
+    ----------
+    first, second : str
+        What each access does ("the kernel `wave2d_4o level 7` on `compute` writes U[2]").
+    fix : str
+        The dependency that would order them.
+    """
+
+    def __init__(self, message, first="", second="", fix=""):
+        super().__init__(message)
+        self.first, self.second, self.fix = first, second, fix
+
+
+# --------------------------------------------------------------------------
+# Memory ranges
+# --------------------------------------------------------------------------
+def _span(a):
+    """``(space, first byte, one past the last byte)`` of array ``a``, or None if empty.
+
+    Host and device memory are separate address spaces. A strided view gets
+    the conservative span from its lowest to its highest byte.
+    """
+    if isinstance(a, np.ndarray):
+        ptr = a.__array_interface__["data"][0]
+        space = "device" if type(a).__name__ == "CpuDeviceArray" else "host"
+    else:                                    # a CuPy array
+        ptr = a.data.ptr
+        space = "device"
+    if a.size == 0:
+        return None
+    if a.flags.c_contiguous:
+        return space, ptr, ptr + a.nbytes
+    lo = hi = ptr
+    for n, st in zip(a.shape, a.strides):
+        if st > 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return space, lo, hi + a.itemsize
+
+
+class _Names:
+    """Names of buffers by address range, for messages ("U[2]", "images[5]")."""
+
+    def __init__(self):
+        self.entries = []                    # (space, lo, hi, name, bytes per first-axis slice)
+
+    def add(self, name, array):
+        if isinstance(array, (list, tuple)):
+            for i, a in enumerate(array):
+                self.add(f"{name}[{i}]", a)
+            return
+        span = _span(array)
+        if span is None:
+            return
+        step = int(array.strides[0]) if array.ndim >= 3 and array.flags.c_contiguous else 0
+        self.entries.append((*span, name, step))
+
+    def of(self, array, span):
+        space, lo, hi = span
+        best = None
+        for s, a, b, name, step in self.entries:
+            if s == space and a <= lo and hi <= b and (best is None or b - a < best[1] - best[0]):
+                best = (a, b, name, step)
+        if best is None:
+            shape = "x".join(str(int(n)) for n in array.shape)
+            return f"a {shape} {array.dtype} {space} array"
+        a, b, name, step = best
+        if not step or (a, b) == (lo, hi):
+            return name
+        i, j = (lo - a) // step, -(-(hi - a) // step)
+        return f"{name}[{i}]" if j - i == 1 else f"{name}[{i}:{j}]"
+
+
+# --------------------------------------------------------------------------
+# Accesses and shadow memory
+# --------------------------------------------------------------------------
+class _Access:
+    """One read or write of one memory range by one operation (or by the host)."""
+
+    __slots__ = ("thread", "clock", "op", "where", "array", "span", "write", "replay")
+
+    def __init__(self, thread, clock, op, where, array, span, write, replay=None):
+        self.thread, self.clock, self.op, self.where = thread, clock, op, where
+        self.array, self.span, self.write, self.replay = array, span, write, replay
+
+
+class _Shadow:
+    """Per memory range: the last write and the reads since it (one per thread).
+
+    A write that is ordered after everything recorded for a range it covers
+    replaces those records: anything that races with them races with the new
+    write too (or is ordered after both), so the first race is still found.
+    """
+
+    def __init__(self):
+        self.ranges = {}                     # (space, lo, hi) -> [last write, {thread: read}]
+        self.chunks = {}                     # (space, chunk) -> set of range keys
+
+    def overlapping(self, span):
+        space, lo, hi = span
+        first, last = lo >> _CHUNK, (hi - 1) >> _CHUNK
+        if first == last:                    # the common case: one chunk, no merging needed
+            found = self.chunks.get((space, first))
+            return [k for k in found if k[1] < hi and k[2] > lo] if found else []
+        keys = set()
+        for c in range(first, last + 1):
+            found = self.chunks.get((space, c))
+            if found:
+                keys.update(found)
+        return [k for k in keys if k[1] < hi and k[2] > lo]
+
+    def _entry(self, key):
+        entry = self.ranges.get(key)
+        if entry is None:
+            entry = self.ranges[key] = [None, {}]
+            space, lo, hi = key
+            for c in range(lo >> _CHUNK, ((hi - 1) >> _CHUNK) + 1):
+                self.chunks.setdefault((space, c), set()).add(key)
+        return entry
+
+    def _drop(self, key):
+        del self.ranges[key]
+        space, lo, hi = key
+        for c in range(lo >> _CHUNK, ((hi - 1) >> _CHUNK) + 1):
+            self.chunks[(space, c)].discard(key)
+
+    def record(self, acc, overlapping):
+        key = acc.span
+        if acc.write:
+            for k in overlapping:
+                if k != key and key[1] <= k[1] and k[2] <= key[2]:
+                    self._drop(k)            # covered by the new write, which is ordered after it
+            entry = self._entry(key)
+            entry[0], entry[1] = acc, {}
+        else:
+            self._entry(key)[1][acc.thread] = acc
+
+
+# --------------------------------------------------------------------------
+# The observer
+# --------------------------------------------------------------------------
+def _join(into, other):
+    for k, v in other.items():
+        if into.get(k, 0) < v:
+            into[k] = v
+
+
+def _blocking(stream):
+    """True for a stream that takes part in the legacy default stream's implicit ordering."""
+    return bool(getattr(stream, "blocking", getattr(stream, "synchronise", False)))
+
+
+class Sanitizer:
+    """Happens-before race detector; an observer of :mod:`course_helper.observe`.
+
+    Use :func:`sanitize` (or ``solve(..., sanitize=True)``) rather than this
+    class directly. ``names`` maps a name to an array or a list of arrays
+    (named ``name[i]``); stacks of three or more dimensions are named per
+    slice (``images[5]``).
+    """
+
+    def __init__(self, names=None):
+        self.names = _Names()
+        for name, arrays in (names or {}).items():
+            self.names.add(name, arrays)
+        self.host = {}                       # the host's vector clock
+        self.host_version = 0                # bumped whenever the host's clock changes
+        self.joined = {}                     # stream -> host_version last joined into its clock
+        self.clocks = {}                     # stream -> its vector clock
+        self.roles = {}                      # stream -> its part in the default stream's ordering
+        self.spans = {}                      # id(array) -> (array, its memory range)
+        self.events = {}                     # id(event) -> (event, clock at its latest record)
+        self.records = {}                    # stream -> [(position, event)] of its records
+        self.shadow = _Shadow()
+        self.capture = None                  # saved state while a graph is being captured
+        self.graphs = {}                     # id(graph) -> (graph, captured accesses)
+        self.failed = False
+
+    def close(self):
+        """Stop watching and let go of the buffers it remembers (device memory can be freed)."""
+        observe.remove(self)
+        self.shadow, self.spans, self.graphs, self.capture = _Shadow(), {}, {}, None
+
+    def name(self, name, arrays):
+        """Name an array (or a list of arrays) in race messages."""
+        self.names.add(name, arrays)
+
+    # -- clocks -------------------------------------------------------------
+    def _clock(self, stream):
+        vc = self.clocks.get(stream)
+        if vc is None:
+            vc = self.clocks[stream] = {}
+        return vc
+
+    def _enqueue(self, stream):
+        """The clock of ``stream`` as a new piece of work is queued on it."""
+        vc = self._clock(stream)
+        if self.joined.get(stream) != self.host_version:     # the host learnt something since
+            _join(vc, self.host)
+            self.joined[stream] = self.host_version
+        role = self._role(stream)
+        if role:                             # legacy default-stream ordering
+            for other, c in self.clocks.items():
+                if other is not stream and self._role(other) == -role:
+                    _join(vc, c)
+        return vc
+
+    def _role(self, stream):
+        """1 for the legacy default stream, -1 for a blocking stream, 0 for a non-blocking one."""
+        role = self.roles.get(stream)
+        if role is None:
+            role = self.roles[stream] = (1 if getattr(stream, "is_default", False)
+                                         else -1 if _blocking(stream) else 0)
+        return role
+
+    def _span(self, a):
+        """``_span(a)``, remembered for arrays met before (the same buffers come back every level)."""
+        known = self.spans.get(id(a))
+        if known is not None and known[0] is a:
+            return known[1]
+        span = _span(a)
+        self.spans[id(a)] = (a, span)      # holds ``a``, so its id is not reused meanwhile
+        return span
+
+    # -- observer calls ------------------------------------------------------
+    def op_queued(self, op):
+        if self.failed:
+            return
+        vc = self._enqueue(op.stream)
+        clock = vc[op.stream] = vc.get(op.stream, 0) + 1
+        for arrays, write in ((op.reads, False), (op.writes, True)):
+            for a in arrays:
+                span = self._span(a)
+                if span is not None:
+                    self._access(_Access(op.stream, clock, op, None, a, span, write), vc)
+
+    def event_recorded(self, stream, event):
+        if self.failed:
+            return
+        vc = self._enqueue(stream)
+        self.events[id(event)] = (event, dict(vc))
+        self.records.setdefault(stream, []).append((vc.get(stream, 0), event))
+
+    def event_waited(self, stream, event):
+        if self.failed:
+            return
+        known = self.events.get(id(event))
+        vc = self._enqueue(stream)
+        if known is not None and known[0] is event:
+            _join(vc, known[1])
+
+    def host_synced(self, target):
+        if self.failed:
+            return
+        self.host_version += 1
+        if target is None:
+            for vc in self.clocks.values():
+                _join(self.host, vc)
+        elif hasattr(target, "wait_event"):          # a Stream
+            _join(self.host, self._clock(target))
+        else:                                        # an Event
+            known = self.events.get(id(target))
+            if known is not None and known[0] is target:
+                _join(self.host, known[1])
+
+    def host_access(self, array, mode, where):
+        if self.failed:
+            return
+        span = _span(array)
+        self.host_version += 1
+        clock = self.host[_HOST] = self.host.get(_HOST, 0) + 1
+        if span is not None:
+            self._access(_Access(_HOST, clock, None, where, array, span, "w" in mode), self.host)
+
+    def capture_started(self, stream):
+        if self.failed:
+            return
+        saved = ({s: dict(c) for s, c in self.clocks.items()}, dict(self.host), dict(self.events),
+                 {s: list(r) for s, r in self.records.items()}, self.shadow)
+        self.capture = (saved, [])
+        self.host_version += 1               # clocks are swapped in and out around the capture
+        self.shadow = _Shadow()              # nothing captured runs now: check it within the capture
+
+    def capture_ended(self, stream, graph):
+        if self.capture is None:
+            return
+        (self.clocks, self.host, self.events, self.records, self.shadow), captured = self.capture
+        self.capture = None
+        self.host_version += 1
+        self.graphs[id(graph)] = (graph, captured)
+
+    def graph_launched(self, graph, stream):
+        if self.failed:
+            return
+        known = self.graphs.get(id(graph))
+        if known is None or known[0] is not graph:
+            return                           # captured before the sanitizer started
+        vc = self._enqueue(stream)
+        clock = vc[stream] = vc.get(stream, 0) + 1
+        for acc in known[1]:
+            self._access(_Access(stream, clock, acc.op, None, acc.array, acc.span, acc.write, replay=stream), vc)
+
+    # -- the check -----------------------------------------------------------
+    def _access(self, acc, vc):
+        shadow, thread = self.shadow, acc.thread
+        overlapping = shadow.overlapping(acc.span)
+        for key in overlapping:
+            last_write, reads = shadow.ranges[key]
+            if (last_write is not None and last_write.thread is not thread
+                    and last_write.clock > vc.get(last_write.thread, 0)):
+                self._fail(last_write, acc)
+            if acc.write:
+                for old in reads.values():
+                    if old.thread is not thread and old.clock > vc.get(old.thread, 0):
+                        self._fail(old, acc)
+        if not acc.write and acc.op is not None and acc.op.kind in _COPIES and acc.op.level is not None:
+            self._check_version(acc)
+        self.shadow.record(acc, overlapping)
+        if self.capture is not None:
+            self.capture[1].append(acc)
+
+    def _fail(self, first, second):
+        self.failed = True
+        raise self._race(first, second)
+
+    def _check_version(self, acc):
+        """A copy of level L must find level L in its source: a source last written by the
+        operation of another level was overwritten before the copy (ordered, but too late)."""
+        entry = self.shadow.ranges.get(acc.span)
+        last = entry[0] if entry is not None else None
+        if last is None or last.op is None or last.op.level is None or int(last.op.level) == int(acc.op.level):
+            return
+        self.failed = True
+        what1, buffer = self._what(last)
+        what2, _ = self._what(acc)
+        fix = (f"{_describe(acc.op)} must be ordered before {buffer} is overwritten with level "
+               f"{int(last.op.level)}: give each level in flight its own buffer (more buffers), and make "
+               f"`{last.op.stream.name}` wait for an event recorded after the copy before it writes {buffer} again")
+        raise _error(f"{_describe(acc.op)} reads {buffer}, which no longer holds level {int(acc.op.level)}",
+                     f"{what1} (level {int(last.op.level)})", what2,
+                     f"so the copy saves level {int(last.op.level)} as level {int(acc.op.level)}", fix)
+
+    # -- messages ------------------------------------------------------------
+    def _what(self, acc):
+        buffer = self.names.of(acc.array, acc.span)
+        verb = "writes" if acc.write else "reads"
+        if acc.op is None:
+            return f"the host ({acc.where}) {verb} {buffer}", buffer
+        replay = f" (replayed in a graph on `{acc.replay.name}`)" if acc.replay is not None else ""
+        return f"{_describe(acc.op)} on `{acc.op.stream.name}`{replay} {verb} {buffer}", buffer
+
+    def _race(self, first, second):
+        what1, buffer = self._what(first)
+        what2, _ = self._what(second)
+        op1 = _describe(first.op) if first.op is not None else "the host's access"
+        s1 = first.thread.name if first.thread != _HOST else None
+        if second.thread == _HOST:
+            fix = (f"synchronise `{s1}` (or an event recorded after {op1} on it) before "
+                   f"{second.where} touches {buffer}")
+        else:
+            s2 = second.thread.name
+            after = [p for p, _ in self.records.get(first.thread, []) if p >= first.clock]
+            if after:
+                fix = f"make `{s2}` wait for the event recorded after {op1} on `{s1}` (with `wait_event`)"
+            else:
+                fix = (f"record an event on `{s1}` after {op1} and make `{s2}` wait for it "
+                       f"(with `record` and `wait_event`), or have the host synchronise `{s1}` first")
+        return _error(f"race on {buffer} ({first.span[0]} memory)", what1, what2,
+                      "and nothing orders the second after the first", fix)
+
+
+def _error(headline, what1, what2, consequence, fix):
+    message = f"{headline}:\n  first:  {what1},\n  then:   {what2},\n  {consequence}.\n  Fix: {fix}."
+    return RaceError(message, what1, what2, fix)
+
+
+def _describe(op):
+    level = None if op.level is None else int(op.level)
+    if op.kind in ("D2H", "H2D", "D2D"):
+        return f"the {op.kind} copy" + (f" of level {level}" if level is not None else "")
+    if op.kind == "kernel":
+        return f"the kernel `{op.name}`"
+    if op.kind == "memset":
+        return "the fill"
+    return f"the {op.kind} `{op.name}`"
+
+
+@contextlib.contextmanager
+def sanitize(names=None):
+    """Check every operation queued inside the block for races; raise :class:`RaceError` at the first.
+
+    ``names`` maps names to arrays (or lists of arrays) so that messages can
+    say ``U[2]`` or ``images[5]`` instead of "a 256x256 float32 device array".
+    The check reasons about the program, not about timing: a missing
+    dependency fails every time, on either backend. On a race, the work
+    already queued is drained before the error leaves the block.
+
+    Examples
+    --------
+    >>> with ch.sanitize(names={"stack": stack}):          # doctest: +SKIP
+    ...     for k in range(nplanes):
+    ...         ...
+    """
+    san = observe.add(Sanitizer(names))
+    try:
+        yield san
+    except BaseException:
+        san.close()
+        from .backend import synchronize
+        with contextlib.suppress(Exception):      # the original error matters more
+            synchronize()
+        raise
+    finally:
+        san.close()
+
+
+def watch_run(run):
+    """Start a sanitizer for one of ``solve``'s runs, with its buffers named (None: not wanted)."""
+    return observe.add(Sanitizer({"U": run.U, "V": run.V, "images": run.images, "staging": run.staging}))
+
+
+def stop(san):
+    """Stop ``san`` (from :func:`watch_run`); nothing when None."""
+    if san is not None:
+        san.close()

@@ -1,0 +1,311 @@
+"""The race sanitizer: vector-clock rules on hand-built sequences, and mutants of the
+lesson's loops (each with one dependency removed) that must all be caught."""
+import ast
+import dataclasses
+import inspect
+import textwrap
+
+import numpy as np
+import pytest
+
+import course_helper as ch
+from course_helper import observe, solver, strategies
+from course_helper.sanitizer import Sanitizer
+
+PROBLEM = dict(n0=24, n1=24, nt=24)
+
+
+# --------------------------------------------------------------------------
+# Hand-built sequences: the rules of happens-before, one at a time
+# --------------------------------------------------------------------------
+class FakeStream:
+    def __init__(self, name, blocking=False, is_default=False):
+        self.name, self.blocking, self.is_default = name, blocking, is_default
+
+    def wait_event(self, event):          # marks it as a stream for host_synced
+        pass
+
+
+class FakeEvent:
+    pass
+
+
+def op(stream, reads=(), writes=(), kind="kernel", level=None):
+    return observe.Op(kind, f"{kind} {level}", stream, level, 0, tuple(reads), tuple(writes))
+
+
+@pytest.fixture
+def world():
+    buf = np.zeros((4, 8), np.float32).view(ch.memory.CpuDeviceArray)
+    host = np.zeros((4, 8), np.float32)
+    san = Sanitizer({"buf": buf, "host": host})
+    return san, buf, host, FakeStream("a"), FakeStream("b")
+
+
+def test_same_stream_is_ordered(world):
+    san, buf, _, a, _ = world
+    san.op_queued(op(a, writes=[buf]))
+    san.op_queued(op(a, reads=[buf]))
+    san.op_queued(op(a, writes=[buf]))
+
+
+def test_two_streams_writing_one_buffer_race(world):
+    san, buf, _, a, b = world
+    san.op_queued(op(a, writes=[buf]))
+    with pytest.raises(ch.RaceError, match="race on buf") as info:
+        san.op_queued(op(b, reads=[buf]))
+    assert "record an event on `a`" in str(info.value) and "make `b` wait for it" in str(info.value)
+
+
+def test_reads_on_two_streams_do_not_race(world):
+    san, buf, _, a, b = world
+    san.op_queued(op(a, reads=[buf]))
+    san.op_queued(op(b, reads=[buf]))
+
+
+def test_disjoint_views_do_not_race_overlapping_views_do(world):
+    san, buf, _, a, b = world
+    san.op_queued(op(a, writes=[buf[:2]]))
+    san.op_queued(op(b, writes=[buf[2:]]))
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(b, reads=[buf[1:3, ::2]]))      # strided view reaching into rows of `a`
+
+
+def test_host_and_device_are_different_address_spaces(world):
+    san, buf, host, a, b = world
+    host_alias = buf.view(np.ndarray)                   # same bytes, but tagged as host memory
+    san.op_queued(op(a, writes=[buf]))
+    san.op_queued(op(b, writes=[host_alias]))
+
+
+def test_a_later_record_does_not_order_an_earlier_wait(world):
+    san, buf, _, a, b = world
+    e = FakeEvent()
+    san.event_recorded(a, e)                            # recorded before the write
+    san.event_waited(b, e)
+    san.op_queued(op(a, writes=[buf]))
+    san.event_recorded(a, e)                            # re-recorded after: too late for b's wait
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(b, reads=[buf]))
+
+
+def test_event_wait_ordering(world):
+    san, buf, _, a, b = world
+    e = FakeEvent()
+    san.op_queued(op(a, writes=[buf]))
+    san.event_recorded(a, e)
+    san.event_waited(b, e)
+    san.op_queued(op(b, reads=[buf]))
+    with pytest.raises(ch.RaceError, match="make `a` wait|record an event on `b`"):
+        san.op_queued(op(a, writes=[buf]))              # a does not wait for b's read
+
+
+def test_host_synchronise_of_stream_event_and_device(world):
+    san, buf, _, a, b = world
+    for sync in (lambda: san.host_synced(a), lambda: san.host_synced(None)):
+        san.op_queued(op(a, writes=[buf]))
+        sync()
+        san.op_queued(op(b, writes=[buf]))              # queued after the host saw `a` finish
+        san.host_synced(b)
+    e = FakeEvent()
+    san.op_queued(op(a, writes=[buf]))
+    san.event_recorded(a, e)
+    san.host_synced(e)
+    san.op_queued(op(b, writes=[buf]))
+
+
+def test_host_access_of_a_buffer_a_pending_copy_writes(world):
+    san, _, host, a, _ = world
+    san.op_queued(op(a, writes=[host[1]], kind="D2H", level=3))
+    with pytest.raises(ch.RaceError, match="synchronise `a`") as info:
+        san.host_access(host, "r", "the checker")
+    assert "the host (the checker) reads host" in str(info.value)
+
+
+def test_host_access_after_synchronise_is_fine(world):
+    san, _, host, a, _ = world
+    san.op_queued(op(a, writes=[host[1]], kind="D2H", level=3))
+    san.host_synced(a)
+    san.host_access(host, "r", "the checker")
+
+
+def test_legacy_default_stream_orders_blocking_streams_not_non_blocking(world):
+    san, buf, _, a, _ = world
+    default = FakeStream("default", blocking=True, is_default=True)
+    blocking = FakeStream("blocking", blocking=True)
+    san.op_queued(op(blocking, writes=[buf]))
+    san.op_queued(op(default, writes=[buf]))            # waits for the blocking stream
+    san.op_queued(op(blocking, writes=[buf]))           # waits for the default stream
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(a, writes=[buf]))              # non-blocking: no implicit order
+
+
+def test_graph_capture_edges_and_replay(world):
+    san, buf, _, a, b = world
+    fork, join, graph = FakeEvent(), FakeEvent(), object()
+    san.capture_started(a)
+    san.op_queued(op(a, writes=[buf]))
+    san.event_recorded(a, fork)
+    san.event_waited(b, fork)
+    san.op_queued(op(b, reads=[buf]))                   # captured fork: ordered by the event
+    san.event_recorded(b, join)
+    san.event_waited(a, join)
+    san.capture_ended(a, graph)
+    san.graph_launched(graph, a)
+    san.op_queued(op(a, reads=[buf]))                   # after the whole replay on `a`
+    with pytest.raises(ch.RaceError, match="replayed in a graph"):
+        san.op_queued(op(b, writes=[buf]))              # `b` outside the graph is not ordered
+
+
+def test_a_race_inside_a_capture_is_found(world):
+    san, buf, _, a, b = world
+    san.capture_started(a)
+    san.op_queued(op(a, writes=[buf]))
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(b, reads=[buf]))
+
+
+def test_copy_of_an_overwritten_level(world):
+    san, buf, host, a, _ = world
+    san.op_queued(op(a, writes=[buf], level=7))
+    with pytest.raises(ch.RaceError, match="no longer holds level 4"):
+        san.op_queued(op(a, reads=[buf], writes=[host], kind="D2H", level=4))
+
+
+def test_messages_print_plain_numbers(world):
+    san, buf, _, a, b = world
+    san.op_queued(op(a, writes=[buf], kind="D2D", level=np.int64(37)))
+    with pytest.raises(ch.RaceError) as info:
+        san.op_queued(op(b, reads=[buf]))
+    assert "level 37" in str(info.value) and "np.int64" not in str(info.value)
+
+
+# --------------------------------------------------------------------------
+# The lesson's loops
+# --------------------------------------------------------------------------
+LOOPS = [name for name, entry in solver.STRATEGIES.items() if not entry.graph]   # graphs capture these same loops
+ORDERING_CALLS = ("wait_event", "record", "synchronize")
+
+
+def solve_kwargs(name):
+    kw = dict(trace=False, sanitize=True)
+    if name in ("staged", "graph-staged"):
+        kw.update(nstaging=2, batch=2)                  # the staging ring wraps several times
+    return kw
+
+
+def mutants(name):
+    """Every variant of the loop ``name`` with one ordering line (a record, a wait_event or a
+    host synchronize) replaced by ``pass``: ``(description, loop)`` pairs."""
+    fn = solver.STRATEGIES[name].loop
+    source = textwrap.dedent(inspect.getsource(fn))
+    tree = ast.parse(source)
+    lines = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+             and getattr(node.value.func, "attr", getattr(node.value.func, "id", None)) in ORDERING_CALLS]
+    out = []
+    for target in lines:
+        mutated = ast.parse(source)
+        for node in ast.walk(mutated):
+            for field in ("body", "orelse"):
+                block = getattr(node, field, None)
+                if isinstance(block, list):
+                    for i, stmt in enumerate(block):
+                        if isinstance(stmt, ast.Expr) and stmt.lineno == target.lineno:
+                            block[i] = ast.copy_location(ast.Pass(), stmt)
+        namespace = dict(vars(strategies))
+        exec(compile(mutated, inspect.getsourcefile(fn), "exec"), namespace)
+        out.append((f"{name} without line {target.lineno}: {ast.unparse(target)}", namespace[fn.__name__]))
+    return out
+
+
+ALL_MUTANTS = [m for name in LOOPS for m in [(name, d, f) for d, f in mutants(name)]]
+
+
+def test_every_concurrent_loop_has_mutants():
+    covered = {name for name, _, _ in ALL_MUTANTS}
+    assert {"streams", "events", "staged"} <= covered
+    assert len(ALL_MUTANTS) >= 11
+
+
+@pytest.mark.parametrize("name,what,loop", ALL_MUTANTS, ids=[d for _, d, _ in ALL_MUTANTS])
+def test_removing_any_ordering_line_is_a_race(backend, monkeypatch, name, what, loop):
+    monkeypatch.setitem(solver.STRATEGIES, name, dataclasses.replace(solver.STRATEGIES[name], loop=loop))
+    with pytest.raises(ch.RaceError):
+        ch.solve(ch.WaveProblem(**PROBLEM), name, **solve_kwargs(name))
+    # the process stays usable: the same solve without the mutant runs cleanly afterwards
+    monkeypatch.undo()
+    ch.solve(ch.WaveProblem(**PROBLEM), name, **solve_kwargs(name))
+
+
+@pytest.mark.parametrize("name", list(solver.STRATEGIES))
+def test_correct_loops_never_raise(backend, name):
+    ok, why = solver.STRATEGIES[name].available()
+    if not ok:
+        pytest.skip(why)
+    problem = ch.WaveProblem(**PROBLEM)
+    r = ch.solve(problem, name, **solve_kwargs(name))
+    assert r.max_difference(ch.solve(problem, "sequential", trace=False)) == 0
+
+
+def test_too_few_buffers_is_reported(backend):
+    with pytest.raises(ch.RaceError, match="no longer holds level"):
+        ch.solve(ch.WaveProblem(**PROBLEM), "events", nscratch=3, unsafe=True, sanitize=True)
+
+
+def test_sanitize_block_and_names(backend):
+    shape = (16, 16)
+    stack = ch.pinned_empty((4, *shape))
+    buf = ch.device_zeros(shape)
+    io, = ch.create_streams(1, name="io")
+    with pytest.raises(ch.RaceError, match=r"stack\[2\]") as info:
+        with ch.sanitize(names={"stack": stack, "buf": buf}):
+            ch.copy_to_host_async(stack[2], buf, io, level=2)
+            ch.check_layer_cake(stack)                   # the host reads the stack too early
+    assert "synchronise `io`" in str(info.value)
+    with ch.sanitize():                                  # usable again, and nothing left over
+        ch.copy_to_host_async(stack[2], buf, io, level=2)
+        io.synchronize()
+        stack.sum()
+    assert not observe.active()
+
+
+def test_off_means_no_observer(backend):
+    assert not observe.active()
+    ch.solve(ch.WaveProblem(**PROBLEM), "events", trace=False)
+    assert not observe.active()
+
+
+def test_a_never_recorded_event_orders_nothing(world):
+    san, buf, _, a, b = world
+    never = FakeEvent()
+    san.op_queued(op(a, writes=[buf]))
+    san.event_waited(b, never)                          # counts as done: no wait at all
+    san.host_synced(never)
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(b, reads=[buf]))
+
+
+def test_to_device_reads_a_host_buffer_a_pending_copy_writes(backend):
+    host = ch.memory.pinned_zeros((8, 8))
+    io, = ch.create_streams(1, name="io")
+    with pytest.raises(ch.RaceError, match=r"the host \(to_device\) reads"):
+        with ch.sanitize():
+            ch.copy_to_host_async(host, ch.device_zeros((8, 8)), io)
+            ch.to_device(host)
+
+
+def test_message_names_both_operations_and_the_wait_to_add(cpu):
+    loop = next(f for d, f in mutants("events") if "io[c].wait_event(ready[c])" in d)
+    original = solver.STRATEGIES["events"]
+    solver.STRATEGIES["events"] = dataclasses.replace(original, loop=loop)
+    try:
+        with pytest.raises(ch.RaceError) as info:
+            ch.solve(ch.WaveProblem(**PROBLEM), "events", trace=False, sanitize=True)
+    finally:
+        solver.STRATEGIES["events"] = original
+    msg = str(info.value)
+    assert "race on U[2] (device memory)" in msg
+    assert "the kernel `wave2d_4o level 2` on `compute` writes U[2]" in msg
+    assert "the D2H copy of level 2 on `io 2` reads U[2]" in msg
+    assert "make `io 2` wait for the event recorded after the kernel `wave2d_4o level 2` on `compute`" in msg
