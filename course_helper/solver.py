@@ -6,6 +6,7 @@ streams and events, timing, tracing); the loops in
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -78,8 +79,9 @@ class Result:
 
     Attributes
     ----------
-    images : numpy.ndarray
-        Host array (nsaved, n0, n1): one slice per saved level.
+    images : numpy.ndarray or zarr.Array
+        Host array (nsaved, n0, n1): one slice per saved level (with
+        ``store``: the store's array, read lazily).
     levels : numpy.ndarray
         The time level of each slice.
     times_ms : numpy.ndarray
@@ -93,7 +95,7 @@ class Result:
     """
 
     def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace,
-                 nstaging=0, batch=1, capture_ms=None):
+                 nstaging=0, batch=1, capture_ms=None, store=None):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -106,6 +108,7 @@ class Result:
         self.nstaging = nstaging
         self.batch = batch
         self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
+        self.store = store               # path of the Zarr store the levels were streamed to, if any
         self._trace = trace
 
     @property
@@ -151,16 +154,16 @@ def plan_memory(problem, every=1, nscratch=DEFAULT_NSCRATCH, nstaging=0, batch=1
             "host": nsaved * problem.nbytes_level}
 
 
-def _check_memory(problem, every, nscratch, nstaging=0, batch=1):
+def _check_memory(problem, every, nscratch, nstaging=0, batch=1, host=True):
     need = plan_memory(problem, every, nscratch, nstaging, batch)
     avail = host_memory_available()
-    if avail is not None and need["host"] > 0.8 * avail:
+    if host and avail is not None and need["host"] > 0.8 * avail:
         suggest = every * math.ceil(need["host"] / (0.5 * avail))
         raise MemoryError(
             f"the output stack needs {need['host'] / 2**20:,.0f} MiB of host memory "
             f"({len(range(0, problem.nt, every))} levels x {problem.nbytes_level / 2**20:,.1f} MiB) but "
             f"only {avail / 2**20:,.0f} MiB are available; save fewer levels, e.g. every={suggest}, "
-            "or use a smaller grid")
+            "use a smaller grid, or stream the levels to disk with store=PATH")
     if backend_name() == "gpu":
         cupy = cupy_module()
         free, _total = cupy.cuda.runtime.memGetInfo()
@@ -214,7 +217,7 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
 
 
 def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False,
-          nstaging=None, batch=None):
+          nstaging=None, batch=None, store=None, compress=None):
     """Solve the wave problem with one IO strategy and return a :class:`Result`.
 
     Parameters
@@ -238,6 +241,14 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     batch : int, optional
         Saved levels per staging buffer, shipped in one copy (staged
         strategies; default: enough for about 4 MiB, see :func:`default_batch`).
+    store : str or path, optional
+        Stream every saved level into a new Zarr v3 store at this path while
+        computing (see :mod:`course_helper.store`): host memory is then a small
+        ring of slots whatever ``nt`` is, and ``result.images`` reads from the
+        store lazily. Not for the graph strategies (their loop is replayed
+        without the host, which hands each filled slot to the disk).
+    compress : {None, "zstd", "blosc"}
+        Compress the chunks of ``store`` on the writer threads.
 
     Examples
     --------
@@ -250,7 +261,12 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         raise RuntimeError("solve(trace=True) records its own timeline; call it outside the "
                            "`with tracing()` block, or pass trace=False to record into that block's trace")
     every, nscratch, nstaging, batch = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
-    _check_memory(problem, every, nscratch, nstaging, batch)
+    if store is None and compress is not None:
+        raise ValueError("compress only applies to a run streamed to disk; pass store=PATH too")
+    if store is not None and strategy in _GRAPHS:
+        raise ValueError(f"strategy {strategy!r} replays a captured loop without the host, which must hand "
+                         "each filled slot to the disk; stream with 'events' or 'staged' instead")
+    _check_memory(problem, every, nscratch, nstaging, batch, host=store is None)
     backend = backend_name()
     levels = np.arange(0, problem.nt, every)
 
@@ -258,8 +274,14 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     # that a level that was never written cannot pass for a quiet wavefield.
     concurrent = strategy != "sequential"
     shape = (len(levels), *problem.shape)
-    images = pinned_empty(shape) if concurrent else np.empty(shape, np.float32)
-    images.fill(np.nan)
+    sink = None
+    if store is not None:          # a small ring of host slots that writer threads empty to disk
+        from .store import DiskSink
+        sink = DiskSink(store, problem, every, chunk=batch, compress=compress, pinned=concurrent)
+        images = sink.ring
+    else:
+        images = pinned_empty(shape) if concurrent else np.empty(shape, np.float32)
+        images.fill(np.nan)
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
               V=to_device(problem.velocity), images=images,
               staging=[device_zeros((batch, *problem.shape)) for _ in range(nstaging)], batch=batch)
@@ -287,8 +309,11 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
             graph.launch()                                # the timed part: one replay
         else:
             t0 = time.perf_counter()
-            STRATEGIES[strategy](run)
+            with sink.watching() if sink else contextlib.nullcontext():
+                STRATEGIES[strategy](run)
         synchronize()
+        if sink is not None:
+            sink.finish()                                 # the timed part ends when all is on disk
         elapsed = (time.perf_counter() - t0) * 1e3
         timeline = recorder.finish() if recorder is not None else None
     except BaseException:
@@ -297,13 +322,17 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
             recorder.deactivate()
         try:
             synchronize()
+            if sink is not None:
+                sink.finish()       # copies that landed are written whole; nothing is left torn
         except BaseException:  # noqa: BLE001 - the original error matters more
             pass
         raise
     finally:
         _close_streams(run)
+    if sink is not None:
+        images = sink.open_result()
     return Result(images, levels, elapsed, strategy, problem, every, nscratch, backend, timeline,
-                  nstaging=nstaging, batch=batch, capture_ms=capture_ms)
+                  nstaging=nstaging, batch=batch, capture_ms=capture_ms, store=store)
 
 
 _warmed = set()
