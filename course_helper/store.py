@@ -28,7 +28,8 @@ from then on the compute waits for the disk, which is the bound
 Nothing half-written. Each chunk file is written under a temporary name,
 flushed to the disk (``fsync``) and then renamed; a rename is atomic, so a
 killed run leaves each chunk either complete or absent (read as NaN, the fill
-value). The ``complete`` flags are written only after their chunk has landed,
+value). (Zarr's own LocalStore also writes through a temporary name, but does
+not fsync, so the disk time would hide in the page cache.) The ``complete`` flags are written only after their chunk has landed,
 so a level flagged complete is never torn (a kill between the two writes
 leaves a complete level that is not flagged: the flags err on the safe side).
 
@@ -56,7 +57,7 @@ import numpy as np
 from . import checks, observe, recording
 
 __all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "check_target", "free_bytes",
-           "measure_disk_bandwidth", "CODECS", "DEFAULT_WRITERS", "ring_slots", "timed_write"]
+           "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "timed_write"]
 
 DATA = "u"                      # the wavefield array inside the store
 DEFAULT_WRITERS = 2
@@ -108,15 +109,16 @@ def check_target(path, need_bytes):
 # --------------------------------------------------------------------------
 # Files that reach the disk before they get their name
 # --------------------------------------------------------------------------
-def _put_durable(path, data):
+def _put_durable(path, data, fsync=True):
     """Write ``data`` to ``path`` through a temporary name: write, fsync, rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())       # the bytes are on the disk before the name says so
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())   # the bytes are on the disk before the name says so
         os.replace(tmp, path)           # atomic: readers see the old state or the whole chunk
     except BaseException:
         with contextlib.suppress(OSError):
@@ -125,19 +127,24 @@ def _put_durable(path, data):
 
 
 def _durable_store(root, read_only=False):
-    """A Zarr LocalStore whose every file is fsync'ed before it is renamed into place."""
+    """A Zarr LocalStore whose files appear whole (temporary name, then rename), the
+    wavefield's chunks fsync'ed first. The small flags are not fsync'ed: if a power cut
+    loses one, its level merely reads as incomplete."""
     from zarr.storage import LocalStore
+
+    def put(root, key, value):
+        _put_durable(root / key, value.as_buffer_like(), fsync=key.startswith(f"{DATA}/c/"))
 
     class DurableStore(LocalStore):
         async def set(self, key, value):
             if not self._is_open:
                 await self._open()
             self._check_writable()
-            await asyncio.to_thread(_put_durable, self.root / key, value.as_buffer_like())
+            await asyncio.to_thread(put, self.root, key, value)
 
         def set_sync(self, key, value):
             self._check_writable()
-            _put_durable(self.root / key, value.as_buffer_like())
+            put(self.root, key, value)
 
     return DurableStore(root, read_only=read_only)
 
@@ -411,6 +418,10 @@ class StoredRun:
         peak = peak[np.isfinite(peak)]
         return float(peak.max()) if peak.size else 0.0
 
+    def stored_nbytes(self):
+        """Bytes the wavefield's chunk files take on disk (compare with ``images.nbytes``)."""
+        return sum(f.stat().st_size for f in (self.path / DATA / "c").rglob("*") if f.is_file())
+
     def __repr__(self):
         return (f"<StoredRun {str(self.path)!r}: {int(self.complete.sum())}/{len(self.complete)} levels "
                 f"complete, {self.images.shape[1]}x{self.images.shape[2]}>")
@@ -472,3 +483,22 @@ def measure_disk_bandwidth(folder, mib=256, chunk_mib=4, writers=DEFAULT_WRITERS
     if errors:
         raise OSError(errors[0].errno, f"measuring the disk under {folder} failed: {errors[0]}")
     return n * chunk / seconds / 1e9
+
+
+def codec_speed(images, compress, repeats=3):
+    """Single-thread compression speed (GB/s of raw input) and ratio of ``compress`` on ``images``
+    (a stack of levels), with the same codec settings the store uses."""
+    import numcodecs
+    codec = {"zstd": lambda: numcodecs.Zstd(level=1),
+             "blosc": lambda: numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)}
+    if compress not in codec:
+        raise ValueError(f"compress must be one of {tuple(codec)}, got {compress!r}")
+    c = codec[compress]()
+    levels = [np.ascontiguousarray(level) for level in images]
+    best, size = float("inf"), 0
+    for _ in range(checks.positive_int("repeats", repeats)):
+        t0 = time.perf_counter()
+        size = sum(len(c.encode(level)) for level in levels)
+        best = min(best, time.perf_counter() - t0)
+    raw = sum(level.nbytes for level in levels)
+    return {"gb_per_s": raw / best / 1e9, "ratio": raw / max(size, 1)}

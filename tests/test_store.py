@@ -119,12 +119,12 @@ def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, mo
     ref = ch.solve(p, strategy, trace=False)
     real_put, calls = disk._put_durable, []
 
-    def filling_put(path, data):
+    def filling_put(path, data, fsync=True):
         if "/u/c/" in str(path).replace(os.sep, "/"):
             calls.append(path)
             if len(calls) > 5:
                 raise OSError(errno.ENOSPC, "No space left on device")
-        real_put(path, data)
+        real_put(path, data, fsync)
 
     monkeypatch.setattr(disk, "_put_durable", filling_put)
     with pytest.raises(OSError, match="full") as info:
@@ -219,4 +219,49 @@ def test_a_500_mib_run_streams_in_bounded_host_memory(tmp_path):
 def test_disk_bandwidth_is_measured_and_cleaned_up(tmp_path):
     gbps = disk.measure_disk_bandwidth(tmp_path, mib=8, chunk_mib=1)
     assert gbps > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_slices_opens_a_store_lazily(tmp_path, monkeypatch):
+    import zarr.storage._local as local
+    p = _problem()
+    ref = ch.solve(p, "events", every=2, trace=False)
+    ch.solve(p, "events", every=2, trace=False, store=tmp_path / "v.zarr")
+    viewer = ch.plot_slices(tmp_path / "v.zarr")
+    assert not isinstance(viewer.images, np.ndarray)
+    assert viewer.vlim == pytest.approx(0.05 * float(np.abs(ref.images).max()))
+    real_get, chunks_read = local._get, []
+
+    def counting_get(path, *args, **kwargs):
+        if "/u/c/" in str(path).replace(os.sep, "/"):
+            chunks_read.append(path)
+        return real_get(path, *args, **kwargs)
+
+    monkeypatch.setattr(local, "_get", counting_get)
+    viewer.slider.value = 7
+    assert np.array_equal(viewer.image.get_array(), ref.images[7])
+    assert len(chunks_read) == 1                  # one level read, not the whole run
+    assert viewer.title.endswith(f"level {ref.levels[7]}, t = {ref.times_ms[7]:.2f} ms")
+
+
+def test_cli_run_streams_to_a_store(tmp_path, capsys):
+    from course_helper import cli
+    path = tmp_path / "cli.zarr"
+    assert cli.main(["run", "--store", str(path), "--n", "48", "--nt", "30", "--every", "2",
+                     "--strategy", "staged", "--compress", "zstd", "--backend", "cpu", "--no-progress"]) == 0
+    assert "15 levels complete" in capsys.readouterr().out
+    ref = ch.solve(ch.WaveProblem(n0=48, n1=48, nt=30), "staged", every=2, trace=False)
+    assert np.array_equal(disk.open_store(path).images[:], ref.images)
+    assert cli.main(["run", "--store", str(path), "--n", "48", "--nt", "30", "--backend", "cpu",
+                     "--no-progress"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_disk_bench_point_reports_the_bound_with_the_disk(tmp_path):
+    from course_helper import bench
+    point = bench.disk_point(48, 30, 1, tmp_path, strategies=("staged",), compress=(None, "zstd"), repeats=1)
+    assert point["bound_ms"] == max(point["compute_only_ms"], point["output_bytes"] / point["disk_gbps"] / 1e6,
+                                    point["output_bytes"] / point["peak_d2h_gbps"] / 1e6)
+    assert [r["compress"] for r in point["runs"]] == [None, "zstd"]
+    assert point["runs"][1]["ratio"] > 1.5 > point["runs"][0]["ratio"] > 0.9   # zeros compress
     assert list(tmp_path.iterdir()) == []
