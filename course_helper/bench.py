@@ -168,6 +168,7 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
              "disk_gbps": store.measure_disk_bandwidth(folder, mib=min(1024, nbytes / 2**20)),
              "peak_d2h_gbps": peak_gbps if peak_gbps is not None else peak_d2h_gbps(),
              "compute_only_ms": compute_only_ms(problem, repeats), "runs": []}
+    sample = None
     parts = {"compute": point["compute_only_ms"], "copies": nbytes / (point["peak_d2h_gbps"] * 1e9) * 1e3,
              "disk": nbytes / (point["disk_gbps"] * 1e9) * 1e3}
     point["bound_ms"] = max(parts.values())
@@ -181,13 +182,17 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
                     r = solve(problem, name, every=every, trace=False, store=os.path.join(work, "s.zarr"),
                               compress=codec)
                     times.append(r.elapsed_ms)
-                    stored = store.open_store(r.store).stored_nbytes()
+                    opened = store.open_store(r.store)
+                    stored = opened.stored_nbytes()
+                    if sample is None:           # about 16 levels across the run, for the codecs alone
+                        sample = opened.images[::max(1, len(opened.levels) // 16)]
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
             med = float(np.median(times))
             point["runs"].append({"strategy": name, "compress": codec, "times_ms": times, "median_ms": med,
                                   "efficiency": point["bound_ms"] / med, "ratio": nbytes / stored,
                                   "write_gbps": nbytes / (med * 1e-3) / 1e9})
+    point["codec_single_thread"] = {c: store.codec_speed(sample, c) for c in compress if c is not None}
     return point
 
 

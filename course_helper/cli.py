@@ -44,6 +44,9 @@ def _parser():
     b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
     b.add_argument("--out", default=None, help="folder for bench.json and bench.png")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    b.add_argument("--disk", default=None, metavar="FOLDER",
+                   help="instead: stream each point to stores under FOLDER and measure against "
+                        "B = max(compute, bytes / D2H, bytes / disk); writes disk.json to --out")
     _add_run_parser(sub)
     return p
 
@@ -115,6 +118,8 @@ def bench_main(args):
         backend.set_backend(args.backend)
     else:
         backend.backend_name()
+    if args.disk:
+        return _disk_bench(args)
     if args.points:
         points = _parse_points(args.points)
     else:
@@ -156,6 +161,29 @@ def bench_main(args):
     if not agree:
         print("ERROR: some strategy did not reproduce the sequential images", file=sys.stderr)
         return 1
+    return 0
+
+
+def _disk_bench(args):
+    from . import bench
+    points = _parse_points(args.points) if args.points else bench.DISK_POINTS
+    if args.out:
+        _check_out(args.out)
+    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else ("events", "staged")
+    peak = bench.peak_d2h_gbps()
+    doc = {"machine": bench._machine(), "peak_d2h_gbps": peak, "repeats": args.repeats,
+           "definition": "B = max(compute-only ms, bytes / peak pinned D2H, bytes / fsync'ed disk write "
+                         "bandwidth); efficiency = B / median time of the run streamed to disk",
+           "points": [bench.disk_point(n, nt, every, args.disk, strategies, repeats=args.repeats, peak_gbps=peak)
+                      for n, nt, every in points]}
+    for p in doc["points"]:
+        print(f"{p['n']}^2 x {p['nt']} every {p['every']}: {p['output_bytes'] / 1e9:.2f} GB, disk "
+              f"{p['disk_gbps']:.2f} GB/s, B = {p['bound_ms']:.0f} ms ({p['bound_by']})")
+        for r in p["runs"]:
+            print(f"  {r['strategy']:>8} {str(r['compress']):>5}: {r['median_ms']:8.0f} ms, efficiency "
+                  f"{r['efficiency']:.2f}, ratio {r['ratio']:.2f}, {r['write_gbps']:.2f} GB/s")
+    if args.out:
+        print("wrote", bench.write_json(doc, os.path.join(args.out, "disk.json")))
     return 0
 
 
