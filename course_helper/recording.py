@@ -162,7 +162,7 @@ class Recorder:
                 e.start_ms -= origin
                 e.end_ms -= origin
         tracks = (sorted(self.tracks, key=_track_order) + (["host"] if self.hosts else [])
-                  + list(dict.fromkeys(it.track for it in self.intervals)))
+                  + sorted({it.track for it in self.intervals}, key=_track_order))
         return Trace(events, tracks, dict(self.meta, backend=self.backend))
 
 
