@@ -143,6 +143,7 @@ def _durable_store(root, read_only=False):
             await asyncio.to_thread(put, self.root, key, value)
 
         def set_sync(self, key, value):
+            self._ensure_open_sync()
             self._check_writable()
             put(self.root, key, value)
 
