@@ -17,6 +17,8 @@ from course_helper import observe, store as disk
 
 CPU_STRATEGIES = ("sequential", "streams", "events", "staged")
 ROOT = Path(__file__).resolve().parents[1]
+CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                 COURSE_HELPER_BACKEND="cpu")
 
 
 @pytest.fixture(autouse=True)
@@ -174,8 +176,7 @@ _CHILD = textwrap.dedent("""
 def test_sigkill_mid_run_leaves_every_level_complete_or_absent(tmp_path, strategy):
     nt = 1500
     path = tmp_path / "k.zarr"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COURSE_HELPER_BACKEND="cpu")
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(nt), strategy], env=env,
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(nt), strategy], env=CHILD_ENV,
                              stderr=subprocess.PIPE)
     flags = path / "complete" / "c"
     deadline = time.monotonic() + 120
@@ -206,8 +207,7 @@ _MEMORY_CHILD = textwrap.dedent("""
 
 
 def test_a_500_mib_run_streams_in_bounded_host_memory(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COURSE_HELPER_BACKEND="cpu")
-    out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tmp_path / "m.zarr"), "staged"], env=env,
+    out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tmp_path / "m.zarr"), "staged"], env=CHILD_ENV,
                          capture_output=True, text=True, timeout=300, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["nbytes"] == 500 * 2**20
