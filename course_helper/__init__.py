@@ -20,6 +20,7 @@ from .memory import (CpuDeviceArray, copy_on_device_async, copy_to_device_async,
                      is_device_array, is_pinned, measure_bandwidth, pinned_empty, pinned_zeros,
                      to_device, to_host)
 from .solver import STRATEGIES, Result, plan_memory, solve
+from .store import open_store
 from .streams import (Event, Stream, create_events, create_streams, current_stream, default_stream,
                       elapsed_ms, stream_priority_range)
 from .timeline import Trace, TraceEvent
@@ -41,7 +42,7 @@ __all__ = [
     "copy_on_device_async", "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available",
     "capture_graph", "Graph", "GraphsUnsupported", "graphs_supported",
     "WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
-    "solve", "Result", "STRATEGIES", "plan_memory",
+    "solve", "Result", "STRATEGIES", "plan_memory", "open_store",
     "tracing", "Trace", "TraceEvent", "compare_strategies", "Comparison",
     "plot_slices", "compare_slices", "animate", "SliceViewer", "show_code",
     "bake_layer", "layer_values", "check_layer_cake", "LayerCakeError",
