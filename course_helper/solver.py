@@ -267,6 +267,9 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         raise ValueError(f"strategy {strategy!r} replays a captured loop without the host, which must hand "
                          "each filled slot to the disk; stream with 'events' or 'staged' instead")
     _check_memory(problem, every, nscratch, nstaging, batch, host=store is None)
+    if store is not None:
+        from . import store as disk
+        disk.check_target(store, plan_memory(problem, every)["host"], compress)   # path, free space, codec
     backend = backend_name()
     levels = np.arange(0, problem.nt, every)
 
@@ -274,12 +277,8 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     # that a level that was never written cannot pass for a quiet wavefield.
     concurrent = strategy != "sequential"
     shape = (len(levels), *problem.shape)
-    sink = None
-    if store is not None:          # a small ring of host slots that writer threads empty to disk
-        from .store import DiskSink
-        sink = DiskSink(store, problem, every, chunk=batch, compress=compress, pinned=concurrent)
-        images = sink.ring
-    else:
+    images = None
+    if store is None:
         images = pinned_empty(shape) if concurrent else np.empty(shape, np.float32)
         images.fill(np.nan)
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
@@ -293,6 +292,10 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         run.copied = create_events(nio)
     _warm_up()
     synchronize()   # the zeroed buffers are ready before any stream touches them
+    sink = None
+    if store is not None:          # a small ring of host slots that writer threads empty to disk
+        sink = disk.DiskSink(store, problem, every, chunk=batch, compress=compress, pinned=concurrent)
+        run.images = sink.ring
 
     recorder = None
     capture_ms = None

@@ -87,8 +87,11 @@ def free_bytes(folder):
     return shutil.disk_usage(folder).free
 
 
-def check_target(path, need_bytes):
-    """Raise a clear error naming ``path`` when a store of ``need_bytes`` cannot be written there."""
+def check_target(path, need_bytes, compress=None):
+    """Raise a clear error naming ``path`` when a store of ``need_bytes`` cannot be written there
+    (or ``compress`` is not one of :data:`CODECS`)."""
+    if compress not in CODECS:
+        raise ValueError(f"compress must be one of {tuple(CODECS)}, got {compress!r}")
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"the store {path} already exists; choose a new path or remove it first "
@@ -277,12 +280,10 @@ class DiskSink:
 
     def __init__(self, path, problem, every, chunk, *, compress=None, writers=DEFAULT_WRITERS,
                  pinned=True):
-        if compress not in CODECS:
-            raise ValueError(f"compress must be one of {tuple(CODECS)}, got {compress!r}")
         writers = checks.positive_int("writers", writers)
         self.path = Path(path)
         self.nsaved = len(range(0, problem.nt, every))
-        check_target(self.path, self.nsaved * problem.nbytes_level)
+        check_target(self.path, self.nsaved * problem.nbytes_level, compress)
         self.group = create_store(self.path, problem, every, chunk, compress)
         self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
         self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)

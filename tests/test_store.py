@@ -66,11 +66,15 @@ def test_the_timeline_has_a_disk_lane(tmp_path):
     assert all(e.end_ms >= e.start_ms for e in writes)
 
 
-def test_refused_combinations():
+def test_refused_combinations(monkeypatch):
     with pytest.raises(ValueError, match="store=PATH"):
         ch.solve(_problem(), "events", compress="zstd")
     with pytest.raises(ValueError, match="compress"):
-        disk.DiskSink("/nonexistent/x", _problem(), 1, 1, compress="lzma")
+        ch.solve(_problem(), "events", store="/nonexistent/x", compress="lzma")
+    from course_helper import solver
+    monkeypatch.setattr(solver, "graphs_supported", lambda: (True, ""))   # as on a GPU
+    with pytest.raises(ValueError, match="captured loop"):
+        ch.solve(_problem(), "graph", store="/nonexistent/x")
 
 
 def test_existing_or_unreachable_path_is_refused_before_the_run(tmp_path, monkeypatch):
@@ -195,14 +199,15 @@ def test_sigkill_mid_run_leaves_every_level_complete_or_absent(tmp_path, strateg
 
 
 _MEMORY_CHILD = textwrap.dedent("""
-    import json, resource, sys, tracemalloc, course_helper as ch
+    import json, sys, tracemalloc, course_helper as ch
     ch.set_backend("cpu")
     p = ch.WaveProblem(n0=512, n1=512, nt=500)                     # 500 levels of 1 MiB
     tracemalloc.start()
     r = ch.solve(p, sys.argv[2], trace=False, store=sys.argv[1])
     peak = tracemalloc.get_traced_memory()[1]
-    print(json.dumps({"traced_peak": peak, "max_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      "nbytes": len(r.levels) * p.nbytes_level}))
+    # VmHWM: this process's peak resident memory (ru_maxrss would include the parent's at fork time)
+    hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(json.dumps({"traced_peak": peak, "max_rss": hwm, "nbytes": len(r.levels) * p.nbytes_level}))
 """)
 
 
