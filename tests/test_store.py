@@ -270,3 +270,25 @@ def test_disk_bench_point_reports_the_bound_with_the_disk(tmp_path):
     assert [r["compress"] for r in point["runs"]] == [None, "zstd"]
     assert point["runs"][1]["ratio"] > 1.5 > point["runs"][0]["ratio"] > 0.9   # zeros compress
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_chunk_that_fails_before_its_rename_leaves_no_file(tmp_path, monkeypatch):
+    p = _problem()
+    ref = ch.solve(p, "events", trace=False)
+    chunks = tmp_path / "e.zarr" / "u" / "c"
+    real_fsync, failed = os.fsync, []
+
+    def failing_fsync(fd):              # the first wavefield chunk fails after its bytes were written
+        name = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if chunks in name.parents and not failed:
+            failed.append(int(name.relative_to(chunks).parts[0]))      # its level index
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="e.zarr"):
+        ch.solve(p, "events", trace=False, store=tmp_path / "e.zarr")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    s = _assert_never_torn(tmp_path / "e.zarr", ref.images)
+    assert np.isnan(s.images[failed[0]]).all() and not s.complete[failed[0]]
+    assert not list((tmp_path / "e.zarr").rglob("*.partial"))      # the temporary file was removed
