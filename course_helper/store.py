@@ -247,13 +247,15 @@ class Ring:
 
     def __getitem__(self, key):
         first, stop = self._span(key)
-        s = (first // self.chunk) % len(self.slots)
+        s = (first // self.chunk) % len(self.slots)       # chunks take the slots in turn
         if not self.free[s].is_set():
+            # The slot's previous chunk is not on the disk yet: the host waits here, and the
+            # device runs on through the work already queued. Nothing is dropped.
             with recording.host_wait("wait for disk (ring full)"):
                 while not self.free[s].wait(0.05):
-                    self.sink.raise_error()
+                    self.sink.raise_error()           # a writer failed: stop instead of waiting forever
         self.sink.raise_error()
-        self.free[s].clear()
+        self.free[s].clear()                              # taken until a writer has written it
         self.first[s] = first
         j = first % self.chunk
         return self.slots[s][j] if not isinstance(key, slice) else self.slots[s][j:j + stop - first]
@@ -287,10 +289,7 @@ class DiskSink:
         self.group = create_store(self.path, problem, every, chunk, compress)
         self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
         self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)
-        self.nbytes_level = problem.nbytes_level
         self.every = every
-        self.written = 0                  # levels on disk
-        self.intervals = []               # (start, end, nbytes, first level index) per chunk write
         self._error = None
         self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -360,13 +359,9 @@ class DiskSink:
             self.peak[first:stop] = peak
             self.complete[first:stop] = True       # ... before it is flagged complete
         t0, t1 = timed_write(write)
-        nbytes = block.nbytes
-        with self._lock:
-            self.written += len(block)
-            self.intervals.append((t0, t1, nbytes, first))
         rec = recording.current()
-        if rec is not None and hasattr(rec, "add_interval"):
-            rec.add_interval(lane, "disk write", f"write level {first * self.every}", t0, t1, nbytes,
+        if rec is not None:
+            rec.add_interval(lane, "disk write", f"write level {first * self.every}", t0, t1, block.nbytes,
                              first * self.every)
 
     def open_result(self):
