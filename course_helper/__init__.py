@@ -16,6 +16,7 @@ The names a learner uses (``__all__``)::
     bake_layer, check_layer_cake, LayerCakeError             the exercise
     physical_limit, plot_bench                               the benchmark's limit B
     sanitize, RaceError                                      the race sanitizer
+    open_store                                               a run streamed to disk
 
 Everything else stays reachable through its module: ``ch.strategies`` (the
 loops the notebooks show, and the registry), ``ch.memory``, ``ch.streams``,
@@ -27,6 +28,7 @@ from .bench import physical_limit, plot_bench
 from .compare import compare_strategies
 from .exercise import LayerCakeError, bake_layer, check_layer_cake
 from .graphs import graphs_supported
+from .store import open_store
 from .memory import (copy_to_device_async, copy_to_host_async, device_empty, device_zeros, is_pinned,
                      measure_bandwidth, pinned_empty, to_device, to_host)
 from .recording import tracing
@@ -50,4 +52,5 @@ __all__ = [
     "bake_layer", "check_layer_cake", "LayerCakeError",
     "physical_limit", "plot_bench",
     "sanitize", "RaceError",
+    "open_store",
 ]

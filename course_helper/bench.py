@@ -33,7 +33,7 @@ from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["DEFAULT_POINTS", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "compute_only_ms",
-           "physical_limit", "bench_point", "run_bench", "plot_bench"]
+           "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point"]
 
 #: (n, nt, every): the issue's sweep, from launch-bound to IO-bound.
 DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (4096, 128, 8)]
@@ -158,6 +158,51 @@ def _raw_cupy_row(problem, every, repeats, point):
     return {"times_ms": times, "median_ms": med, "min_ms": float(min(times)), "max_ms": float(max(times)),
             "efficiency": point["bound_ms"] / med, "identical_to_sequential": bool(np.array_equal(images, reference)),
             "speedup": point["strategies"]["sequential"]["median_ms"] / med}
+
+
+#: (n, nt, every) of the disk points: about 1.3 GB of output each.
+DISK_POINTS = [(1024, 320, 1), (2048, 320, 4)]
+
+
+def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(None, "zstd", "blosc"),
+               repeats=3, peak_gbps=None):
+    """One run streamed to a store under ``folder``, against the bound with the disk in it:
+    B = max(compute-only, bytes / peak D2H, bytes / disk bandwidth (fsync'ed, measured here))."""
+    import shutil
+    import tempfile
+    from . import store
+    problem = WaveProblem(n0=n, n1=n, nt=nt)
+    nbytes = plan_memory(problem, "sequential", every)["host"]
+    point = {"n": n, "nt": nt, "every": every, "output_bytes": nbytes,
+             "disk_gbps": store.measure_disk_bandwidth(folder, mib=min(1024, nbytes / 2**20)),
+             "peak_d2h_gbps": peak_gbps if peak_gbps is not None else peak_d2h_gbps(),
+             "compute_only_ms": compute_only_ms(problem, repeats), "runs": []}
+    sample = None
+    parts = {"compute": point["compute_only_ms"], "copies": nbytes / (point["peak_d2h_gbps"] * 1e9) * 1e3,
+             "disk": nbytes / (point["disk_gbps"] * 1e9) * 1e3}
+    point["bound_ms"] = max(parts.values())
+    point["bound_by"] = max(parts, key=parts.get)
+    for codec in compress:
+        for name in strategies:
+            times, stored = [], None
+            for _ in range(repeats if codec is None else 1):
+                work = tempfile.mkdtemp(dir=folder)
+                try:
+                    r = solve(problem, name, every=every, trace=False, store=os.path.join(work, "s.zarr"),
+                              compress=codec)
+                    times.append(r.elapsed_ms)
+                    opened = store.open_store(r.store)
+                    stored = opened.stored_nbytes()
+                    if sample is None:           # about 16 levels across the run, for the codecs alone
+                        sample = opened.images[::max(1, len(opened.levels) // 16)]
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+            med = float(np.median(times))
+            point["runs"].append({"strategy": name, "compress": codec, "times_ms": times, "median_ms": med,
+                                  "efficiency": point["bound_ms"] / med, "ratio": nbytes / stored,
+                                  "write_gbps": nbytes / (med * 1e-3) / 1e9})
+    point["codec_single_thread"] = {c: store.codec_speed(sample, c) for c in compress if c is not None}
+    return point
 
 
 def _machine():

@@ -4,6 +4,7 @@ Run it with::
 
     python -m course_helper compare --n 256 --nt 640 --repeats 3 --out results/
     python -m course_helper bench --out benchmarks/
+    python -m course_helper run --store run.zarr --n 512 --nt 1000 --compress zstd
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
 in https://ui.perfetto.dev) and a PNG timeline to ``--out``, and exits with
@@ -46,8 +47,61 @@ def _parser():
     b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
     b.add_argument("--out", default=None, help="folder for bench.json and bench.png")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    b.add_argument("--disk", default=None, metavar="FOLDER",
+                   help="instead: stream each point to stores under FOLDER and measure against "
+                        "B = max(compute, bytes / D2H, bytes / disk); writes disk.json to --out")
+    _add_run_parser(sub)
     _halo_parser(sub)
     return p
+
+
+def _add_run_parser(sub):
+    r = sub.add_parser("run", help="one headless run streamed to a Zarr store on disk",
+                       description="Solve once and stream every saved level to a new Zarr v3 store "
+                                   "(open it with xarray.open_zarr or plot_slices(PATH)).")
+    r.add_argument("--store", required=True, help="path of the new store, e.g. run.zarr (must not exist)")
+    r.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
+    r.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
+    r.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
+    r.add_argument("--strategy", default="events", help="sequential, streams, events or staged (default events)")
+    r.add_argument("--compress", choices=("zstd", "blosc"), default=None,
+                   help="compress the chunks on the writer threads (default: none)")
+    r.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
+    r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run_main(args):
+    from . import backend, observe, solver, store, wave
+
+    if args.backend:
+        backend.set_backend(args.backend)
+    problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+    nsaved = len(range(0, problem.nt, max(args.every, 1)))
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=nsaved, desc="levels to disk", unit="level", file=sys.stderr, leave=False)
+
+    class Progress:                # counts the levels handed to the disk pipeline
+        def op_submitted(self, op):
+            if op.kind == "D2H":
+                bar.update(op.nbytes // problem.nbytes_level)
+
+    watcher = observe.add(Progress()) if bar is not None else None
+    try:
+        res = solver.solve(problem, args.strategy, every=args.every, trace=False, store=args.store,
+                           compress=args.compress)
+    finally:
+        if watcher is not None:
+            observe.remove(watcher)
+            bar.close()
+    stored = store.open_store(args.store)
+    raw = len(res.levels) * problem.nbytes_level
+    print(f"{problem.n0}x{problem.n1} grid, {len(res.levels)} of {problem.nt} levels ({raw / 2**20:,.1f} MiB) "
+          f"to {args.store} in {res.elapsed_ms:.0f} ms with {args.strategy!r} on the {backend.backend_name()} "
+          f"backend: {raw / res.elapsed_ms / 1e6:.2f} GB/s, compression ratio "
+          f"{raw / max(stored.stored_nbytes(), 1):.2f}, {int(stored.complete.sum())} levels complete")
+    return 0
 
 
 def _halo_parser(sub):
@@ -87,6 +141,8 @@ def bench_main(args):
         backend.set_backend(args.backend)
     else:
         backend.backend_name()
+    if args.disk:
+        return _disk_bench(args)
     if args.points:
         points = _parse_points(args.points)
     else:
@@ -128,6 +184,29 @@ def bench_main(args):
     if not agree:
         print("ERROR: some strategy did not reproduce the sequential images", file=sys.stderr)
         return 1
+    return 0
+
+
+def _disk_bench(args):
+    from . import bench
+    points = _parse_points(args.points) if args.points else bench.DISK_POINTS
+    if args.out:
+        _check_out(args.out)
+    strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else ("events", "staged")
+    peak = bench.peak_d2h_gbps()
+    doc = {"machine": bench._machine(), "peak_d2h_gbps": peak, "repeats": args.repeats,
+           "definition": "B = max(compute-only ms, bytes / peak pinned D2H, bytes / fsync'ed disk write "
+                         "bandwidth); efficiency = B / median time of the run streamed to disk",
+           "points": [bench.disk_point(n, nt, every, args.disk, strategies, repeats=args.repeats, peak_gbps=peak)
+                      for n, nt, every in points]}
+    for p in doc["points"]:
+        print(f"{p['n']}^2 x {p['nt']} every {p['every']}: {p['output_bytes'] / 1e9:.2f} GB, disk "
+              f"{p['disk_gbps']:.2f} GB/s, B = {p['bound_ms']:.0f} ms ({p['bound_by']})")
+        for r in p["runs"]:
+            print(f"  {r['strategy']:>8} {str(r['compress']):>5}: {r['median_ms']:8.0f} ms, efficiency "
+                  f"{r['efficiency']:.2f}, ratio {r['ratio']:.2f}, {r['write_gbps']:.2f} GB/s")
+    if args.out:
+        print("wrote", bench.write_json(doc, os.path.join(args.out, "disk.json")))
     return 0
 
 
@@ -259,6 +338,8 @@ def main(argv=None):
             return bench_main(args)
         if args.command == "halo":
             return halo_main(args)
+        if args.command == "run":
+            return run_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,9 @@ method of the same name (all are optional):
 
 ``op_queued(op)``
     an :class:`Op` was queued on ``op.stream``.
+``op_submitted(op)``
+    the same :class:`Op` is now on its stream: an event recorded on
+    ``op.stream`` from here on completes only after it.
 ``event_recorded(stream, event)``
     ``event`` was recorded at the current end of ``stream``.
 ``event_waited(stream, event)``

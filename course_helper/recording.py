@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import namedtuple
 
 from . import observe
 from .backend import backend_name, cupy_module, synchronize
@@ -50,6 +51,9 @@ def current():
     return _current
 
 
+TraceEventArgs = namedtuple("TraceEventArgs", "track kind name start end nbytes level")
+
+
 class _Pending:
     __slots__ = ("track", "kind", "name", "start", "end", "nbytes", "level", "queued")
 
@@ -67,6 +71,7 @@ class Recorder:
         self.meta = dict(meta or {})
         self.items = []
         self.hosts = []
+        self.intervals = []      # host-clock work on extra lanes (add_interval)
         self.tracks = []
         synchronize()
         self.cupti = None
@@ -133,6 +138,11 @@ class Recorder:
     def add_host(self, name, t_start, t_end):
         self.hosts.append((name, t_start, t_end))
 
+    def add_interval(self, track, kind, name, t_start, t_end, nbytes=0, level=None):
+        """Add work timed on the host clock on its own lane (e.g. the "disk" writes of a
+        streamed run); safe to call from other threads."""
+        self.intervals.append(TraceEventArgs(track, kind, name, t_start, t_end, nbytes, level))
+
     # -- turning marks into times -------------------------------------------
     def finish(self):
         """Wait for the device, read every timestamp, and return a :class:`Trace`."""
@@ -170,6 +180,9 @@ class Recorder:
         for name, a, b in self.hosts:
             events.append(TraceEvent("host", "host wait", name,
                                      (a - self._host_t0) * 1e3, (b - self._host_t0) * 1e3, 0, None))
+        for it in self.intervals:
+            events.append(TraceEvent(it.track, it.kind, it.name, (it.start - self._host_t0) * 1e3,
+                                     (it.end - self._host_t0) * 1e3, it.nbytes, it.level))
         if events:
             # Time zero is the first recorded operation (a graph, say, is captured long
             # before it is replayed; the capture is not part of the timeline).
@@ -177,7 +190,8 @@ class Recorder:
             for e in events:
                 e.start_ms -= origin
                 e.end_ms -= origin
-        tracks = sorted(self.tracks, key=_track_order) + (["host"] if self.hosts else [])
+        tracks = (sorted(self.tracks, key=_track_order) + (["host"] if self.hosts else [])
+                  + sorted({it.track for it in self.intervals}, key=_track_order))
         return Trace(events, tracks, dict(self.meta, backend=self.backend, timing=self.timing))
 
 
@@ -194,7 +208,13 @@ def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None, rea
     submit ``cpu`` to the stream's worker on the CPU backend; trace it if a
     recorder is active. ``reads``/``writes`` name the arrays it touches (for
     the observers of :mod:`course_helper.observe`)."""
-    observe.notify("op_queued", observe.Op(kind, name, stream, level, nbytes, tuple(reads), tuple(writes)))
+    op = observe.Op(kind, name, stream, level, nbytes, tuple(reads), tuple(writes))
+    observe.notify("op_queued", op)
+    _submit(stream, kind, name, gpu, cpu, nbytes, level)
+    observe.notify("op_submitted", op)
+
+
+def _submit(stream, kind, name, gpu, cpu, nbytes, level):
     rec = _current
     if stream.on_gpu:
         if rec is None or rec.cupti is not None:    # untraced, or CUPTI times it (an observer)

@@ -470,7 +470,8 @@ def sanitize(names=None):
 
 def watch_run(run):
     """Start a sanitizer for one of ``solve``'s runs, with its buffers named (None: not wanted)."""
-    return observe.add(Sanitizer({"U": run.U, "V": run.V, "images": run.images, "staging": run.staging}))
+    images = run.images if isinstance(run.images, np.ndarray) else None   # a store's ring names its own slots
+    return observe.add(Sanitizer({"U": run.U, "V": run.V, "images": images, "staging": run.staging}))
 
 
 def stop(san):

@@ -8,6 +8,7 @@ timed, and a :class:`Result`.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -115,8 +116,9 @@ class Result:
 
     Attributes
     ----------
-    images : numpy.ndarray
-        Host array (nsaved, n0, n1): one slice per saved level.
+    images : numpy.ndarray or zarr.Array
+        Host array (nsaved, n0, n1): one slice per saved level (with
+        ``store``: the store's array, read lazily).
     levels : numpy.ndarray
         The time level of each slice.
     times_ms : numpy.ndarray
@@ -130,7 +132,7 @@ class Result:
     """
 
     def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace,
-                 nstaging=0, batch=1, capture_ms=None):
+                 nstaging=0, batch=1, capture_ms=None, store=None):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -143,6 +145,7 @@ class Result:
         self.nstaging = nstaging
         self.batch = batch
         self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
+        self.store = store               # path of the Zarr store the levels were streamed to, if any
         self._trace = trace
 
     @property
@@ -196,14 +199,18 @@ def _plan(problem, every, nscratch, nstaging, batch):
             "host": nsaved * problem.nbytes_level}
 
 
-def _check_memory(problem, every, need):
-    """Refuse a plan that does not fit, before anything is allocated."""
+def _check_memory(problem, every, need, host=True):
+    """Refuse a plan that does not fit, before anything is allocated. ``host=False``: the
+    output stack is not kept in host memory (it is streamed to a store)."""
     nsaved = len(saved_levels(problem.nt, every))
-    checks.host_memory(
-        need["host"], "the output stack",
-        detail=f"{nsaved} levels x {problem.nbytes_level / 2**20:,.1f} MiB",
-        advice=lambda avail: (f"save fewer levels, e.g. every={every * math.ceil(need['host'] / (0.5 * avail))}, "
-                              "or use a smaller grid"))
+    if host:
+        checks.host_memory(
+            need["host"], "the output stack",
+            detail=f"{nsaved} levels x {problem.nbytes_level / 2**20:,.1f} MiB",
+            advice=lambda avail: (f"save fewer levels, e.g. every={every * math.ceil(need['host'] / (0.5 * avail))}, "
+                                  "use a smaller grid, or stream the levels to disk with store=PATH"))
+    else:
+        need = dict(need, host=0)
     if backend_name() == "gpu":
         cupy = cupy_module()
         free, _total = cupy.cuda.runtime.memGetInfo()
@@ -276,7 +283,7 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
 
 
 def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=False, nstaging=None,
-            batch=None):
+            batch=None, output=True):
     """Check the arguments and build everything a strategy's loop receives: a :class:`Run`.
 
     Takes the same arguments as :func:`solve` (less ``trace``) and refuses
@@ -294,16 +301,21 @@ def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=F
 
     A graph strategy's loop is captured with
     :func:`course_helper.strategies.capture_loop` and the graph replayed.
+    ``output=False`` leaves ``run.images`` as None (no host output stack):
+    ``solve(..., store=PATH)`` puts its ring of disk-bound slots there.
     """
     problem = WaveProblem() if problem is None else problem
     every, nscratch, nstaging, batch = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
-    _check_memory(problem, every, _plan(problem, every, nscratch, nstaging, batch))
+    output = checks.flag("output", output)
+    _check_memory(problem, every, _plan(problem, every, nscratch, nstaging, batch), host=output)
     entry = STRATEGIES[strategy]
 
     # Allocation (outside any timed loop).
-    shape = (len(saved_levels(problem.nt, every)), *problem.shape)
-    images = pinned_empty(shape) if entry.streams else np.empty(shape, np.float32)
-    images.fill(np.nan)
+    images = None
+    if output:
+        shape = (len(saved_levels(problem.nt, every)), *problem.shape)
+        images = pinned_empty(shape) if entry.streams else np.empty(shape, np.float32)
+        images.fill(np.nan)
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
               V=to_device(problem.velocity), images=images,
               staging=[device_zeros((batch, *problem.shape)) for _ in range(nstaging)], batch=batch,
@@ -323,7 +335,7 @@ def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=F
 
 
 def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False,
-          nstaging=None, batch=None, sanitize=False):
+          nstaging=None, batch=None, sanitize=False, store=None, compress=None):
     """Solve the wave problem with one IO strategy and return a :class:`Result`.
 
     ``solve`` is :func:`prepare`, then the strategy's loop run and timed (for a
@@ -354,6 +366,14 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     sanitize : bool
         Check the loop for races (:mod:`course_helper.sanitizer`) and raise
         ``RaceError`` at the first; leave it off for timings.
+    store : str or path, optional
+        Stream every saved level into a new Zarr v3 store at this path while
+        computing (see :mod:`course_helper.store`): host memory is then a small
+        ring of slots whatever ``nt`` is, and ``result.images`` reads from the
+        store lazily. Not for the graph strategies (their loop is replayed
+        without the host, which hands each filled slot to the disk).
+    compress : {None, "zstd", "blosc"}
+        Compress the chunks of ``store`` on the writer threads.
 
     Examples
     --------
@@ -365,9 +385,29 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     if trace and recording.current() is not None:
         raise RuntimeError("solve(trace=True) records its own timeline; call it outside the "
                            "`with tracing()` block, or pass trace=False to record into that block's trace")
-    run = prepare(problem, strategy, every, nscratch, unsafe=unsafe, nstaging=nstaging, batch=batch)
+    if store is None and compress is not None:
+        raise ValueError("compress only applies to a run streamed to disk; pass store=PATH too")
+    if store is not None and strategy in STRATEGIES and STRATEGIES[strategy].graph:
+        raise ValueError(f"strategy {strategy!r} replays a captured loop without the host, which must hand "
+                         "each filled slot to the disk; stream with 'events' or 'staged' instead")
+    if store is not None:          # path, free space and codec, before anything is allocated
+        from . import store as disk
+        need = plan_memory(problem, strategy, every, nscratch, unsafe=unsafe, nstaging=nstaging, batch=batch)
+        disk.check_target(store, need["host"], compress)
+    run = prepare(problem, strategy, every, nscratch, unsafe=unsafe, nstaging=nstaging, batch=batch,
+                  output=store is None)
     entry = STRATEGIES[run.strategy]
     backend = backend_name()
+    sink = None
+    if store is not None:          # a small ring of host slots that writer threads empty to disk
+        try:
+            sink = disk.DiskSink(store, run.problem, run.every, chunk=run.batch, compress=compress,
+                                 pinned=entry.streams)
+        except BaseException:
+            run.close()
+            raise
+        run.images = sink.ring
+
     recorder = None
     capture_ms = None
     watcher = sanitizer.watch_run(run) if sanitize else None
@@ -384,25 +424,32 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
             graph.launch()                                # the timed part: one replay
         else:
             t0 = time.perf_counter()
-            entry.loop(run)
+            with sink.watching() if sink else contextlib.nullcontext():
+                entry.loop(run)
         synchronize()
+        if sink is not None:
+            sink.finish()                                 # the timed part ends when all is on disk
         elapsed = (time.perf_counter() - t0) * 1e3
         timeline = recorder.finish() if recorder is not None else None
-        observe.notify("host_access", run.images, "r", "solve's result")
+        if sink is None:
+            observe.notify("host_access", run.images, "r", "solve's result")
     except BaseException:
         # Leave the process usable: drain queued work, stop recording, re-raise.
         if recorder is not None:
             recorder.deactivate()
         try:
             synchronize()
+            if sink is not None:
+                sink.finish()       # copies that landed are written whole; nothing is left torn
         except BaseException:  # noqa: BLE001 - the original error matters more
             pass
         raise
     finally:
         sanitizer.stop(watcher)
         run.close()
-    return Result(run.images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
-                  backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms)
+    images = sink.open_result() if sink is not None else run.images
+    return Result(images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
+                  backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms, store=store)
 
 
 _warmed = set()

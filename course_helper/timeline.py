@@ -11,7 +11,7 @@ __all__ = ["Trace", "TraceEvent", "KINDS", "write_atomically"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
 KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
-         "memset": "#8c564b", "host wait": "#7f7f7f", "halo": "#d62728"}
+         "memset": "#8c564b", "host wait": "#7f7f7f", "halo": "#d62728", "disk write": "#17becf"}
 _COPIES = ("D2H", "H2D", "D2D")
 
 

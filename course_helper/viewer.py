@@ -1,18 +1,32 @@
 """Looking at the wavefield: the interactive slice widget, side-by-side comparison, animation."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 __all__ = ["plot_slices", "compare_slices", "animate", "SliceViewer", "colour_limit", "show_code"]
 
 
-def _stack_of(result_or_images):
-    """(images, levels, times_ms or None) from a Result or an array of shape (n, n0, n1)."""
+def _opened(source):
+    """A store path opened lazily (:func:`course_helper.store.open_store`); anything else as it is."""
+    if isinstance(source, (str, os.PathLike)):
+        from .store import open_store
+        return open_store(source)
+    return source
+
+
+def _stack_of(result_or_images, lazy=False):
+    """(images, levels, times_ms or None) from a Result, a store path or an array (n, n0, n1).
+
+    With ``lazy`` a store's images stay on disk (indexing reads one slice)."""
+    result_or_images = _opened(result_or_images)
     images = getattr(result_or_images, "images", result_or_images)
     from .memory import CpuDeviceArray
     if type(images).__module__.startswith("cupy") or isinstance(images, CpuDeviceArray):
         raise TypeError("plot a host array: bring device data back with to_host() first")
-    images = np.asarray(images)
+    if not (lazy and hasattr(result_or_images, "peak_amplitude")):
+        images = np.asarray(images)
     if images.ndim != 3 or images.shape[0] < 1:
         raise ValueError(f"expected a stack of 2D slices with shape (n, n0, n1), got shape {images.shape}")
     levels = getattr(result_or_images, "levels", np.arange(images.shape[0]))
@@ -20,7 +34,7 @@ def _stack_of(result_or_images):
     return images, np.asarray(levels), times
 
 
-def colour_limit(images, clip=0.05):
+def colour_limit(images, clip=0.05, peak=None):
     """Symmetric colour limit shared by all slices.
 
     ``clip`` is the fraction of the largest amplitude to saturate at: 1.0
@@ -29,8 +43,9 @@ def colour_limit(images, clip=0.05):
     """
     if not 0 < clip <= 1:
         raise ValueError(f"clip must be in (0, 1], got {clip}")
-    finite = np.abs(images[np.isfinite(images)])
-    peak = float(finite.max()) if finite.size else 0.0
+    if peak is None:              # the largest finite amplitude (``peak`` given: trust it)
+        finite = np.abs(images[np.isfinite(images)])
+        peak = float(finite.max()) if finite.size else 0.0
     return peak * clip if peak > 0 else 1.0
 
 
@@ -58,9 +73,12 @@ class SliceViewer:
         import ipywidgets as widgets
         import matplotlib.pyplot as plt
 
-        self.images, self.levels, self.times_ms = _stack_of(result_or_images)
+        source = _opened(result_or_images)
+        self.images, self.levels, self.times_ms = _stack_of(source, lazy=True)
         self.label = title
-        self.vlim = colour_limit(self.images, clip)
+        # A store knows each level's peak: no need to read every slice for the colour scale.
+        peak = source.peak_amplitude() if hasattr(source, "peak_amplitude") else None
+        self.vlim = colour_limit(self.images, clip, peak=peak)
         self.interactive = _ipympl_active()
         n = self.images.shape[0]
         self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description="slice",
@@ -128,7 +146,9 @@ def plot_slices(result_or_images, clip=0.05, cmap="seismic", title="wavefield"):
 
     Parameters
     ----------
-    result_or_images : Result or array (n, n0, n1)
+    result_or_images : Result, array (n, n0, n1), or the path of a store
+        A store written by ``solve(..., store=path)`` is opened lazily: only
+        the slice shown is read from disk (levels never written show as NaN).
     clip : float
         Saturate the colour scale at this fraction of the peak amplitude
         (same limits for every slice, symmetric about zero).

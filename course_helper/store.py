@@ -1,0 +1,501 @@
+"""Streaming the saved levels to disk while the solver runs: a Zarr v3 store.
+
+When the output does not fit in host memory, ``solve(problem, store=PATH)``
+sends every saved level through a three-stage pipeline::
+
+    device --(D2H copy on an IO stream)--> ring of pinned host slots --(writer threads)--> files
+
+* The strategy's loop is unchanged: it copies level ``k`` into
+  ``run.images[k]`` as always. With a store, ``run.images`` is a
+  :class:`Ring`: indexing it hands out a free pinned slot (the host waits
+  there only when every slot is still waiting for the disk), and when the copy
+  into that slot has been queued, an event is recorded after it and the slot
+  is passed to a writer thread.
+* A writer thread waits for that event, writes the slot as one chunk (one
+  level, or one staging batch) of the Zarr array ``u``, then marks those
+  levels in the boolean array ``complete`` and frees the slot.
+* Host memory is the ring, whatever ``nt`` is: ``nslots`` slots of one chunk.
+
+Ring size. In steady state the pipeline runs at its slowest stage: a slot is
+held by a writer for one chunk's write time and by a copy for one copy time.
+``writers + 2`` slots (one being filled, one ready, one per writer) keep
+every stage busy; more slots only absorb bursts. When the disk is slower than
+the compute produces levels (bytes per level / disk bandwidth > compute time
+per level), no ring is large enough: it fills after ``nslots`` levels and
+from then on the compute waits for the disk, which is the bound
+``B = max(compute, bytes / D2H bandwidth, bytes / disk bandwidth)``.
+
+Nothing half-written. Each chunk file is written under a temporary name,
+flushed to the disk (``fsync``) and then renamed; a rename is atomic, so a
+killed run leaves each chunk either complete or absent (read as NaN, the fill
+value). (Zarr's own LocalStore also writes through a temporary name, but does
+not fsync, so the disk time would hide in the page cache.) The ``complete`` flags are written only after their chunk has landed,
+so a level flagged complete is never torn (a kill between the two writes
+leaves a complete level that is not flagged: the flags err on the safe side).
+
+Timing. Writer ``i`` reports each chunk's write as a host-clock interval on
+the timeline's lane "disk i"; :func:`timed_write` is the one place those times come
+from, so a modelled backend can replace it with modelled times.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import math
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from . import checks, observe, recording
+
+__all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "check_target", "free_bytes",
+           "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "timed_write"]
+
+DATA = "u"                      # the wavefield array inside the store
+DEFAULT_WRITERS = 2
+#: compression choices: name -> a function making the Zarr codec list (None: raw bytes)
+CODECS = {
+    None: lambda: None,
+    "zstd": lambda: [_zarr().codecs.ZstdCodec(level=1)],
+    "blosc": lambda: [_zarr().codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+}
+
+
+def _zarr():
+    import zarr
+    return zarr
+
+
+def ring_slots(writers=DEFAULT_WRITERS):
+    """Slots in the ring: one per writer, one being filled by a copy, one ready."""
+    return writers + 2
+
+
+# --------------------------------------------------------------------------
+# Checks before anything is allocated
+# --------------------------------------------------------------------------
+def free_bytes(folder):
+    """Free bytes on the file system holding ``folder``."""
+    return shutil.disk_usage(folder).free
+
+
+def check_target(path, need_bytes, compress=None):
+    """Raise a clear error naming ``path`` when a store of ``need_bytes`` cannot be written there
+    (or ``compress`` is not one of :data:`CODECS`)."""
+    if compress not in CODECS:
+        raise ValueError(f"compress must be one of {tuple(CODECS)}, got {compress!r}")
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"the store {path} already exists; choose a new path or remove it first "
+                              "(a store is never overwritten)")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"cannot create the store {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot create the store {path}: the folder {parent} is not writable")
+    free = free_bytes(parent)
+    if need_bytes > free:
+        raise OSError(errno.ENOSPC,
+                      f"the store {path} needs {need_bytes / 2**20:,.0f} MiB but only {free / 2**20:,.0f} MiB "
+                      "are free there; save fewer levels (a larger every), use a smaller grid, or write "
+                      "to another disk", str(path))
+
+
+# --------------------------------------------------------------------------
+# Files that reach the disk before they get their name
+# --------------------------------------------------------------------------
+def _put_durable(path, data, fsync=True):
+    """Write ``data`` to ``path`` through a temporary name: write, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())   # the bytes are on the disk before the name says so
+        os.replace(tmp, path)           # atomic: readers see the old state or the whole chunk
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _durable_store(root, read_only=False):
+    """A Zarr LocalStore whose files appear whole (temporary name, then rename), the
+    wavefield's chunks fsync'ed first. The small flags are not fsync'ed: if a power cut
+    loses one, its level merely reads as incomplete."""
+    from zarr.storage import LocalStore
+
+    def put(root, key, value):
+        _put_durable(root / key, value.as_buffer_like(), fsync=key.startswith(f"{DATA}/c/"))
+
+    class DurableStore(LocalStore):
+        async def set(self, key, value):
+            if not self._is_open:
+                await self._open()
+            self._check_writable()
+            await asyncio.to_thread(put, self.root, key, value)
+
+        def set_sync(self, key, value):
+            self._ensure_open_sync()
+            self._check_writable()
+            put(self.root, key, value)
+
+    return DurableStore(root, read_only=read_only)
+
+
+def _problem_attrs(problem, every):
+    return {"n0": problem.n0, "n1": problem.n1, "dx0_m": problem.dx0, "dx1_m": problem.dx1,
+            "dt_s": problem.dt, "nt": problem.nt, "every": every, "cfl": problem.cfl,
+            "vmax_m_per_s": problem.vmax, "fm_hz": problem.fm, "td_s": problem.td,
+            "source": list(problem.source), "units": "u: pressure amplitude; time: s; x0, x1: m"}
+
+
+def create_store(path, problem, every, chunk, compress=None):
+    """Create the (empty) store: ``u`` (time, x0, x1) full of NaN, its coordinates, the
+    ``complete`` and ``peak`` arrays (one entry per level), the problem as attributes."""
+    zarr = _zarr()
+    levels = np.arange(0, problem.nt, every)
+    nsaved = len(levels)
+    group = zarr.open_group(store=_durable_store(path), mode="w-", zarr_format=3)
+    group.attrs.update(_problem_attrs(problem, every))
+    group.create_array(DATA, shape=(nsaved, *problem.shape), chunks=(chunk, *problem.shape),
+                       dtype="float32", fill_value=np.nan, dimension_names=("time", "x0", "x1"),
+                       compressors=CODECS[compress](), config={"write_empty_chunks": True},
+                       attributes={"long_name": "wavefield", "coordinates": "level"})
+    for name, values in (("time", levels * problem.dt), ("level", levels),
+                         ("x0", np.arange(problem.n0) * problem.dx0),
+                         ("x1", np.arange(problem.n1) * problem.dx1)):
+        dim = "time" if name in ("time", "level") else name
+        a = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=(dim,),
+                               attributes={"units": {"time": "s", "level": "1"}.get(name, "m")})
+        a[:] = values
+    group.create_array("complete", shape=(nsaved,), chunks=(chunk,), dtype="bool", fill_value=False,
+                       dimension_names=("time",), compressors=None)
+    group.create_array("peak", shape=(nsaved,), chunks=(chunk,), dtype="float32", fill_value=np.nan,
+                       dimension_names=("time",), compressors=None,
+                       attributes={"long_name": "largest |u| of the level (for colour scales)"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # "consolidated metadata is not in the v3 spec"
+        zarr.consolidate_metadata(group.store)     # one read opens the whole store (xarray)
+    return group
+
+
+# --------------------------------------------------------------------------
+# The pipeline
+# --------------------------------------------------------------------------
+def timed_write(write):
+    """Run one chunk write; return its (start, end) on the host clock.
+
+    The timeline's disk lane takes its times from here alone (the writes are
+    host-timed on both backends); a modelled backend can replace this function.
+    """
+    t0 = recording._clock()
+    write()
+    return t0, recording._clock()
+
+
+class Ring:
+    """What a loop sees as ``run.images`` when the run streams to disk.
+
+    ``ring[k]`` (or ``ring[first:stop]`` for a staging batch within one chunk)
+    is a view of a free slot; the host waits only while that slot is still
+    being written to the disk.
+    """
+
+    def __init__(self, sink, nsaved, chunk, shape, nslots, pinned):
+        from .memory import pinned_empty
+        self.sink = sink
+        self.chunk = chunk
+        self.shape = (nsaved, *shape)
+        make = pinned_empty if pinned else (lambda s: np.empty(s, np.float32))
+        self.slots = [make((chunk, *shape)) for _ in range(nslots)]
+        self.free = [threading.Event() for _ in range(nslots)]
+        for f in self.free:
+            f.set()
+        self.first = [None] * nslots       # first level index held by each slot
+
+    @property
+    def nbytes(self):
+        return sum(s.nbytes for s in self.slots)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def _span(self, key):
+        if isinstance(key, slice):
+            first, stop, step = key.indices(self.shape[0])
+            if step != 1 or stop <= first:
+                raise IndexError(f"a streamed output takes one level or a contiguous batch, not {key}")
+        else:
+            first = int(key)
+            if first < 0:
+                first += self.shape[0]
+            stop = first + 1
+        if not (0 <= first < self.shape[0]) or first // self.chunk != (stop - 1) // self.chunk:
+            raise IndexError(f"levels {first}..{stop - 1} are not inside one chunk of {self.chunk} levels")
+        return first, stop
+
+    def __getitem__(self, key):
+        first, stop = self._span(key)
+        s = (first // self.chunk) % len(self.slots)       # chunks take the slots in turn
+        if not self.free[s].is_set():
+            # The slot's previous chunk is not on the disk yet: the host waits here, and the
+            # device runs on through the work already queued. Nothing is dropped.
+            with recording.host_wait("wait for disk (ring full)"):
+                while not self.free[s].wait(0.05):
+                    self.sink.raise_error()           # a writer failed: stop instead of waiting forever
+        self.sink.raise_error()
+        self.free[s].clear()                              # taken until a writer has written it
+        self.first[s] = first
+        j = first % self.chunk
+        return self.slots[s][j] if not isinstance(key, slice) else self.slots[s][j:j + stop - first]
+
+    def slot_of(self, array):
+        """Index of the slot ``array`` lies in (None if it is not a slot view)."""
+        if not isinstance(array, np.ndarray):
+            return None
+        p = array.ctypes.data
+        for s, slot in enumerate(self.slots):
+            lo = slot.ctypes.data
+            if lo <= p < lo + slot.nbytes:
+                return s
+        return None
+
+
+class DiskSink:
+    """The writer side: receives filled slots and writes them as Zarr chunks.
+
+    It observes the solving thread's queued operations (:mod:`observe`): when
+    a copy into a slot has been queued, it records an event after it and
+    hands the slot to a writer thread.
+    """
+
+    def __init__(self, path, problem, every, chunk, *, compress=None, writers=DEFAULT_WRITERS,
+                 pinned=True):
+        writers = checks.positive_int("writers", writers)
+        self.path = Path(path)
+        self.nsaved = len(range(0, problem.nt, every))
+        check_target(self.path, self.nsaved * problem.nbytes_level, compress)
+        self.group = create_store(self.path, problem, every, chunk, compress)
+        self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
+        self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)
+        self.every = every
+        self._error = None
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self.writer, args=(f"disk {i}",), name=f"disk writer {i}",
+                                          daemon=True) for i in range(writers)]
+        for t in self._threads:
+            t.start()
+
+    # -- the solving thread ------------------------------------------------
+    def op_submitted(self, op):
+        """Observer hook: a copy into a slot is on its stream; pass the slot on after it."""
+        if op.kind != "D2H":
+            return
+        s = self.ring.slot_of(op.writes[0]) if op.writes else None
+        if s is None:
+            return
+        from .streams import create_events
+        done = create_events(1)[0]
+        done.record(op.stream)
+        self._queue.put((self.ring.first[s], len(op.writes[0]) if op.writes[0].ndim == 3 else 1, s, done))
+
+    def raise_error(self):
+        if self._error is not None:
+            raise self._error
+
+    @contextlib.contextmanager
+    def watching(self):
+        """Observe the operations queued by the calling thread inside the block."""
+        observe.add(self)
+        try:
+            yield self
+        finally:
+            observe.remove(self)
+
+    def finish(self):
+        """Wait until every handed-over chunk is on the disk; raise a writer's error."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join()
+        self.raise_error()
+
+    # -- the writer threads --------------------------------------------------
+    def writer(self, lane):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            first, n, s, done = item
+            try:
+                done.raw.synchronize()        # the copy into the slot has landed
+                if self._error is None:
+                    self._write(first, self.ring.slots[s][:n], lane)
+            except BaseException as exc:  # noqa: BLE001 - handed to the solving thread
+                with self._lock:
+                    if self._error is None:
+                        self._error = _disk_error(exc, self.path, first, self.every)
+            finally:
+                self.ring.free[s].set()
+
+    def _write(self, first, block, lane):
+        stop = first + len(block)
+        peak = np.maximum(block.max(axis=(1, 2)), -block.min(axis=(1, 2)))     # no temporary copy
+
+        def write():
+            self.data[first:stop] = block          # the chunk lands whole (fsync + rename) ...
+            self.peak[first:stop] = peak
+            self.complete[first:stop] = True       # ... before it is flagged complete
+        t0, t1 = timed_write(write)
+        rec = recording.current()
+        if rec is not None:
+            rec.add_interval(lane, "disk write", f"write level {first * self.every}", t0, t1, block.nbytes,
+                             first * self.every)
+
+    def open_result(self):
+        """The finished store's wavefield array, opened for reading (lazy)."""
+        return open_store(self.path).images
+
+
+def _disk_error(exc, path, first, every):
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return OSError(errno.ENOSPC, f"the disk holding the store {path} is full (writing level "
+                       f"{first * every}); earlier levels are complete and flagged in 'complete'", str(path))
+    if isinstance(exc, OSError):
+        return OSError(exc.errno, f"writing level {first * every} to the store {path} failed: {exc}", str(path))
+    return exc
+
+
+# --------------------------------------------------------------------------
+# Reading a store back
+# --------------------------------------------------------------------------
+class StoredRun:
+    """A store opened lazily: nothing is read until a slice is indexed.
+
+    Attributes
+    ----------
+    images : zarr.Array
+        (nsaved, n0, n1); ``images[k]`` reads one level (NaN where it was never written).
+    levels, times_ms : numpy.ndarray
+        Time level and simulated time of each slice.
+    complete : numpy.ndarray of bool
+        Which levels were written completely.
+    attrs : dict
+        The problem's parameters.
+    """
+
+    def __init__(self, path):
+        zarr = _zarr()
+        path = Path(path)
+        if not (path / "zarr.json").is_file():
+            raise FileNotFoundError(f"{path} is not a course store (no zarr.json inside)")
+        self.path = path
+        self.group = zarr.open_group(store=_durable_store(path, read_only=True), mode="r")
+        self.images = self.group[DATA]
+        self.levels = self.group["level"][:]
+        self.times_ms = self.group["time"][:] * 1e3
+        self.complete = self.group["complete"][:]
+        self.attrs = dict(self.group.attrs)
+
+    def peak_amplitude(self):
+        """The largest |u| of all complete levels (read from the small ``peak`` array)."""
+        peak = self.group["peak"][:]
+        peak = peak[np.isfinite(peak)]
+        return float(peak.max()) if peak.size else 0.0
+
+    def stored_nbytes(self):
+        """Bytes the wavefield's chunk files take on disk (compare with ``images.nbytes``)."""
+        return sum(f.stat().st_size for f in (self.path / DATA / "c").rglob("*") if f.is_file())
+
+    def __repr__(self):
+        return (f"<StoredRun {str(self.path)!r}: {int(self.complete.sum())}/{len(self.complete)} levels "
+                f"complete, {self.images.shape[1]}x{self.images.shape[2]}>")
+
+
+def open_store(path):
+    """Open a store written by ``solve(..., store=path)`` lazily (see :class:`StoredRun`)."""
+    return StoredRun(path)
+
+
+# --------------------------------------------------------------------------
+# The disk's own speed
+# --------------------------------------------------------------------------
+def measure_disk_bandwidth(folder, mib=256, chunk_mib=4, writers=DEFAULT_WRITERS):
+    """Write ``mib`` MiB of files in ``chunk_mib`` chunks to ``folder`` from ``writers``
+    threads, each file fsync'ed (the data really on the disk), and return GB/s.
+
+    The files are removed afterwards. This is the disk term of the bound
+    ``B = max(compute, bytes / D2H bandwidth, bytes / disk bandwidth)``.
+    """
+    folder = Path(folder)
+    mib = checks.positive_float("mib", mib)
+    chunk = int(checks.positive_float("chunk_mib", chunk_mib) * 2**20)
+    writers = checks.positive_int("writers", writers)
+    n = max(1, math.ceil(mib * 2**20 / chunk))
+    if not folder.is_dir():
+        raise FileNotFoundError(f"cannot measure the disk: the folder {folder} does not exist")
+    check_target(folder / f".disk-bandwidth-{uuid.uuid4().hex}", n * chunk)
+    work = folder / f".disk-bandwidth-{uuid.uuid4().hex}"
+    work.mkdir()
+    data = np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8).tobytes()   # incompressible
+    jobs = queue.SimpleQueue()
+    for i in range(n):
+        jobs.put(i)
+    errors = []
+
+    def writer():
+        while True:
+            try:
+                i = jobs.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                _put_durable(work / f"c{i}", data)
+            except OSError as exc:
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=writer) for _ in range(writers)]
+    t0 = time.perf_counter()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if errors:
+        raise OSError(errors[0].errno, f"measuring the disk under {folder} failed: {errors[0]}")
+    return n * chunk / seconds / 1e9
+
+
+def codec_speed(images, compress, repeats=3):
+    """Single-thread compression speed (GB/s of raw input) and ratio of ``compress`` on ``images``
+    (a stack of levels), with the same codec settings the store uses."""
+    import numcodecs
+    codec = {"zstd": lambda: numcodecs.Zstd(level=1),
+             "blosc": lambda: numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)}
+    if compress not in codec:
+        raise ValueError(f"compress must be one of {tuple(codec)}, got {compress!r}")
+    c = codec[compress]()
+    levels = [np.ascontiguousarray(level) for level in images]
+    best, size = float("inf"), 0
+    for _ in range(checks.positive_int("repeats", repeats)):
+        t0 = time.perf_counter()
+        size = sum(len(c.encode(level)) for level in levels)
+        best = min(best, time.perf_counter() - t0)
+    raw = sum(level.nbytes for level in levels)
+    return {"gb_per_s": raw / best / 1e9, "ratio": raw / max(size, 1)}

@@ -1,0 +1,294 @@
+"""Streaming the saved levels to a Zarr store: same results, bounded memory, nothing torn."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import course_helper as ch
+from course_helper import observe, store as disk
+
+CPU_STRATEGIES = ("sequential", "streams", "events", "staged")
+ROOT = Path(__file__).resolve().parents[1]
+CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                 COURSE_HELPER_BACKEND="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _cpu():
+    ch.set_backend("cpu")
+
+
+def _problem(nt=40):
+    return ch.WaveProblem(n0=48, n1=40, nt=nt)
+
+
+@pytest.mark.parametrize("strategy", CPU_STRATEGIES)
+@pytest.mark.parametrize("every, compress", [(1, None), (3, "zstd"), (2, "blosc")])
+def test_store_equals_in_memory_result(tmp_path, strategy, every, compress):
+    p = _problem()
+    ref = ch.solve(p, strategy, every=every, trace=False)
+    r = ch.solve(p, strategy, every=every, trace=False, store=tmp_path / "run.zarr", compress=compress)
+    stored = disk.open_store(tmp_path / "run.zarr")
+    assert np.array_equal(stored.images[:], ref.images)
+    assert np.array_equal(r.images[:], ref.images)
+    assert stored.complete.all()
+    assert np.array_equal(stored.levels, ref.levels)
+    assert np.allclose(stored.times_ms, ref.times_ms)
+    assert stored.attrs["dt_s"] == p.dt and stored.attrs["every"] == every
+    assert stored.peak_amplitude() == pytest.approx(float(np.abs(ref.images).max()))
+
+
+def test_store_is_an_xarray_dataset_with_coordinates(tmp_path):
+    xr = pytest.importorskip("xarray")
+    p = _problem()
+    ref = ch.solve(p, "staged", every=2, trace=False, store=tmp_path / "s.zarr", batch=3)
+    ds = xr.open_zarr(tmp_path / "s.zarr")
+    assert ds["u"].dims == ("time", "x0", "x1")
+    assert np.allclose(ds["time"].values, ref.levels * p.dt)
+    assert np.allclose(ds["x1"].values, np.arange(p.n1) * p.dx1)
+    assert ds["u"].encoding["chunks"] == (3, p.n0, p.n1)       # one staging batch per chunk
+    assert np.array_equal(ds["u"].isel(time=5).values, disk.open_store(tmp_path / "s.zarr").images[5])
+
+
+def test_the_timeline_has_a_disk_lane(tmp_path):
+    r = ch.solve(_problem(), "events", store=tmp_path / "t.zarr")
+    writes = r.trace.of_kind("disk write")
+    assert {"disk 0", "disk 1"} >= {e.track for e in writes} and "disk 0" in r.trace.tracks
+    assert sum(e.bytes for e in writes) == len(r.levels) * _problem().nbytes_level
+    assert all(e.end_ms >= e.start_ms for e in writes)
+
+
+def test_refused_combinations(monkeypatch):
+    with pytest.raises(ValueError, match="store=PATH"):
+        ch.solve(_problem(), "events", compress="zstd")
+    with pytest.raises(ValueError, match="compress"):
+        ch.solve(_problem(), "events", store="/nonexistent/x", compress="lzma")
+    from course_helper import solver
+    monkeypatch.setattr(solver, "graphs_supported", lambda: (True, ""))   # as on a GPU
+    with pytest.raises(ValueError, match="captured loop"):
+        ch.solve(_problem(), "graph", store="/nonexistent/x")
+
+
+def test_existing_or_unreachable_path_is_refused_before_the_run(tmp_path, monkeypatch):
+    (tmp_path / "old.zarr").mkdir()
+    with pytest.raises(FileExistsError, match="old.zarr"):
+        ch.solve(_problem(), "events", store=tmp_path / "old.zarr")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        ch.solve(_problem(), "events", store=tmp_path / "missing" / "run.zarr")
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    with pytest.raises(PermissionError, match="not writable"):
+        ch.solve(_problem(), "events", store=tmp_path / "ro.zarr")
+    assert not (tmp_path / "ro.zarr").exists()
+
+
+def test_not_enough_free_space_is_refused_before_the_run(tmp_path, monkeypatch):
+    p = _problem()
+    need = len(range(0, p.nt, 1)) * p.nbytes_level
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: need - 1)
+    with pytest.raises(OSError, match="full.zarr") as info:
+        ch.solve(p, "events", store=tmp_path / "full.zarr")
+    assert info.value.errno == errno.ENOSPC
+    assert not (tmp_path / "full.zarr").exists()
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: need)
+    ch.solve(p, "events", store=tmp_path / "fits.zarr", trace=False)
+
+
+def _batch(strategy):
+    return 4 if strategy == "staged" else None       # several chunks even on a small problem
+
+
+def _assert_never_torn(path, ref_images):
+    """Every level is complete and equal to the reference, or all NaN; flagged levels are correct."""
+    s = disk.open_store(path)
+    images = s.images[:]
+    for k, (got, want) in enumerate(zip(images, ref_images)):
+        nan = np.isnan(got)
+        assert nan.all() or (not nan.any() and np.array_equal(got, want)), f"level index {k} is torn"
+        if s.complete[k]:
+            assert np.array_equal(got, want), f"level index {k} is flagged complete but wrong"
+        elif not nan.all():
+            pass        # landed, killed before its flag: complete data, conservatively unflagged
+    return s
+
+
+@pytest.mark.parametrize("strategy", ["events", "staged"])
+def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, monkeypatch, strategy):
+    p = _problem(nt=60)
+    ref = ch.solve(p, strategy, trace=False)
+    real_put, calls = disk._put_durable, []
+
+    def filling_put(path, data, fsync=True):
+        if "/u/c/" in str(path).replace(os.sep, "/"):
+            calls.append(path)
+            if len(calls) > 5:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_put(path, data, fsync)
+
+    monkeypatch.setattr(disk, "_put_durable", filling_put)
+    with pytest.raises(OSError, match="full") as info:
+        ch.solve(p, strategy, trace=False, store=tmp_path / "d.zarr", batch=_batch(strategy))
+    assert str(tmp_path / "d.zarr") in str(info.value)
+    s = _assert_never_torn(tmp_path / "d.zarr", ref.images)
+    assert 0 < s.complete.sum() < len(ref.levels)
+
+
+class _CtrlC:
+    """Raises KeyboardInterrupt when the copy of ``level`` is queued, as a Ctrl-C there would."""
+
+    def __init__(self, level):
+        self.level = level
+
+    def op_queued(self, op):
+        if op.kind == "D2H" and op.level == self.level:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("strategy", CPU_STRATEGIES)
+def test_ctrl_c_leaves_complete_levels_and_no_torn_one(tmp_path, strategy):
+    p = _problem(nt=60)
+    ref = ch.solve(p, strategy, trace=False)
+    stop = 32 if strategy != "staged" else 28        # a staged batch ships from its first level
+    observe.add(_CtrlC(stop))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ch.solve(p, strategy, trace=False, store=tmp_path / "c.zarr", batch=_batch(strategy))
+    finally:
+        observe.remove(observe.active()[-1])
+    s = _assert_never_torn(tmp_path / "c.zarr", ref.images)
+    first_missing = int(np.argmin(s.complete))
+    assert 0 < first_missing <= stop and not s.complete[first_missing:].any()
+    assert s.complete[:first_missing].all()                # everything before the interrupt landed
+
+
+_CHILD = textwrap.dedent("""
+    import sys, course_helper as ch
+    ch.set_backend("cpu")
+    p = ch.WaveProblem(n0=96, n1=96, nt=int(sys.argv[2]))
+    ch.solve(p, sys.argv[3], trace=False, store=sys.argv[1])
+""")
+
+
+@pytest.mark.parametrize("strategy", ["events", "staged"])
+def test_sigkill_mid_run_leaves_every_level_complete_or_absent(tmp_path, strategy):
+    nt = 1500
+    path = tmp_path / "k.zarr"
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(nt), strategy], env=CHILD_ENV,
+                             stderr=subprocess.PIPE)
+    flags = path / "complete" / "c"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        if flags.is_dir() and len(list(flags.iterdir())) >= 3:      # a few chunks have landed
+            break
+        time.sleep(0.005)
+    assert child.poll() is None, f"the run ended before it could be killed: {child.stderr.read()!r}"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+    ref = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=nt), strategy, trace=False)
+    s = _assert_never_torn(path, ref.images)
+    assert 0 < s.complete.sum() < len(ref.levels)
+    assert np.isnan(s.images[len(ref.levels) - 1]).all()     # the last level never arrived
+
+
+_MEMORY_CHILD = textwrap.dedent("""
+    import json, sys, tracemalloc, course_helper as ch
+    ch.set_backend("cpu")
+    p = ch.WaveProblem(n0=512, n1=512, nt=500)                     # 500 levels of 1 MiB
+    tracemalloc.start()
+    r = ch.solve(p, sys.argv[2], trace=False, store=sys.argv[1])
+    peak = tracemalloc.get_traced_memory()[1]
+    # VmHWM: this process's peak resident memory (ru_maxrss would include the parent's at fork time)
+    hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(json.dumps({"traced_peak": peak, "max_rss": hwm, "nbytes": len(r.levels) * p.nbytes_level}))
+""")
+
+
+def test_a_500_mib_run_streams_in_bounded_host_memory(tmp_path):
+    out = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(tmp_path / "m.zarr"), "staged"], env=CHILD_ENV,
+                         capture_output=True, text=True, timeout=300, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["nbytes"] == 500 * 2**20
+    assert got["traced_peak"] < 96 * 2**20       # ring, staging, scratch and chunks in flight (~60 MiB)
+    assert got["max_rss"] < 200 * 2**20          # interpreter and libraries included (~120 MiB)
+    assert disk.open_store(tmp_path / "m.zarr").complete.all()
+
+
+def test_disk_bandwidth_is_measured_and_cleaned_up(tmp_path):
+    gbps = disk.measure_disk_bandwidth(tmp_path, mib=8, chunk_mib=1)
+    assert gbps > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_slices_opens_a_store_lazily(tmp_path, monkeypatch):
+    import zarr.storage._local as local
+    p = _problem()
+    ref = ch.solve(p, "events", every=2, trace=False)
+    ch.solve(p, "events", every=2, trace=False, store=tmp_path / "v.zarr")
+    viewer = ch.plot_slices(tmp_path / "v.zarr")
+    assert not isinstance(viewer.images, np.ndarray)
+    assert viewer.vlim == pytest.approx(0.05 * float(np.abs(ref.images).max()))
+    real_get, chunks_read = local._get, []
+
+    def counting_get(path, *args, **kwargs):
+        if "/u/c/" in str(path).replace(os.sep, "/"):
+            chunks_read.append(path)
+        return real_get(path, *args, **kwargs)
+
+    monkeypatch.setattr(local, "_get", counting_get)
+    viewer.slider.value = 7
+    assert np.array_equal(viewer.image.get_array(), ref.images[7])
+    assert len(chunks_read) == 1                  # one level read, not the whole run
+    assert viewer.title.endswith(f"level {ref.levels[7]}, t = {ref.times_ms[7]:.2f} ms")
+
+
+def test_cli_run_streams_to_a_store(tmp_path, capsys):
+    from course_helper import cli
+    path = tmp_path / "cli.zarr"
+    assert cli.main(["run", "--store", str(path), "--n", "48", "--nt", "30", "--every", "2",
+                     "--strategy", "staged", "--compress", "zstd", "--backend", "cpu", "--no-progress"]) == 0
+    assert "15 levels complete" in capsys.readouterr().out
+    ref = ch.solve(ch.WaveProblem(n0=48, n1=48, nt=30), "staged", every=2, trace=False)
+    assert np.array_equal(disk.open_store(path).images[:], ref.images)
+    assert cli.main(["run", "--store", str(path), "--n", "48", "--nt", "30", "--backend", "cpu",
+                     "--no-progress"]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_disk_bench_point_reports_the_bound_with_the_disk(tmp_path):
+    from course_helper import bench
+    point = bench.disk_point(48, 30, 1, tmp_path, strategies=("staged",), compress=(None, "zstd"), repeats=1)
+    assert point["bound_ms"] == max(point["compute_only_ms"], point["output_bytes"] / point["disk_gbps"] / 1e6,
+                                    point["output_bytes"] / point["peak_d2h_gbps"] / 1e6)
+    assert [r["compress"] for r in point["runs"]] == [None, "zstd"]
+    assert point["runs"][1]["ratio"] > 1.5 > point["runs"][0]["ratio"] > 0.9   # zeros compress
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_chunk_that_fails_before_its_rename_leaves_no_file(tmp_path, monkeypatch):
+    p = _problem()
+    ref = ch.solve(p, "events", trace=False)
+    chunks = tmp_path / "e.zarr" / "u" / "c"
+    real_fsync, failed = os.fsync, []
+
+    def failing_fsync(fd):              # the first wavefield chunk fails after its bytes were written
+        name = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if chunks in name.parents and not failed:
+            failed.append(int(name.relative_to(chunks).parts[0]))      # its level index
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="e.zarr"):
+        ch.solve(p, "events", trace=False, store=tmp_path / "e.zarr")
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    s = _assert_never_torn(tmp_path / "e.zarr", ref.images)
+    assert np.isnan(s.images[failed[0]]).all() and not s.complete[failed[0]]
+    assert not list((tmp_path / "e.zarr").rglob("*.partial"))      # the temporary file was removed
