@@ -37,7 +37,17 @@ def test_notebook_is_canonical(path):
     raw = path.read_text()
     nb = nbformat.reads(raw, as_version=4)
     nbformat.validate(nb)
-    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    # Exactly what JupyterLab writes when ipykernel's kernel starts, or opening the notebook
+    # marks it modified (and autosave rewrites it).
+    from ipykernel.ipkernel import IPythonKernel
+    from ipykernel.kernelspec import get_kernel_dict
+    spec = get_kernel_dict()
+    assert nb.metadata.get("kernelspec") == {"display_name": spec["display_name"], "language": spec["language"],
+                                             "name": "python3"}
+    stored, kernel = dict(nb.metadata.get("language_info", {})), dict(IPythonKernel.language_info)
+    stored.pop("version", None)                  # the Python that ran the stored outputs
+    kernel.pop("version")
+    assert stored == kernel
     assert "widgets" not in nb.metadata, "stray widget state saved in the notebook"
     for cell in nb.cells:
         assert "execution" not in cell.get("metadata", {}), "execution-timing metadata"
@@ -50,6 +60,6 @@ def test_notebook_is_canonical(path):
             if link.startswith(("http://", "https://", "data:", "attachment:")):
                 continue
             assert (path.parent / link).resolve().exists(), f"{path.name}: missing image {link}"
-    # One canonical serialisation: what nbformat writes.
-    assert raw == nbformat.writes(nb), \
+    # One canonical serialisation: what Jupyter's save writes (nbformat, then a newline).
+    assert raw == nbformat.writes(nb) + "\n", \
         f"{path.name} is not saved in canonical nbformat form (run python tools/canonical_notebooks.py)"
