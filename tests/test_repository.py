@@ -63,3 +63,15 @@ def test_notebook_is_canonical(path):
     # One canonical serialisation: what Jupyter's save writes (nbformat, then a newline).
     assert raw == nbformat.writes(nb) + "\n", \
         f"{path.name} is not saved in canonical nbformat form (run python tools/canonical_notebooks.py)"
+
+
+def test_ci_runs_the_readme_test_command_with_the_browser_test():
+    readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    learner = re.search(r'pip install -e "\.\[([a-z0-9,]+)\]" && (python3 -m pytest --nbval)', readme)
+    contributor = re.search(r'pip install -e "\.\[([a-z0-9,]+)\]" && COURSE_E2E_REQUIRED=1 (python3 -m pytest --nbval)',
+                            readme)
+    assert learner and contributor, "the README's two test commands"
+    assert "e2e" not in learner.group(1).split(","), "the learner's install leaves the browser test out"
+    assert set(contributor.group(1).split(",")) == set(learner.group(1).split(",")) | {"e2e"}
+    assert f'-e ".[{contributor.group(1)}]"' in ci
+    assert contributor.group(2) in ci and "COURSE_E2E_REQUIRED=1" in ci and "apt-get install" in ci
