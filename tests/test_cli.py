@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+import course_helper as ch
 from course_helper.cli import main
 
 
@@ -50,3 +51,22 @@ def test_unwritable_output_folder_is_refused_before_running(tmp_path, capsys):
                  "--out", str(blocker / "sub")])
     assert code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_subcommand_help_describes_strategies_and_columns(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = capsys.readouterr().out
+    for name in ch.STRATEGIES:
+        assert f"\n  {name} " in text, f"compare --help does not list {name}"
+    assert "overlap = " in text and "max diff = " in text
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    assert "efficiency = B / median time" in capsys.readouterr().out
+
+
+def test_compare_table_explains_its_columns(cpu, capsys):
+    assert main(["compare", "--n", "24", "--nt", "12", "--repeats", "1", "--no-progress", "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "overlap" in out.split("\n", 2)[1] and "overlap = share of the copy time" in out
+    assert "max diff = largest absolute difference" in out
