@@ -181,6 +181,8 @@ def test_opening_a_notebook_does_not_mark_it_modified(lab, page):
     _open(page, lab, "07_concurrent_events.ipynb")
     page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
     page.wait_for_timeout(3000)                         # the kernel's language_info has arrived
+    config = page.evaluate("JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+    assert config["news"] == {"disabled": True}, "the course's settings turn JupyterLab's news off"
     dirty = page.locator(".lm-TabBar-tab.jp-mod-dirty").count()
     if dirty:
         page.screenshot(path=str(ARTIFACTS / "modified_on_open.png"))
@@ -271,3 +273,12 @@ def test_inline_fallback_renders_and_updates(lab, page):
     assert f"level {level}," in _caption(page)
     bad = [m for m in page.console_errors if WIDGET_ERRORS.search(m)]
     assert not bad, f"browser console errors from the widget extensions: {bad}"
+
+
+def test_kernels_run_without_the_plain_tcp_warning(lab, page):
+    # Run last: by now the tests above have started several kernels under the README's launch.
+    _open(page, lab, "07_concurrent_events.ipynb")
+    page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
+    log = (lab["root"] / "lab.log").read_text()
+    assert "Kernel started" in log
+    assert "without encryption" not in log, "a kernel warned that it runs over TCP without encryption"
