@@ -193,6 +193,10 @@ class Trace:
     def plot(self, ax=None, window=None, levels=None, title=None):
         """Draw the timeline: one lane per track, kernels and copies in their colours.
 
+        The legend sits to the right of the axes, never over a bar. Every operation is drawn at
+        least one pixel wide (at the figure's size and layout when ``plot`` is called), so a copy
+        far shorter than a pixel on a whole-run plot still shows.
+
         Parameters
         ----------
         ax : matplotlib Axes, optional
