@@ -55,6 +55,21 @@ def readme_launch():
     env = dict(w.split("=", 1) for w in words if "=" in w and words.index(w) < words.index("jupyter"))
     return env, words[words.index("jupyter"):]
 
+# Run All sets the slider in two cells; the browser must end where the last cell put it.
+RESET_NOTEBOOK = """{
+ "cells": [
+  {"cell_type": "code", "execution_count": null, "id": "r0", "metadata": {}, "outputs": [],
+   "source": ["%matplotlib inline\\n", "import course_helper as ch\\n",
+              "result = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=120), 'events', trace=False)\\n",
+              "viewer = ch.plot_slices(result, clip=0.05)\\n", "viewer.slider.value = 30\\n", "viewer"]},
+  {"cell_type": "code", "execution_count": null, "id": "r1", "metadata": {}, "outputs": [],
+   "source": ["viewer.slider.value = 40\\n", "print('slider at', viewer.slider.value)"]}
+ ],
+ "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+ "nbformat": 4, "nbformat_minor": 5
+}
+"""
+
 
 def _free_port():
     with socket.socket() as s:
@@ -90,6 +105,7 @@ def lab(tmp_path_factory):
         shutil.copytree(ROOT / folder, root / folder)
     (root / "notebooks" / "widget.ipynb").write_text(NOTEBOOK.format(backend="widget"))
     (root / "notebooks" / "inline.ipynb").write_text(NOTEBOOK.format(backend="inline"))
+    (root / "notebooks" / "reset.ipynb").write_text(RESET_NOTEBOOK)
     # Started as the README says, from the course root; the test adds only what a headless run needs.
     readme_env, command = readme_launch()
     jupyter = pathlib.Path(sys.executable).with_name("jupyter")   # this environment's jupyter
@@ -273,6 +289,19 @@ def test_inline_fallback_renders_and_updates(lab, page):
     assert f"level {level}," in _caption(page)
     bad = [m for m in page.console_errors if WIDGET_ERRORS.search(m)]
     assert not bad, f"browser console errors from the widget extensions: {bad}"
+
+
+def test_slider_ends_where_the_last_cell_set_it(lab, page):
+    _open_and_run(page, lab, "reset.ipynb")
+    page.get_by_text("slider at 40").first.wait_for(timeout=60_000)
+    page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=60_000)
+    page.wait_for_timeout(3000)                          # time for any late update to arrive
+    handle = page.locator(".widget-slider .noUi-handle").first
+    caption = _caption(page)
+    if int(float(handle.get_attribute("aria-valuenow"))) != 40:
+        page.screenshot(path=str(ARTIFACTS / "failed_slider_reset.png"))
+    assert int(float(handle.get_attribute("aria-valuenow"))) == 40, f"the slider moved back (caption: {caption})"
+    assert "level 40," in caption
 
 
 def test_kernels_run_without_the_plain_tcp_warning(lab, page):
