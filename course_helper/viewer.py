@@ -203,6 +203,19 @@ class Animation:
         display(HTML(self.html))
 
 
+def _with_poster(html):
+    """The animation's first frame as its image's source, so that where the JavaScript does
+    not run (an untrusted notebook, a sanitised HTML view) the first frame shows, not a
+    broken image."""
+    import re
+    first = re.search(r'frames\[0\] = "(data:image/[a-z]+;base64,[^"]*)"', html)
+    if first is None:
+        return html
+    data = first.group(1).replace("\\\n", "")          # the writer breaks the string with \<newline>
+    return re.sub(r'<img id="(_anim_img[0-9a-f]+)">', lambda m: f'<img id="{m.group(1)}" src="{data}">', html,
+                  count=1)
+
+
 def _first_visible(images, vlim):
     """Index of the first slice with an amplitude at the colour scale's limit somewhere: the
     wave starts from a silent box, and the source is too faint to see for its first levels."""
@@ -242,7 +255,7 @@ def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield",
     draw(frames[0])
     anim = animation.FuncAnimation(fig, draw, frames=frames, interval=interval, blit=False)
     with plt.rc_context({"animation.frame_format": "jpeg"}):   # a quarter of PNG's size for these fields
-        html = anim.to_jshtml()
+        html = _with_poster(anim.to_jshtml())
     plt.close(fig)
 
     shown = [frames[round(j * (len(frames) - 1) / 3)] for j in range(4)] if len(frames) >= 4 else frames

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -87,7 +89,11 @@ def test_animate_returns_self_contained_html_and_a_still_strip(cpu, result):
     anim = ch.animate(result, step=10)
     assert "<script" in anim.html and anim.data == anim.html
     assert anim.strip.startswith(b"\x89PNG")
-    assert anim.html.count("data:image/jpeg;base64") == len(anim.levels)
+    assert anim.html.count("data:image/jpeg;base64") == len(anim.levels) + 1   # the frames and a poster
+    # Without JavaScript the image shows the first frame, not a broken image.
+    poster = re.search(r'<img id="_anim_img\w+" src="([^"]+)"', anim.html).group(1)
+    first = re.search(r'frames\[0\] = "([^"]+)"', anim.html).group(1).replace("\\\n", "")
+    assert poster == first
     # The first frame is not the silent box the run starts from, and every 10th level follows.
     first = list(result.levels).index(anim.levels[0])
     assert np.abs(result.images[first]).max() >= colour_limit(result.images)
