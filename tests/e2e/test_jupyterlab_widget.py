@@ -3,17 +3,18 @@
 Starts JupyterLab in a temporary copy of the course with the README's launch
 line (only a free port, a token, no browser and, as root, ``--allow-root``
 added), checks that every image in the course's notebooks loads and that
-opening a notebook does not mark it modified; then runs two small notebooks
-that use ``plot_slices`` on the CPU backend, moves the slider, presses play,
-and checks what the learner would see. Screenshots go to
+opening a notebook does not mark it modified; then runs small notebooks that
+use ``plot_slices`` on the CPU backend, moves the slider, presses play, checks
+that the slider ends where the last cell set it, and checks what the learner
+would see. Screenshots go to
 ``test-artifacts/e2e/``. Needs Debian's chromium (``apt-get install chromium``)
 and the Playwright Python package (``pip install -e ".[e2e]"``); .ci/run
 installs both. Run alone with ``python -m pytest -m e2e tests/e2e``.
 """
 import os
 import pathlib
-import re
 import platform
+import re
 import secrets
 import shlex
 import shutil
@@ -54,6 +55,7 @@ def readme_launch():
     words = shlex.split(line, comments=True)
     env = dict(w.split("=", 1) for w in words if "=" in w and words.index(w) < words.index("jupyter"))
     return env, words[words.index("jupyter"):]
+
 
 # Run All sets the slider in two cells; the browser must end where the last cell put it.
 RESET_NOTEBOOK = """{
@@ -100,7 +102,7 @@ def lab(tmp_path_factory):
     pytest.importorskip("playwright.sync_api", reason="pip install playwright (the e2e extra)")
     pytest.importorskip("jupyterlab", reason="pip install jupyterlab (the lab extra)")
     root = tmp_path_factory.mktemp("course")
-    # A temporary copy of the course, plus two small notebooks that use the same plot_slices.
+    # A temporary copy of the course, plus small notebooks that use the same plot_slices.
     for folder in ("notebooks", "images", "jupyter-config"):
         shutil.copytree(ROOT / folder, root / folder)
     (root / "notebooks" / "widget.ipynb").write_text(NOTEBOOK.format(backend="widget"))
