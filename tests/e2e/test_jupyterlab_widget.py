@@ -189,6 +189,24 @@ def test_every_image_in_the_notebook_loads(lab, page, name):
     assert not broken, f"{name}: images that did not load with {shlex.join(lab['command'])}: {broken}"
 
 
+def test_stored_widget_and_animation_show_pictures_before_anything_runs(lab, page):
+    # The notebook as a reader first sees it: stored outputs, untrusted, no widget state.
+    name = "04_wave_equation.ipynb"
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    index = {c.get("id"): i for i, c in enumerate(nb.cells)}
+    _open(page, lab, name)
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    for cell_id in ("c04-18", "c04-22"):               # the slice widget, the animation
+        cell = cells.nth(index[cell_id])
+        cell.scroll_into_view_if_needed()
+        image = cell.locator(".jp-OutputArea-output img").first
+        image.wait_for(timeout=30_000)
+        page.wait_for_function("(i) => i.complete && i.naturalWidth > 0", arg=image.element_handle(),
+                               timeout=20_000)
+        text = cell.locator(".jp-OutputArea").inner_text()
+        assert "VBox(children" not in text and "Error displaying widget" not in text, text[:200]
+
+
 def test_opening_a_notebook_does_not_mark_it_modified(lab, page):
     # As if the stored outputs came from this Python: then nothing in the stored metadata
     # differs from what JupyterLab writes when the kernel starts.
