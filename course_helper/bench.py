@@ -254,7 +254,9 @@ def plot_bench(doc, path=None):
     import matplotlib.pyplot as plt
     pts = [p for p in doc["points"] if "strategies" in p]
     names = list(pts[0]["strategies"]) if pts else []
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    # One panel above the other, so each point's label has the figure's whole width.
+    fig, axes = plt.subplots(2, 1, figsize=(12, 7.2), sharex=True, layout="constrained")
     x = np.arange(len(pts))
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
@@ -263,15 +265,22 @@ def plot_bench(doc, path=None):
         axes[0].bar(x + i * width, eff, width, label=name)
         axes[1].bar(x + i * width, spd, width, label=name)
     labels = [f"{p['n']}²×{p['nt']}\nevery {p['every']}\n({p['bound_by']}-bound)" for p in pts]
+    axes[1].set_xticks(x + width * (len(names) - 1) / 2, labels, fontsize=8)
     for ax, title in zip(axes, ("efficiency = B / time (1 = the physical limit)", "speedup over sequential")):
-        ax.set_xticks(x + width * (len(names) - 1) / 2, labels, fontsize=8)
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10, loc="left")
     axes[0].axhline(0.9, color="grey", ls="--", lw=0.8)
     axes[0].set_ylim(0, 1.1)
+    # Log scale with plain numbers (1x, 2x, 5x), and at least 0.5x to 2x so there are ticks to read.
+    speedups = [r["speedup"] for p in pts for r in p["strategies"].values()] or [1.0]
     axes[1].set_yscale("log")
-    axes[1].legend(fontsize=8, ncols=2)
+    axes[1].set_ylim(min(0.5, min(speedups) / 1.3), max(2.0, max(speedups) * 1.3))
+    axes[1].yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axes[1].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    axes[1].yaxis.set_minor_formatter(NullFormatter())
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    axes[0].legend(fontsize=8, ncols=len(names) or 1, loc="lower left", bbox_to_anchor=(0, 1.08),
+                   borderaxespad=0)
     fig.suptitle(f"{doc['machine']['device']} ({doc['machine']['backend']} backend)")
-    fig.tight_layout()
     if path is not None:
         write_atomically(os.fspath(path), lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
     return fig

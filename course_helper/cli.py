@@ -17,32 +17,76 @@ import os
 import sys
 
 
-def _parser():
+#: What each strategy does (the loops are in course_helper/strategies.py).
+STRATEGY_HELP = {
+    "sequential": "one stream, a blocking copy after every kernel",
+    "streams": "compute and IO streams; the host waits on an IO stream before reusing its buffer",
+    "events": "the same dependencies as events; the host never waits",
+    "staged": "device-to-device copies into a staging ring, batched copies to the host",
+    "graph": "the events loop captured into a CUDA graph",
+    "graph-staged": "the staged loop captured into a CUDA graph",
+}
+
+#: Printed under the compare table, and in `compare --help`.
+COMPARE_COLUMNS = """\
+columns: median/min/max ms = host wall time of the untraced runs' loops, the device synchronised at
+  the end (a graph's one-off capture not included); speedup = sequential median / this median; overlap = share of the copy time during
+  which a kernel ran too, from one traced run (copy time hidden behind compute; read it as an upper
+  bound, as the timelines mark when a stream was busy); max diff = largest absolute difference
+  between this strategy's images and the sequential ones (0 = bit-identical)."""
+
+
+def _strategies_text():
+    """Every registered strategy, each with a line on what it does (its loop's docstring where
+    the table above has no entry, so a new strategy is listed too)."""
     from .strategies import STRATEGIES
-    names = ", ".join(STRATEGIES)
+    lines = []
+    for name, entry in STRATEGIES.items():
+        what = STRATEGY_HELP.get(name) or (entry.loop.__doc__ or "").strip().split("\n")[0]
+        lines.append(f"  {name:<13} {what}")
+    return "strategies:\n" + "\n".join(lines)
+
+
+def _parser():
     p = argparse.ArgumentParser(prog="python -m course_helper",
-                                description="Overlapping GPU compute with IO: the course's headless tools.")
-    sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("compare", help="run the IO strategies on one size and compare them")
+                                description="Overlapping GPU compute with IO: the course's headless tools. "
+                                            "Run 'python3 -m course_helper COMMAND --help' for a command's options.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = sub.add_parser("compare", help="run the IO strategies on one size and compare them",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run each strategy on one grid size, time it, check that its images are "
+                                   "identical to the sequential loop's, and print a table. With --out, also "
+                                   "write each strategy's trace (for https://ui.perfetto.dev) and a timeline "
+                                   "picture. Exits with status 1 when a strategy's images differ.",
+                       epilog=_strategies_text() + "\n\n" + COMPARE_COLUMNS)
     c.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
     c.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     c.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
     c.add_argument("--strategies", default="sequential,streams,events",
-                   help=f"comma-separated strategies out of {names} (default: the lesson's three)")
+                   help="comma-separated strategies, from the list below (default: the lesson's three, "
+                        "sequential,streams,events)")
     c.add_argument("--repeats", type=int, default=3, help="timed runs per strategy (default 3)")
     c.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     c.add_argument("--out", default=None, help="folder for traces (JSON) and timelines (PNG)")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
-    b = sub.add_parser("bench", help="sweep sizes and strategies against the physical limit B")
+    b = sub.add_parser("bench", help="sweep sizes and strategies against the physical limit B",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Time every strategy at several grid sizes and snapshot intervals and "
+                                   "compare each with B, the physical limit of that point: max(compute-only "
+                                   "time, output bytes / peak pinned device-to-host bandwidth). Prints a "
+                                   "table; with --out, writes bench.json and bench.png.",
+                       epilog=_strategies_text() + "\n\ncolumns: efficiency = B / median time (1 = the "
+                              "limit); speedup = sequential median / this median; identical = the images "
+                              "equal the sequential ones.")
     b.add_argument("--points", default=None,
                    help="comma-separated NxNTxEVERY points, e.g. 256x640x1,2048x320x8 "
                         "(default: the course sweep on a GPU, a small one on the CPU)")
     b.add_argument("--every-sweep", action="store_true",
                    help="also sweep the snapshot interval at 2048^2 x 320 (every 1..32)")
     b.add_argument("--strategies", default=None,
-                   help=f"comma-separated strategies out of {names} (default: all this backend runs)")
+                   help="comma-separated strategies, from the list below (default: all that run on this backend)")
     b.add_argument("--repeats", type=int, default=5, help="timed runs per strategy and point (default 5)")
     b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
     b.add_argument("--out", default=None, help="folder for bench.json and bench.png")
@@ -250,6 +294,7 @@ def compare_main(args):
     print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels, every {args.every}, "
           f"{args.repeats} repeats, {backend.backend_name()} backend")
     print(cmp.table())
+    print(COMPARE_COLUMNS)
     if args.out:
         import matplotlib
         matplotlib.use("Agg")

@@ -229,6 +229,10 @@ class Trace:
     def plot(self, ax=None, window=None, levels=None, title=None):
         """Draw the timeline: one lane per track, kernels and copies in their colours.
 
+        The legend sits to the right of the axes, never over a bar. Every operation is drawn at
+        least one pixel wide (at the figure's size and layout when ``plot`` is called), so a copy
+        far shorter than a pixel on a whole-run plot still shows.
+
         Parameters
         ----------
         ax : matplotlib Axes, optional
@@ -243,31 +247,38 @@ class Trace:
         from matplotlib.patches import Patch
 
         if ax is None:
-            _, ax = plt.subplots(figsize=(10, 0.45 * len(self.tracks) + 1.4))
+            # Constrained layout keeps room for the legend outside the axes.
+            _, ax = plt.subplots(figsize=(10, 0.45 * len(self.tracks) + 1.4), layout="constrained")
         if levels is not None:
             window = self.window_for_levels(*levels)
-        lane = {name: i for i, name in enumerate(self.tracks)}
-        for kind, colour in KINDS.items():
-            for track in self.tracks:
-                bars = [(e.start_ms, max(e.duration_ms, 1e-4)) for e in self.events
-                        if e.kind == kind and e.track == track]
-                if bars:
-                    ax.broken_barh(bars, (lane[track] - 0.4, 0.8), facecolors=colour, edgecolor="none")
-        ax.set_yticks(range(len(self.tracks)), self.tracks)
-        ax.set_ylim(max(len(self.tracks), 1) - 0.5, -0.5)
-        if not self.events:
-            ax.text(0.5, 0.5, "nothing was recorded", transform=ax.transAxes, ha="center")
-        ax.set_xlabel("time (ms)")
         if window is not None:
             pad = 0.02 * (window[1] - window[0])
             ax.set_xlim(window[0] - pad, window[1] + pad)
         elif self.events:
             ax.set_xlim(0, max(e.end_ms for e in self.events) * 1.01)
         present = {e.kind for e in self.events}
-        ax.legend(handles=[Patch(color=c, label=k) for k, c in KINDS.items() if k in present],
-                  loc="upper right", fontsize="small", ncols=len(present) or 1)
+        if present:                                  # beside the axes, never over a bar
+            ax.legend(handles=[Patch(color=c, label=k) for k, c in KINDS.items() if k in present],
+                      loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
+        ax.set_yticks(range(len(self.tracks)), self.tracks)
+        ax.set_ylim(max(len(self.tracks), 1) - 0.5, -0.5)
+        if not self.events:
+            ax.text(0.5, 0.5, "nothing was recorded", transform=ax.transAxes, ha="center")
+        ax.set_xlabel("time (ms)")
         if title is None:
             title = f"{self.meta.get('strategy', 'timeline')} (timing: {self.timing})"
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)
+        # Every operation at least one pixel wide: on a whole run, a copy can be far shorter than
+        # a pixel, and a thinner bar is not drawn at all.
+        ax.figure.draw_without_rendering()           # the final layout, legend included
+        lo, hi = ax.get_xlim()
+        pixel_ms = (hi - lo) / max(ax.get_window_extent().width, 1.0)
+        lane = {name: i for i, name in enumerate(self.tracks)}
+        for kind, colour in KINDS.items():
+            for track in self.tracks:
+                bars = [(e.start_ms, max(e.duration_ms, pixel_ms)) for e in self.events
+                        if e.kind == kind and e.track == track]
+                if bars:
+                    ax.broken_barh(bars, (lane[track] - 0.4, 0.8), facecolors=colour, edgecolor="none")
         return ax

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-__all__ = ["plot_slices", "compare_slices", "animate", "SliceViewer", "colour_limit", "show_code"]
+__all__ = ["plot_slices", "compare_slices", "animate", "Animation", "SliceViewer", "colour_limit", "show_code"]
 
 
 def _opened(source):
@@ -84,9 +84,10 @@ class SliceViewer:
         self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description="slice",
                                         continuous_update=True, layout=widgets.Layout(width="60%"))
         self.play = widgets.Play(value=0, min=0, max=n - 1, interval=60, description="play")
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
-        # The Python side also follows the play button (no front end needed).
-        self.play.observe(lambda ch: setattr(self.slider, "value", ch["new"]), names="value")
+        # One link, kept by Python: setting either value in code sets the other at once, so the
+        # browser never holds a value the kernel has not seen. (A browser-side jslink echoed the
+        # slider's old value back through the play button after later cells had moved it.)
+        self._link = widgets.link((self.play, "value"), (self.slider, "value"))
         self.caption = widgets.Label(value="")
 
         # Made with interactive mode off, so the figure appears once: inside the widget.
@@ -133,9 +134,19 @@ class SliceViewer:
     def title(self):
         return self.ax.get_title()
 
-    def _ipython_display_(self):
-        from IPython.display import display
-        display(self.widget)
+    def png(self, dpi=72):
+        """The figure as it shows now, as PNG bytes."""
+        import io
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+        return buffer.getvalue()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        # The live widget, plus a picture of the slice it shows for every reader without a
+        # kernel (GitHub, nbviewer, JupyterLab before the notebook runs): they show the PNG.
+        bundle = self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        bundle["image/png"] = self.png()
+        return bundle
 
 
 def plot_slices(result_or_images, clip=0.05, cmap="seismic", title="wavefield"):
@@ -190,33 +201,96 @@ def compare_slices(a, b, index=None, clip=0.05, labels=("a", "b")):
     return fig
 
 
-def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield"):
-    """A self-contained HTML/JavaScript animation (it survives notebook export).
+class Animation:
+    """A JavaScript animation with a still picture beside it.
 
-    ``step`` shows every ``step``-th slice to keep the HTML small.
+    Displayed, it shows ``strip`` (PNG: a few of the animated levels side by side, which
+    every reader sees, with or without a kernel or JavaScript) and then ``html`` (the
+    self-contained animation, which needs a trusted notebook or an HTML export).
+    ``levels`` are the animated levels, in order.
     """
+
+    def __init__(self, html, strip, levels):
+        self.html, self.strip, self.levels = html, strip, levels
+
+    @property
+    def data(self):
+        return self.html
+
+    def _ipython_display_(self):
+        from IPython.display import HTML, Image, display
+        display(Image(data=self.strip, format="png"))
+        display(HTML(self.html))
+
+
+def _with_poster(html):
+    """The animation's first frame as its image's source, so that where the JavaScript does
+    not run (an untrusted notebook, a sanitised HTML view) the first frame shows, not a
+    broken image."""
+    import re
+    first = re.search(r'frames\[0\] = "(data:image/[a-z]+;base64,[^"]*)"', html)
+    if first is None:
+        return html
+    data = first.group(1).replace("\\\n", "")          # the writer breaks the string with \<newline>
+    return re.sub(r'<img id="(_anim_img[0-9a-f]+)">', lambda m: f'<img id="{m.group(1)}" src="{data}">', html,
+                  count=1)
+
+
+def _first_visible(images, vlim):
+    """Index of the first slice with an amplitude at the colour scale's limit somewhere: the
+    wave starts from a silent box, and the source is too faint to see for its first levels."""
+    loud = np.flatnonzero([np.nanmax(np.abs(image)) >= vlim for image in images])
+    return int(loud[0]) if loud.size else 0
+
+
+def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield", dpi=60):
+    """A self-contained HTML/JavaScript animation (it survives notebook export), with a still
+    strip of four of its levels beside it.
+
+    ``step`` shows every ``step``-th slice to keep the HTML small; the animation starts at
+    the first slice that reaches the colour scale's limit, so its first frame is never a blank box. ``dpi``
+    sets the frames' resolution (and so the size of the HTML). Returns an :class:`Animation`.
+    """
+    import io
+
     import matplotlib.pyplot as plt
     from matplotlib import animation
-    from IPython.display import HTML
 
     images, levels, times = _stack_of(result_or_images)
     if not isinstance(step, int) or step < 1:
         raise ValueError(f"step must be a whole number >= 1, got {step!r}")
     vlim = colour_limit(images, clip)
-    frames = list(range(0, len(images), step))
+    frames = list(range(_first_visible(images, vlim), len(images), step))
     with plt.ioff():
-        fig, ax = plt.subplots(figsize=(4.5, 4))
-    im = ax.imshow(images[0], cmap="seismic", vmin=-vlim, vmax=vlim)
+        fig, ax = plt.subplots(figsize=(4.2, 3.8), dpi=dpi)
+    im = ax.imshow(images[frames[0]], cmap="seismic", vmin=-vlim, vmax=vlim)
+    ax.set_xlabel("cell index (dimension 1)")
+    ax.set_ylabel("cell index (dimension 0)")
 
     def draw(i):
         im.set_data(images[i])
         ax.set_title(f"{title}: level {int(levels[i])}")
         return (im,)
 
+    draw(frames[0])
     anim = animation.FuncAnimation(fig, draw, frames=frames, interval=interval, blit=False)
-    html = anim.to_jshtml()
+    with plt.rc_context({"animation.frame_format": "jpeg"}):   # a quarter of PNG's size for these fields
+        html = _with_poster(anim.to_jshtml())
     plt.close(fig)
-    return HTML(html)
+
+    shown = [frames[round(j * (len(frames) - 1) / 3)] for j in range(4)] if len(frames) >= 4 else frames
+    with plt.ioff():
+        fig, axes = plt.subplots(1, len(shown), figsize=(2.4 * len(shown), 2.6), squeeze=False)
+    for ax, i in zip(axes[0], shown):
+        ax.imshow(images[i], cmap="seismic", vmin=-vlim, vmax=vlim)
+        ax.set_title(f"level {int(levels[i])}", fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"{title}: {len(shown)} of the animation's {len(frames)} frames", fontsize=10)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=72, bbox_inches="tight")
+    plt.close(fig)
+    return Animation(html, buffer.getvalue(), [int(levels[i]) for i in frames])
 
 
 class SourceCode:

@@ -1,4 +1,6 @@
 import json
+import pathlib
+import re
 
 import pytest
 
@@ -50,3 +52,22 @@ def test_bench_cli_bad_points(cpu, points, msg, capsys):
 def test_bench_refuses_unknown_strategy(cpu):
     with pytest.raises(ValueError, match="unknown strategy"):
         bench.run_bench([(32, 20, 1)], ["warp"], repeats=1)
+
+
+def test_bench_plot_labels_are_readable(cpu):
+    import matplotlib.pyplot as plt
+    doc = json.loads((pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench.json").read_text())
+    for p in doc["points"]:                       # speedups as on a CPU: all just under 1x
+        for r in p.get("strategies", {}).values():
+            r["speedup"] = 0.8 + 0.15 * r["efficiency"]
+    fig = bench.plot_bench(doc)
+    fig.draw_without_rendering()
+    speedup = fig.axes[1]
+    boxes = [t.get_window_extent() for t in speedup.get_xticklabels() if t.get_text()]
+    assert len(boxes) == len([p for p in doc["points"] if "strategies" in p])
+    assert not any(a.overlaps(b) for a, b in zip(boxes, boxes[1:])), "x labels overlap"
+    lo, hi = speedup.get_ylim()
+    shown = [t.get_text() for t in speedup.get_yticklabels()
+             if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert len(shown) >= 2 and all(re.fullmatch(r"[0-9.]+x", s) for s in shown), shown
+    plt.close(fig)

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+import course_helper as ch
 from course_helper.cli import main
 
 
@@ -95,3 +96,22 @@ def test_written_files_are_readable_by_others_under_umask_022(tmp_path):
     assert code == 0
     written = sorted(os.listdir(tmp_path))
     assert written and all(os.stat(tmp_path / f).st_mode & 0o777 == 0o644 for f in written), written
+
+
+def test_subcommand_help_describes_strategies_and_columns(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = capsys.readouterr().out
+    for name in ch.STRATEGIES:
+        assert f"\n  {name} " in text, f"compare --help does not list {name}"
+    assert "overlap = " in text and "max diff = " in text
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    assert "efficiency = B / median time" in capsys.readouterr().out
+
+
+def test_compare_table_explains_its_columns(cpu, capsys):
+    assert main(["compare", "--n", "24", "--nt", "12", "--repeats", "1", "--no-progress", "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "overlap" in out.split("\n", 2)[1] and "overlap = share of the copy time" in out
+    assert "max diff = largest absolute difference" in out

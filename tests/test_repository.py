@@ -36,7 +36,17 @@ def test_notebook_is_canonical(path):
     raw = path.read_text()
     nb = nbformat.reads(raw, as_version=4)
     nbformat.validate(nb)
-    assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
+    # Exactly what JupyterLab writes when ipykernel's kernel starts, or opening the notebook
+    # marks it modified (and autosave rewrites it).
+    from ipykernel.ipkernel import IPythonKernel
+    from ipykernel.kernelspec import get_kernel_dict
+    spec = get_kernel_dict()
+    assert nb.metadata.get("kernelspec") == {"display_name": spec["display_name"], "language": spec["language"],
+                                             "name": "python3"}
+    stored, kernel = dict(nb.metadata.get("language_info", {})), dict(IPythonKernel.language_info)
+    stored.pop("version", None)                  # the Python that ran the stored outputs
+    kernel.pop("version")
+    assert stored == kernel
     assert "widgets" not in nb.metadata, "stray widget state saved in the notebook"
     for cell in nb.cells:
         assert "execution" not in cell.get("metadata", {}), "execution-timing metadata"
@@ -49,8 +59,8 @@ def test_notebook_is_canonical(path):
             if link.startswith(("http://", "https://", "data:", "attachment:")):
                 continue
             assert (path.parent / link).resolve().exists(), f"{path.name}: missing image {link}"
-    # One canonical serialisation: what nbformat writes.
-    assert raw == nbformat.writes(nb), \
+    # One canonical serialisation: what Jupyter's save writes (nbformat, then a newline).
+    assert raw == nbformat.writes(nb) + "\n", \
         f"{path.name} is not saved in canonical nbformat form (run python tools/canonical_notebooks.py)"
 
 
@@ -77,3 +87,15 @@ def test_the_package_namespace_is_its_short_public_list():
         assert f"`{name}" in section, f"the README's helper package section does not list {name}"
         if callable(getattr(ch, name)):
             assert getattr(ch, name).__doc__, f"{name} has no docstring"
+
+
+def test_ci_runs_the_readme_test_command_with_the_browser_test():
+    readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    learner = re.search(r'pip install -e "\.\[([a-z0-9,]+)\]" && (python3 -m pytest --nbval)', readme)
+    contributor = re.search(r'pip install -e "\.\[([a-z0-9,]+)\]" && COURSE_E2E_REQUIRED=1 (python3 -m pytest --nbval)',
+                            readme)
+    assert learner and contributor, "the README's two test commands"
+    assert "e2e" not in learner.group(1).split(","), "the learner's install leaves the browser test out"
+    assert set(contributor.group(1).split(",")) == set(learner.group(1).split(",")) | {"e2e"}
+    assert f'-e ".[{contributor.group(1)}]"' in ci
+    assert contributor.group(2) in ci and "COURSE_E2E_REQUIRED=1" in ci and "apt-get install" in ci

@@ -184,3 +184,22 @@ def test_failed_write_removes_the_temporary_file(tmp_path):
     with pytest.raises(RuntimeError):
         write_atomically(tmp_path / "x.json", boom)
     assert os.listdir(tmp_path) == []
+
+
+def test_plot_keeps_the_legend_off_the_bars_and_every_operation_visible(cpu):
+    import matplotlib.pyplot as plt
+    problem = ch.WaveProblem(n0=64, n1=64, nt=300)
+    t = ch.solve(problem, "events").trace
+    ax = t.plot()
+    fig = ax.figure
+    fig.draw_without_rendering()
+    legend = ax.get_legend().get_window_extent()
+    assert not legend.overlaps(ax.get_window_extent()), "the legend covers the plotting area"
+    shortest = min(e.duration_ms for e in t.events)
+    lo, hi = ax.get_xlim()
+    assert shortest < (hi - lo) / ax.get_window_extent().width, "the run has operations under a pixel"
+    widths = [path.get_extents(transform=ax.transData).width
+              for bars in ax.collections for path in bars.get_paths()]
+    assert len(widths) == len(t.events)
+    assert min(widths) >= 0.999, f"an operation drawn {min(widths):.2f} pixels wide"
+    plt.close(fig)

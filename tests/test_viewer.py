@@ -1,7 +1,10 @@
+import re
+
 import numpy as np
 import pytest
 
 import course_helper as ch
+from course_helper.viewer import colour_limit
 
 
 @pytest.fixture
@@ -27,6 +30,27 @@ def test_play_button_advances_frames(cpu, result):
         v.play.value = frame            # what the Play widget does on each tick
         assert v.index == frame and v.slider.value == frame
         np.testing.assert_array_equal(v.image.get_array(), result.images[frame])
+
+
+def test_slider_set_in_code_is_the_value_every_widget_holds(cpu, result):
+    # The play button holds the slider's value in the kernel too, so no browser-side link has a
+    # stale value to send back (a late play update once reset the slider after Run All).
+    v = ch.plot_slices(result)
+    v.slider.value = 30
+    v.slider.value = 40
+    assert v.play.value == 40
+    v.play.value = 40                   # the browser's echo of the current value changes nothing
+    assert v.slider.value == 40 and v.index == 40
+
+
+def test_stored_widget_output_carries_a_picture_of_its_slice(cpu, result):
+    v = ch.plot_slices(result)
+    v.slider.value = 20
+    bundle = v._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["image/png"].startswith(b"\x89PNG") and bundle["image/png"] == v.png()
+    v.slider.value = 21
+    assert v.png() != bundle["image/png"], "the picture shows the current slice"
 
 
 def test_colour_limits_are_symmetric_fixed_and_clipped(cpu, result):
@@ -61,8 +85,19 @@ def test_compare_slices_picks_the_worst_slice(cpu, result):
         ch.compare_slices(result, other[:3])
 
 
-def test_animate_returns_self_contained_html(cpu, result):
-    html = ch.animate(result, step=10)
-    assert "<script" in html.data and "level 40" not in html.data[:100]
+def test_animate_returns_self_contained_html_and_a_still_strip(cpu, result):
+    anim = ch.animate(result, step=10)
+    assert "<script" in anim.html and anim.data == anim.html
+    assert anim.strip.startswith(b"\x89PNG")
+    assert anim.html.count("data:image/jpeg;base64") == len(anim.levels) + 1   # the frames and a poster
+    # Without JavaScript the image shows the first frame, not a broken image.
+    poster = re.search(r'<img id="_anim_img\w+" src="([^"]+)"', anim.html).group(1)
+    first = re.search(r'frames\[0\] = "([^"]+)"', anim.html).group(1).replace("\\\n", "")
+    assert poster == first
+    # The first frame is not the silent box the run starts from, and every 10th level follows.
+    first = list(result.levels).index(anim.levels[0])
+    assert np.abs(result.images[first]).max() >= colour_limit(result.images)
+    assert np.abs(result.images[:first]).max() < colour_limit(result.images)
+    assert np.diff(anim.levels).tolist() == [10] * (len(anim.levels) - 1)
     with pytest.raises(ValueError):
         ch.animate(result, step=0)

@@ -3,8 +3,12 @@
 Run from the repository root:  python tools/canonical_notebooks.py [NOTEBOOK ...]
 
 It keeps outputs (the stored GPU run) but drops what changes from run to run
-without meaning anything: widget state, execution timing, the kernel's
-display name. tests/test_repository.py checks that notebooks stay this way.
+without meaning anything: widget state, execution timing. The notebook's
+metadata is exactly what JupyterLab writes when it starts ipykernel's
+``python3`` kernel (kernelspec and language_info), and the file ends with the
+newline Jupyter's save adds: otherwise opening a notebook marks it modified at
+once, and autosave rewrites it. tests/test_repository.py checks that notebooks
+stay this way.
 """
 import pathlib
 import sys
@@ -14,11 +18,20 @@ import nbformat
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+# What ipykernel's kernelspec and kernel_info reply say; JupyterLab copies both into the
+# notebook when the kernel starts. language_info's "version" (the Python that ran the
+# stored outputs) is kept as execution recorded it.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                 "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                 "pygments_lexer": "ipython3"}
+
+
 def canonical(nb):
     nb.metadata.pop("widgets", None)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    nb.metadata.setdefault("language_info", {"name": "python"})
-    nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    version = nb.metadata.get("language_info", {}).get("version")
+    nb.metadata["language_info"] = dict(LANGUAGE_INFO, **({"version": version} if version else {}))
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("collapsed", None)
@@ -29,14 +42,19 @@ def canonical(nb):
     return nb
 
 
+def text(nb):
+    """The notebook as Jupyter's own save writes it (nbformat.write ends the file with a newline)."""
+    return nbformat.writes(nb) + "\n"
+
+
 def main(paths):
     paths = [pathlib.Path(p).resolve() for p in paths] or sorted((ROOT / "notebooks").rglob("*.ipynb"))
     for path in paths:
         nb = canonical(nbformat.read(path, as_version=4))
         nbformat.validate(nb)
-        text = nbformat.writes(nb)
-        if path.read_text() != text:
-            path.write_text(text)
+        new = text(nb)
+        if path.read_text() != new:
+            path.write_text(new)
             print("rewrote", path.relative_to(ROOT))
 
 

@@ -10,7 +10,7 @@ import nbformat
 from nbclient import NotebookClient
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from canonical_notebooks import ROOT, canonical  # noqa: E402
+from canonical_notebooks import ROOT, canonical, text  # noqa: E402
 
 
 def main(paths):
@@ -21,7 +21,7 @@ def main(paths):
         NotebookClient(nb, timeout=900, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}, allow_errors=False,
                        record_timing=False).execute()
-        path.write_text(nbformat.writes(canonical(nb)))
+        path.write_text(text(canonical(nb)))
         print(f"executed {path.relative_to(ROOT)} in {time.time() - t0:.1f} s", flush=True)
 
 

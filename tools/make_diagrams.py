@@ -124,42 +124,58 @@ def scratch_ring():
 
 
 def workflow(kind):
-    fig, ax = plt.subplots(figsize=(10, 3.8))
-    lanes = {"host": 3.0, "compute": 2.0, "io[b]": 1.0}
+    """One loop turn for level L, drawn from the loop's code (course_helper/strategies.py).
+
+    b = L % m is the buffer the kernel writes; c = (L-3) % m holds level L-3, the newest level
+    no kernel touches any more, whose copy runs on io[c] after waiting on ready[c], the event
+    the compute stream recorded three turns earlier, after the kernel that made level L-3.
+    """
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    lanes = {"host": 4.0, "compute": 3.0, "io[b]": 2.0, "io[c]": 1.0}
     for name, y in lanes.items():
-        ax.plot([0, 10], [y, y], color="#cccccc", lw=1, zorder=0)
+        ax.plot([0, 10.6], [y, y], color="#cccccc", lw=1, zorder=0)
         ax.text(-0.2, y, name, ha="right", va="center", fontsize=11)
+    green, ghost = "#2ca02c", "#c7e9c0"
+    ax.axvspan(-0.05, 1.35, color="#f4f4f4", zorder=-1)
+    ax.text(0.65, 4.55, "earlier turns", ha="center", fontsize=9, color="#666666")
+    # Turn L-3: the kernel that made level L-3 recorded ready[c] on the compute stream.
+    box(ax, 0.1, 2.85, 1.15, 0.3, ghost, "record ready[c]\n(turn L-3)", tc="black", fs=7)
     if kind == "streams":
-        box(ax, 0.3, 2.75, 2.0, 0.5, WAIT, "io[b].synchronize()", fs=9)
-        box(ax, 2.6, 1.75, 2.6, 0.5, KERNEL, "kernel: level L -> U[b]", fs=9)
-        box(ax, 5.35, 1.85, 0.9, 0.3, "#2ca02c", "record\nready[b]", fs=7)
-        box(ax, 0.6, 0.75, 1.6, 0.5, COPY, "copy level L-m", fs=9)
-        box(ax, 6.3, 0.75, 1.1, 0.5, "#2ca02c", "wait\nready[c]", fs=8)
-        box(ax, 7.5, 0.75, 2.2, 0.5, COPY, "copy level L-3 (U[c])", fs=9)
-        arrow(ax, (2.2, 1.0), (1.3, 2.75), colour=WAIT, ls="--")
-        ax.text(0.2, 2.35, "host blocks until the old copy ends", fontsize=8, color=WAIT)
-        arrow(ax, (2.3, 3.0), (2.7, 2.25))
-        arrow(ax, (5.8, 1.85), (6.85, 1.25), rad=-0.2)
+        # Turn L-m+3 queued the copy of level L-m, the last reader of U[b], on io[b].
+        box(ax, 0.1, 1.75, 1.15, 0.5, "#fdd0a2", "copy L-m\n(U[b])", tc="black", fs=8)
+        box(ax, 1.6, 3.75, 2.1, 0.5, WAIT, "io[b].synchronize()", fs=9)
+        arrow(ax, (1.25, 2.0), (1.9, 3.75), colour=WAIT, ls="--")
+        ax.text(1.4, 3.5, "host blocks until that copy ends", fontsize=8, color=WAIT)
+        box(ax, 3.9, 2.75, 2.6, 0.5, KERNEL, "kernel: level L -> U[b]", fs=9)
+        arrow(ax, (3.7, 4.0), (4.1, 3.25))
+        box(ax, 6.6, 2.8, 0.9, 0.4, green, "record\nready[b]", fs=7)
+        box(ax, 6.9, 0.75, 1.0, 0.5, green, "wait\nready[c]", fs=8)
+        box(ax, 8.0, 0.75, 2.4, 0.5, COPY, "copy level L-3 (U[c])", fs=9)
+        arrow(ax, (1.25, 2.95), (7.0, 1.25), colour=green, rad=0.12)
         title = "Stream synchronisation: the host waits on the IO stream that last read U[b]"
     else:
-        box(ax, 0.3, 1.75, 1.3, 0.5, "#2ca02c", "wait\ncopied[b]", fs=8)
-        box(ax, 1.8, 1.75, 2.5, 0.5, KERNEL, "kernel: level L -> U[b]", fs=9)
-        box(ax, 4.4, 1.85, 0.9, 0.3, "#2ca02c", "record\nready[b]", fs=7)
-        box(ax, 0.0, 0.75, 1.2, 0.5, COPY, "copy L-m", fs=9)
-        box(ax, 1.25, 0.85, 0.9, 0.3, "#2ca02c", "record\ncopied[b]", fs=7)
-        box(ax, 5.8, 0.75, 1.1, 0.5, "#2ca02c", "wait\nready[c]", fs=8)
-        box(ax, 7.0, 0.75, 1.6, 0.5, COPY, "copy L-3", fs=9)
-        box(ax, 8.65, 0.85, 0.9, 0.3, "#2ca02c", "record\ncopied[c]", fs=7)
-        arrow(ax, (1.7, 1.15), (0.95, 1.75), rad=0.2)
-        arrow(ax, (4.85, 1.85), (6.35, 1.25), rad=-0.2)
-        ax.text(0.3, 3.0, "host: only queues work - it never waits inside the loop", fontsize=10,
+        # Turn L-m+3 recorded copied[b] on io[b] after copying level L-m out of U[b].
+        box(ax, 0.05, 1.75, 1.25, 0.5, "#fdd0a2", "copy L-m (U[b]),\nrecord copied[b]", tc="black", fs=7)
+        box(ax, 1.6, 2.75, 1.2, 0.5, green, "wait\ncopied[b]", fs=8)
+        arrow(ax, (1.25, 2.1), (1.9, 2.75), colour=green, rad=0.2)
+        box(ax, 2.95, 2.75, 2.6, 0.5, KERNEL, "kernel: level L -> U[b]", fs=9)
+        box(ax, 5.65, 2.8, 0.9, 0.4, green, "record\nready[b]", fs=7)
+        box(ax, 6.4, 0.75, 1.0, 0.5, green, "wait\nready[c]", fs=8)
+        box(ax, 7.5, 0.75, 1.6, 0.5, COPY, "copy L-3 (U[c])", fs=9)
+        box(ax, 9.2, 0.8, 0.9, 0.4, green, "record\ncopied[c]", fs=7)
+        arrow(ax, (1.25, 2.95), (6.5, 1.25), colour=green, rad=0.12)
+        ax.text(1.6, 4.0, "host: only queues work - it never waits inside the loop", fontsize=10,
                 va="center")
         title = "Event synchronisation: streams wait on events, the host runs ahead"
+    x_ready = 7.05 if kind == "streams" else 6.1
+    ax.annotate("waited on by the copy\nof level L, turn L+3", xy=(x_ready, 2.85), xytext=(x_ready + 0.9, 2.0),
+                fontsize=8, color=green, arrowprops=dict(arrowstyle="<|-", color=green, lw=1.1))
     ax.set_title(title, fontsize=11, loc="left")
-    ax.text(0, 0.25, "one loop turn for level L; b = L % m, c = (L-3) % m; arrows are dependencies",
+    ax.text(0, 0.3, "one loop turn for level L (m scratch buffers): b = L % m, c = (L-3) % m; "
+            "arrows are the dependencies the loop queues; pale boxes were queued on earlier turns",
             fontsize=9, color="#444444")
-    ax.set_xlim(-1.6, 10)
-    ax.set_ylim(0.1, 3.5)
+    ax.set_xlim(-1.6, 10.7)
+    ax.set_ylim(0.15, 4.7)
     ax.axis("off")
     save(fig, f"workflow_{kind}.svg")
 

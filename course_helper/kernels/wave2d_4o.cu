@@ -6,9 +6,11 @@
 // Arrays are N0 x N1, row-major (dimension 1 is contiguous). Two cells of
 // padding on every side are never written, so they stay zero: reflecting
 // walls. One thread per cell; threads outside the interior return at once.
-// The source amplitude is computed on the host (in double precision) so the
-// NumPy version of this update gives bit-identical results; compile with
-// --fmad=false so that every multiply and add is rounded as NumPy rounds it.
+// The source amplitude is computed on the host (in double precision), and the
+// kernel is compiled with --fmad=false so that every multiply and add is
+// rounded on its own, as in NumPy. The GPU's results still differ from the
+// NumPy version's in the last bits (3.9e-7 at a peak of 2.44 over 640 levels on
+// an NVIDIA H200), so the course compares them within 1e-6 of the peak.
 
 extern "C" __global__ void wave2d_4o(
     const float* __restrict__ U0,   // level n

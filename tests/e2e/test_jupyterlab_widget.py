@@ -1,17 +1,22 @@
-"""End to end: the slice widget in a real JupyterLab, driven by headless Chromium.
+"""End to end: the course in a real JupyterLab, driven by headless Chromium.
 
-Starts JupyterLab on 127.0.0.1 (random free port, a token) in a temporary copy
-of the course with two small notebooks added that use ``plot_slices``, runs
-them on the CPU backend, moves the slider,
-presses play, and checks what the learner would see. Screenshots go to
+Starts JupyterLab in a temporary copy of the course with the README's launch
+line (only a free port, a token, no browser and, as root, ``--allow-root``
+added), checks that every image in the course's notebooks loads and that
+opening a notebook does not mark it modified; then runs small notebooks that
+use ``plot_slices`` on the CPU backend, moves the slider, presses play, checks
+that the slider ends where the last cell set it, and checks what the learner
+would see. Screenshots go to
 ``test-artifacts/e2e/``. Needs Debian's chromium (``apt-get install chromium``)
 and the Playwright Python package (``pip install -e ".[e2e]"``); .ci/run
 installs both. Run alone with ``python -m pytest -m e2e tests/e2e``.
 """
 import os
 import pathlib
+import platform
 import re
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -19,6 +24,7 @@ import sys
 import time
 import urllib.request
 
+import nbformat
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -36,9 +42,34 @@ NOTEBOOK = """{{
               "result = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=120), 'events', trace=False)\\n",
               "viewer = ch.plot_slices(result, clip=0.05)\\n", "viewer"]}}
  ],
- "metadata": {{"kernelspec": {{"display_name": "Python 3", "language": "python", "name": "python3"}}}},
+ "metadata": {{"kernelspec": {{"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}}}},
  "nbformat": 4, "nbformat_minor": 5
 }}
+"""
+
+
+def readme_launch():
+    """The README's launch line, split into its environment and its command."""
+    quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1]
+    line = next(l for l in quick.splitlines() if " jupyter lab " in f" {l} ")
+    words = shlex.split(line, comments=True)
+    env = dict(w.split("=", 1) for w in words if "=" in w and words.index(w) < words.index("jupyter"))
+    return env, words[words.index("jupyter"):]
+
+
+# Run All sets the slider in two cells; the browser must end where the last cell put it.
+RESET_NOTEBOOK = """{
+ "cells": [
+  {"cell_type": "code", "execution_count": null, "id": "r0", "metadata": {}, "outputs": [],
+   "source": ["%matplotlib inline\\n", "import course_helper as ch\\n",
+              "result = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=120), 'events', trace=False)\\n",
+              "viewer = ch.plot_slices(result, clip=0.05)\\n", "viewer.slider.value = 30\\n", "viewer"]},
+  {"cell_type": "code", "execution_count": null, "id": "r1", "metadata": {}, "outputs": [],
+   "source": ["viewer.slider.value = 40\\n", "print('slider at', viewer.slider.value)"]}
+ ],
+ "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+ "nbformat": 4, "nbformat_minor": 5
+}
 """
 
 
@@ -71,23 +102,26 @@ def lab(tmp_path_factory):
     pytest.importorskip("playwright.sync_api", reason="pip install playwright (the e2e extra)")
     pytest.importorskip("jupyterlab", reason="pip install jupyterlab (the lab extra)")
     root = tmp_path_factory.mktemp("course")
-    # A temporary copy of the course, plus two small notebooks that use the same plot_slices.
-    for folder in ("notebooks", "images"):
+    # A temporary copy of the course, plus small notebooks that use the same plot_slices.
+    for folder in ("notebooks", "images", "jupyter-config"):
         shutil.copytree(ROOT / folder, root / folder)
     (root / "notebooks" / "widget.ipynb").write_text(NOTEBOOK.format(backend="widget"))
     (root / "notebooks" / "inline.ipynb").write_text(NOTEBOOK.format(backend="inline"))
+    (root / "notebooks" / "reset.ipynb").write_text(RESET_NOTEBOOK)
+    # Started as the README says, from the course root; the test adds only what a headless run needs.
+    readme_env, command = readme_launch()
+    jupyter = pathlib.Path(sys.executable).with_name("jupyter")   # this environment's jupyter
+    command = [str(jupyter) if jupyter.exists() else command[0], *command[1:]]
     port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", JUPYTER_RUNTIME_DIR=str(root / ".runtime"))
+    command += ["--no-browser", f"--ServerApp.port={port}", f"--IdentityProvider.token={token}"]
+    if os.geteuid() == 0:
+        command.append("--allow-root")                    # what the README tells root to add
+    env = dict(os.environ, **readme_env, COURSE_HELPER_BACKEND="cpu", JUPYTER_RUNTIME_DIR=str(root / ".runtime"))
     log = open(root / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False", "--allow-root",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_for(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=90)
-        yield {"url": f"http://127.0.0.1:{port}", "token": token, "root": root}
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "root": root, "command": command}
     finally:
         proc.terminate()
         try:
@@ -117,11 +151,82 @@ def page(lab):
             browser.close()
 
 
-def _open_and_run(page, lab, name):
-    # A fresh workspace per notebook, so JupyterLab does not reopen the other test's tab.
-    workspace = name.replace(".", "-")
+def _open(page, lab, name):
+    # A fresh workspace per notebook, so JupyterLab does not reopen another test's tab.
+    workspace = re.sub(r"[^A-Za-z0-9]", "-", name)
     page.goto(f"{lab['url']}/lab/workspaces/{workspace}/tree/notebooks/{name}?reset&token={lab['token']}")
     page.wait_for_selector(".jp-Notebook", timeout=90_000)
+
+
+COURSE_NOTEBOOKS = sorted(p.relative_to(ROOT / "notebooks").as_posix()
+                          for p in (ROOT / "notebooks").rglob("*.ipynb"))
+
+
+def _image_links(name):
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)", text) + re.findall(r'<img[^>]+src="([^"]+)"', text)
+
+
+@pytest.mark.parametrize("name", [n for n in COURSE_NOTEBOOKS if _image_links(n)])
+def test_every_image_in_the_notebook_loads(lab, page, name):
+    _open(page, lab, name)
+    images = page.locator(".jp-Notebook .jp-RenderedMarkdown img")
+    images.first.wait_for(timeout=60_000)
+    assert images.count() == len(_image_links(name)), "not every image link became an image"
+    broken = []
+    for i in range(images.count()):
+        image = images.nth(i)
+        image.scroll_into_view_if_needed()
+        try:
+            page.wait_for_function("(i) => i.complete", arg=image.element_handle(), timeout=20_000)
+        except Exception:                               # noqa: BLE001 - reported below as not loaded
+            pass
+        if image.evaluate("(i) => i.naturalWidth") == 0:
+            broken.append(image.get_attribute("src"))
+    if broken:
+        page.screenshot(path=str(ARTIFACTS / f"broken_images_{name.replace('/', '_')}.png"))
+    assert not broken, f"{name}: images that did not load with {shlex.join(lab['command'])}: {broken}"
+
+
+def test_stored_widget_and_animation_show_pictures_before_anything_runs(lab, page):
+    # The notebook as a reader first sees it: stored outputs, untrusted, no widget state.
+    name = "04_wave_equation.ipynb"
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    index = {c.get("id"): i for i, c in enumerate(nb.cells)}
+    _open(page, lab, name)
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    for cell_id in ("c04-18", "c04-22"):               # the slice widget, the animation
+        cell = cells.nth(index[cell_id])
+        cell.scroll_into_view_if_needed()
+        image = cell.locator(".jp-OutputArea-output img").first
+        image.wait_for(timeout=30_000)
+        page.wait_for_function("(i) => i.complete && i.naturalWidth > 0", arg=image.element_handle(),
+                               timeout=20_000)
+        text = cell.locator(".jp-OutputArea").inner_text()
+        assert "VBox(children" not in text and "Error displaying widget" not in text, text[:200]
+
+
+def test_opening_a_notebook_does_not_mark_it_modified(lab, page):
+    # As if the stored outputs came from this Python: then nothing in the stored metadata
+    # differs from what JupyterLab writes when the kernel starts.
+    path = lab["root"] / "notebooks" / "07_concurrent_events.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata.language_info["version"] = platform.python_version()
+    nbformat.write(nb, path)
+    _open(page, lab, "07_concurrent_events.ipynb")
+    page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
+    page.wait_for_timeout(3000)                         # the kernel's language_info has arrived
+    config = page.evaluate("JSON.parse(document.getElementById('jupyter-config-data').textContent)")
+    assert config["news"] == {"disabled": True}, "the course's settings turn JupyterLab's news off"
+    dirty = page.locator(".lm-TabBar-tab.jp-mod-dirty").count()
+    if dirty:
+        page.screenshot(path=str(ARTIFACTS / "modified_on_open.png"))
+    assert dirty == 0, "opening the notebook marked it modified (its stored metadata differs from the kernel's)"
+
+
+def _open_and_run(page, lab, name):
+    _open(page, lab, name)
     # Wait until the kernel is up and idle before running anything.
     page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
     # Run > Run All Cells, as a learner would.
@@ -204,3 +309,25 @@ def test_inline_fallback_renders_and_updates(lab, page):
     assert f"level {level}," in _caption(page)
     bad = [m for m in page.console_errors if WIDGET_ERRORS.search(m)]
     assert not bad, f"browser console errors from the widget extensions: {bad}"
+
+
+def test_slider_ends_where_the_last_cell_set_it(lab, page):
+    _open_and_run(page, lab, "reset.ipynb")
+    page.get_by_text("slider at 40").first.wait_for(timeout=60_000)
+    page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=60_000)
+    page.wait_for_timeout(3000)                          # time for any late update to arrive
+    handle = page.locator(".widget-slider .noUi-handle").first
+    caption = _caption(page)
+    if int(float(handle.get_attribute("aria-valuenow"))) != 40:
+        page.screenshot(path=str(ARTIFACTS / "failed_slider_reset.png"))
+    assert int(float(handle.get_attribute("aria-valuenow"))) == 40, f"the slider moved back (caption: {caption})"
+    assert "level 40," in caption
+
+
+def test_kernels_run_without_the_plain_tcp_warning(lab, page):
+    # Run last: by now the tests above have started several kernels under the README's launch.
+    _open(page, lab, "07_concurrent_events.ipynb")
+    page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
+    log = (lab["root"] / "lab.log").read_text()
+    assert "Kernel started" in log
+    assert "without encryption" not in log, "a kernel warned that it runs over TCP without encryption"
