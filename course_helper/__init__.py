@@ -1,7 +1,8 @@
 """course_helper: the helper package of the course *Overlapping GPU compute with IO*.
 
 It runs on an NVIDIA GPU through CuPy, or - with no GPU - on a NumPy CPU
-backend with the same API, the same semantics and the same results.
+backend with the same API, the same semantics and the same results, whose
+times are those of a modelled GPU (see :mod:`course_helper.model`).
 
 The names a learner uses::
 
@@ -13,7 +14,7 @@ The names a learner uses::
     plot_slices, compare_slices, animate   looking at the wavefield
 """
 from .backend import (BackendUnavailable, backend_name, device_report, gpu_available,
-                      print_device_report, set_backend, synchronize)
+                      print_device_report, set_backend)
 from .compare import Comparison, compare_strategies
 from .memory import (CpuDeviceArray, copy_on_device_async, copy_to_device_async, copy_to_host,
                      copy_to_host_async, device_empty, device_zeros, host_memory_available, zero_async,
@@ -21,7 +22,7 @@ from .memory import (CpuDeviceArray, copy_on_device_async, copy_to_device_async,
                      to_device, to_host)
 from .solver import STRATEGIES, Result, plan_memory, solve
 from .streams import (Event, Stream, create_events, create_streams, current_stream, default_stream,
-                      elapsed_ms, stream_priority_range)
+                      elapsed_ms, stream_priority_range, synchronize)
 from .timeline import Trace, TraceEvent
 from .recording import tracing
 from .viewer import SliceViewer, animate, compare_slices, plot_slices, show_code

@@ -9,6 +9,10 @@ The choice is made once, on first use:
   :class:`BackendUnavailable` saying why when it cannot have it;
 * ``COURSE_HELPER_BACKEND=cpu`` always uses NumPy.
 
+On the CPU backend the work runs in NumPy on a *modelled* GPU (see
+:mod:`course_helper.model`): results are the GPU's, times are modelled on a
+device profile (``COURSE_HELPER_PROFILE``, default the H200).
+
 :func:`set_backend` switches in the same process (the tests use it).
 """
 from __future__ import annotations
@@ -20,11 +24,13 @@ import threading
 
 import numpy as np
 
+from . import profiles
+
 ENV_VAR = "COURSE_HELPER_BACKEND"
 CHOICES = ("auto", "gpu", "cpu")
 
-__all__ = ["BackendUnavailable", "backend_name", "set_backend", "gpu_available",
-           "device_report", "print_device_report", "synchronize"]
+__all__ = ["BackendUnavailable", "backend_name", "set_backend", "gpu_available", "profile_name",
+           "device_report", "print_device_report"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -36,6 +42,7 @@ class _State:
     reason = ""          # why that backend, in words
     announced = False
     probe = None         # (ok: bool, why: str), cached
+    profile = None       # the CPU backend's device profile (name or path); None: env or default
     lock = threading.RLock()
 
 
@@ -116,8 +123,9 @@ def _announce():
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         print(f"course_helper: GPU backend on {name} ({_state.reason})")
     else:
-        print(f"course_helper: CPU backend ({_state.reason}) "
-              "- results are identical, timings are not GPU timings")
+        device = profiles.load(profile_name())["device"]["name"]
+        print(f"course_helper: CPU backend ({_state.reason}) - results are identical, "
+              f"times are modelled on {device} (profile {profile_name()})")
 
 
 def backend_name() -> str:
@@ -132,21 +140,34 @@ def backend_name() -> str:
         return _state.name
 
 
-def set_backend(name: str) -> str:
+def set_backend(name: str, profile: str | None = None) -> str:
     """Switch the backend for the rest of the process (``"auto"``, ``"gpu"`` or ``"cpu"``).
+
+    ``profile`` picks the device profile the CPU backend models (a shipped
+    name such as ``"h200"`` or the path of a calibrated JSON file); None
+    keeps ``$COURSE_HELPER_PROFILE`` or the default H200.
 
     Streams, events and arrays made before the switch belong to the old
     backend; make new ones after switching. Returns the active backend name.
     """
     if not isinstance(name, str):
         raise TypeError(f"set_backend takes a string, one of {CHOICES}, not {type(name).__name__}")
+    if profile is not None:
+        if not isinstance(profile, str):
+            raise TypeError(f"profile must be a profile name or path, not {type(profile).__name__}")
+        profiles.load(profile)              # a bad profile is refused before anything changes
     with _state.lock:
         chosen, reason = _choose(name)      # raises before changing anything
-        if chosen != _state.name:
+        if chosen != _state.name or profile != _state.profile:
             _state.announced = False
-        _state.name, _state.reason = chosen, reason
+        _state.name, _state.reason, _state.profile = chosen, reason, profile
         _announce()
         return chosen
+
+
+def profile_name() -> str:
+    """The device profile the CPU backend models (a name or a path)."""
+    return _state.profile or os.environ.get(profiles.ENV_VAR) or profiles.DEFAULT
 
 
 def on_gpu() -> bool:
@@ -157,19 +178,6 @@ def cupy_module():
     """CuPy, imported (only call on the GPU backend)."""
     import cupy
     return cupy
-
-
-def synchronize():
-    """Block the host until all work on the active backend's device has finished.
-
-    On the CPU backend this also raises any exception stored by a stream.
-    """
-    from . import observe, streams
-    if on_gpu():
-        cupy_module().cuda.Device().synchronize()
-    else:
-        streams._synchronize_all_cpu()
-    observe.notify("host_synced", None)
 
 
 # --------------------------------------------------------------------------
@@ -219,7 +227,9 @@ def device_report(print_it: bool = False) -> dict:
             cupy=cupy.__version__,
             cpu=_cpu_model(), cores=os.cpu_count())
     else:
+        profile = profiles.load(profile_name())
         report.update(
+            modelled_device=f"{profile['device']['name']} (profile {profile_name()})",
             device=f"CPU: {_cpu_model()}", memory_gib=_NA, multiprocessors=_NA,
             compute_capability=_NA, async_engine_count=_NA, concurrent_kernels=_NA,
             runtime_version=_NA, driver_version=_NA, cupy=_NA,

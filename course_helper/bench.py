@@ -23,11 +23,11 @@ import platform
 import numpy as np
 
 from . import checks
-from .backend import backend_name, device_report, synchronize
+from .backend import backend_name, device_report
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, host_memory_available, pinned_empty, to_device
 from .solver import STRATEGIES, plan_memory, solve
-from .streams import create_events, create_streams, elapsed_ms
+from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import backend_name, synchronize
+from .backend import backend_name
+from .streams import synchronize
 from .timeline import _intersection, _length, _union
 
 __all__ = ["cupti_available", "run_with_cupti", "agreement"]

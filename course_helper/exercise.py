@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks, recording, streams
-from .backend import cupy_module
+from . import checks, observe, runtime, streams
 
 __all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
 
@@ -39,7 +38,7 @@ def layer_values(k, shape):
 
 
 def _kernel():
-    cupy = cupy_module()
+    import cupy          # called by the GPU runtime only; the CPU backend never imports CuPy
     return cupy.RawKernel(_SOURCE, "bake_layer")
 
 
@@ -54,15 +53,15 @@ def bake_layer(plane, k, stream=None):
     stream = streams.resolve(stream)
     n0, n1 = plane.shape
 
-    def gpu():
-        with stream.raw:
+    def cuda(raw_stream):
+        with raw_stream:
             _kernel()(((n1 + 31) // 32, (n0 + 7) // 8), (32, 8), (plane, np.int32(n0), np.int32(n1), np.int32(k)))
 
-    def cpu():
-        np.copyto(plane.view(np.ndarray), layer_values(k, (n0, n1)))
+    def numpy(out):
+        np.copyto(out, layer_values(k, (n0, n1)))
 
-    recording.enqueue(stream, kind="kernel", name=f"bake layer {k}", level=k, gpu=gpu, cpu=cpu,
-                      writes=(plane,))
+    op = observe.Op("kernel", f"bake layer {k}", stream, k, 0, (), (plane,))
+    runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost={"kernel": "bake", "bytes": plane.nbytes})
 
 
 def check_layer_cake(stack, nplanes=None):

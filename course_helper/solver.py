@@ -7,16 +7,15 @@ streams and events, timing, tracing); the loops in
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checks, recording, strategies
-from .backend import backend_name, cupy_module, synchronize
+from . import checks, recording, runtime, strategies
+from .backend import backend_name
 from .graphs import GraphsUnsupported, graphs_supported
 from .memory import device_zeros, host_memory_available, pinned_empty, to_device
-from .streams import create_events, create_streams
+from .streams import create_events, create_streams, synchronize
 from .wave import WaveProblem
 
 __all__ = ["solve", "Result", "STRATEGIES", "Run", "plan_memory"]
@@ -87,13 +86,15 @@ class Result:
     elapsed_ms : float
         Host wall time of the loop, device synchronised at the end (for the
         graph strategies: of the replay; the capture is in ``capture_ms``).
+        On the CPU backend: the *modelled* time on the profiled GPU
+        (``time_label`` says which, e.g. "modelled H200").
     strategy, backend : str
     every, nscratch : int
     problem : WaveProblem
     """
 
     def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace,
-                 nstaging=0, batch=1, capture_ms=None):
+                 nstaging=0, batch=1, capture_ms=None, time_label=""):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -106,6 +107,7 @@ class Result:
         self.nstaging = nstaging
         self.batch = batch
         self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
+        self.time_label = time_label     # "" on a GPU, e.g. "modelled H200" on the CPU backend
         self._trace = trace
 
     @property
@@ -130,8 +132,9 @@ class Result:
                    default=0.0)
 
     def __repr__(self):
+        clock = f" {self.time_label}" if self.time_label else ""
         return (f"<Result {self.strategy!r} on {self.backend}: {len(self.levels)} levels of "
-                f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms>")
+                f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms{clock}>")
 
 
 def default_batch(problem):
@@ -161,10 +164,8 @@ def _check_memory(problem, every, nscratch, nstaging=0, batch=1):
             f"({len(range(0, problem.nt, every))} levels x {problem.nbytes_level / 2**20:,.1f} MiB) but "
             f"only {avail / 2**20:,.0f} MiB are available; save fewer levels, e.g. every={suggest}, "
             "or use a smaller grid")
-    if backend_name() == "gpu":
-        cupy = cupy_module()
-        free, _total = cupy.cuda.runtime.memGetInfo()
-        free += cupy.get_default_memory_pool().free_bytes()
+    free = runtime.get().device_free_bytes()
+    if free is not None:
         if need["device"] > 0.9 * free:
             raise MemoryError(
                 f"the scratch wavefields need {need['device'] / 2**20:,.0f} MiB of device memory "
@@ -259,7 +260,9 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     concurrent = strategy != "sequential"
     shape = (len(levels), *problem.shape)
     images = pinned_empty(shape) if concurrent else np.empty(shape, np.float32)
-    images.fill(np.nan)
+    rt = runtime.get()
+    if rt.computes_data:          # (a model predicting times only writes no data)
+        images.fill(np.nan)
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
               V=to_device(problem.velocity), images=images,
               staging=[device_zeros((batch, *problem.shape)) for _ in range(nstaging)], batch=batch)
@@ -280,16 +283,16 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
                                          "nt": problem.nt, "every": every, "nscratch": nscratch,
                                          "nstaging": nstaging, "batch": batch}).activate()
         if strategy in _GRAPHS:
-            t0 = time.perf_counter()
+            t0 = rt.host_ms()
             graph = STRATEGIES[strategy](run)             # capture: records, runs nothing
-            capture_ms = (time.perf_counter() - t0) * 1e3
-            t0 = time.perf_counter()
+            capture_ms = rt.host_ms() - t0
+            t0 = rt.host_ms()
             graph.launch()                                # the timed part: one replay
         else:
-            t0 = time.perf_counter()
+            t0 = rt.host_ms()
             STRATEGIES[strategy](run)
         synchronize()
-        elapsed = (time.perf_counter() - t0) * 1e3
+        elapsed = rt.host_ms() - t0
         timeline = recorder.finish() if recorder is not None else None
     except BaseException:
         # Leave the process usable: drain queued work, stop recording, re-raise.
@@ -303,7 +306,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     finally:
         _close_streams(run)
     return Result(images, levels, elapsed, strategy, problem, every, nscratch, backend, timeline,
-                  nstaging=nstaging, batch=batch, capture_ms=capture_ms)
+                  nstaging=nstaging, batch=batch, capture_ms=capture_ms, time_label=runtime.time_label())
 
 
 _warmed = set()
@@ -312,7 +315,7 @@ _warmed = set()
 def _warm_up():
     """Run the kernel once, untimed: the first launch loads its module (CUDA loads
     kernels lazily), which would otherwise land inside the first timed loop."""
-    backend = backend_name()
+    backend = id(runtime.get())
     if backend in _warmed:
         return
     tiny = WaveProblem(n0=8, n1=8, nt=3)
@@ -324,8 +327,6 @@ def _warm_up():
 
 
 def _close_streams(run):
-    """Stop the CPU backend's worker threads of this run (GPU streams are freed by CuPy)."""
+    """This run's streams take no more work (on the CPU backend queueing more raises)."""
     for s in ([run.compute] if run.compute is not None else []) + list(run.io):
-        close = getattr(s.raw, "close", None)
-        if close is not None:
-            close()
+        s.runtime.close_stream(s.raw)
