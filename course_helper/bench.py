@@ -22,7 +22,7 @@ import platform
 
 import numpy as np
 
-from . import checks
+from . import checks, runtime
 from .backend import backend_name, device_report
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, host_memory_available, pinned_empty, to_device
@@ -134,7 +134,9 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
         for _ in range(repeats):
             last = solve(problem, name, every=every, trace=False)
             times.append(last.elapsed_ms)
-        if reference is None:
+        if not runtime.get().computes_data:
+            identical = None                      # times predicted only: nothing to compare
+        elif reference is None:
             reference = last.images
             identical = True
         else:
@@ -157,6 +159,11 @@ def _machine():
                                 "async_engine_count", "runtime_version", "driver_version", "cupy",
                                 "numpy", "python", "cpu", "cores")}
     info["platform"] = platform.platform()
+    rt = runtime.get()
+    if rt.modelled:
+        info["clock"] = rt.device_label              # the times are modelled, on this profile
+        info["profile"] = rt.profile["provenance"]
+        info["computed"] = rt.computes_data
     return info
 
 
@@ -225,7 +232,8 @@ def plot_bench(doc, path=None):
     axes[0].set_ylim(0, 1.1)
     axes[1].set_yscale("log")
     axes[1].legend(fontsize=8, ncols=2)
-    fig.suptitle(f"{doc['machine']['device']} ({doc['machine']['backend']} backend)")
+    clock = f", times {doc['machine']['clock']}" if "clock" in doc["machine"] else ""
+    fig.suptitle(f"{doc['machine']['device']} ({doc['machine']['backend']} backend{clock})")
     fig.tight_layout()
     if path is not None:
         write_atomically(os.fspath(path), lambda f: fig.savefig(f, format="png", dpi=110), binary=True)

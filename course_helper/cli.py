@@ -4,6 +4,7 @@ Run it with::
 
     python -m course_helper compare --n 256 --nt 640 --repeats 3 --out results/
     python -m course_helper bench --out benchmarks/
+    python -m course_helper calibrate --out my_gpu.json      (on a GPU)
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
 in https://ui.perfetto.dev) and a PNG timeline to ``--out``, and exits with
@@ -40,9 +41,18 @@ def _parser():
                    help="also sweep the snapshot interval at 2048^2 x 320 (every 1..32)")
     b.add_argument("--strategies", default=None, help="comma-separated strategies (default: all available)")
     b.add_argument("--repeats", type=int, default=5, help="timed runs per strategy and point (default 5)")
-    b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
+    b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+                   help="backend (default: $COURSE_HELPER_BACKEND or auto); on the CPU the sweep is "
+                        "predicted by the modelled GPU")
+    b.add_argument("--profile", default=None,
+                   help="device profile the CPU backend models (default: $COURSE_HELPER_PROFILE or h200)")
+    b.add_argument("--compute", action="store_true",
+                   help="on the CPU backend, also compute the wavefields (default: predict times only)")
     b.add_argument("--out", default=None, help="folder for bench.json and bench.png")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    k = sub.add_parser("calibrate", help="measure this GPU's profile for the CPU backend's modelled GPU")
+    k.add_argument("--out", required=True, help="the profile to write (JSON), e.g. my_gpu.json")
     return p
 
 
@@ -58,16 +68,21 @@ def _parse_points(text):
 
 
 def bench_main(args):
-    from . import backend, bench
+    from . import backend, bench, runtime
 
-    if args.backend:
-        backend.set_backend(args.backend)
+    if args.backend or args.profile:
+        backend.set_backend(args.backend or os.environ.get(backend.ENV_VAR, "auto"), profile=args.profile)
     else:
         backend.backend_name()
+    rt = runtime.get()
+    predict = rt.modelled and not args.compute
+    if predict:
+        print(f"predicting the sweep on the {rt.device_label} (times only: the wavefields are not "
+              "computed; pass --compute to compute them too)", file=sys.stderr)
     if args.points:
         points = _parse_points(args.points)
     else:
-        points = list(bench.DEFAULT_POINTS if backend.backend_name() == "gpu" else bench.QUICK_POINTS)
+        points = list(bench.DEFAULT_POINTS if backend.backend_name() == "gpu" or predict else bench.QUICK_POINTS)
     if args.every_sweep:
         points += [p for p in bench.EVERY_POINTS if p not in points]
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
@@ -86,11 +101,13 @@ def bench_main(args):
             bar.update(1)
 
     try:
-        doc = bench.run_bench(points, strategies, repeats=args.repeats, progress=progress)
+        with rt.times_only(predict):
+            doc = bench.run_bench(points, strategies, repeats=args.repeats, progress=progress)
     finally:
         if bar is not None:
             bar.close()
-    print(f"{doc['machine']['device']}, peak pinned D2H {doc['peak_d2h_gbps']:.1f} GB/s, "
+    clock = f" ({rt.device_label})" if rt.modelled else ""
+    print(f"{doc['machine']['device']}{clock}, peak pinned D2H {doc['peak_d2h_gbps']:.1f} GB/s, "
           f"{args.repeats} repeats; B = the physical limit of each point")
     print(bench.table(doc))
     if args.out:
@@ -100,7 +117,7 @@ def bench_main(args):
         if any("strategies" in p for p in doc["points"]):
             bench.plot_bench(doc, os.path.join(args.out, "bench.png"))
             print("wrote", os.path.join(args.out, "bench.png"))
-    agree = all(r["identical_to_sequential"] for p in doc["points"] if "strategies" in p
+    agree = all(r["identical_to_sequential"] is not False for p in doc["points"] if "strategies" in p
                 for r in p["strategies"].values())
     if not agree:
         print("ERROR: some strategy did not reproduce the sequential images", file=sys.stderr)
@@ -116,7 +133,7 @@ def _check_out(folder):
 
 
 def compare_main(args):
-    from . import backend, compare, wave
+    from . import backend, compare, runtime, wave
     from .timeline import write_atomically
 
     if args.backend:
@@ -138,8 +155,9 @@ def compare_main(args):
     finally:
         if bar is not None:
             bar.close()
+    label = runtime.time_label()
     print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels, every {args.every}, "
-          f"{args.repeats} repeats, {backend.backend_name()} backend")
+          f"{args.repeats} repeats, {backend.backend_name()} backend" + (f", times {label}" if label else ""))
     print(cmp.table())
     if args.out:
         import matplotlib
@@ -163,6 +181,23 @@ def compare_main(args):
     return 0
 
 
+def calibrate_main(args):
+    import json
+
+    from . import backend, calibrate, profiles
+    from .timeline import write_atomically
+
+    if backend.backend_name() != "gpu":
+        raise RuntimeError("calibrate measures a real GPU, and this process runs on the CPU backend "
+                           f"({backend.device_report()['device']}); run it on a machine with a CUDA GPU")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    _check_out(folder)
+    doc = profiles.validate(calibrate.calibrate(progress=lambda what: print("measuring", what, file=sys.stderr)))
+    write_atomically(args.out, lambda f: json.dump(doc, f, indent=1))
+    print(f"wrote {args.out}: {doc['provenance']['device']}, {doc['provenance']['date']}")
+    return 0
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     try:
@@ -170,6 +205,8 @@ def main(argv=None):
             return compare_main(args)
         if args.command == "bench":
             return bench_main(args)
+        if args.command == "calibrate":
+            return calibrate_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -69,7 +69,8 @@ class Comparison:
                         ha="center", va="bottom", xytext=(0, 3), textcoords="offset points")
         ax.set_ylabel("time (ms), median over repeats")
         p = self.problem
-        ax.set_title(f"{p.n0}x{p.n1}, {p.nt} levels, every {self.every}")
+        label = next(iter(self.results.values())).time_label if self.results else ""
+        ax.set_title(f"{p.n0}x{p.n1}, {p.nt} levels, every {self.every}" + (f" ({label})" if label else ""))
         ax.set_ylim(0, max(med) * 1.25)
         return ax
 

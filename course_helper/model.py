@@ -38,7 +38,11 @@ the wall time its Python code takes).
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import itertools
+import math
+import threading
 import time
 import weakref
 
@@ -50,6 +54,13 @@ __all__ = ["ModelRuntime", "kernel_us", "link_ms"]
 
 _PENDING, _RUNNING, _DONE = range(3)
 _EPS = 1e-9      # ms: events closer than a picosecond are simultaneous
+_TICK = 2.0 ** -20   # ms (about 1 ns): every modelled time is a whole number of ticks
+
+
+def _ticks(ms):
+    """``ms`` rounded up to whole ticks. Sums and differences of such times are exact in
+    floating point, so a run gives the same times whenever it starts (determinism)."""
+    return math.ceil(ms / _TICK - 1e-6) * _TICK
 
 
 def kernel_us(profile, shape, nbytes):
@@ -151,6 +162,15 @@ class _Node:
         self.call, self.args, self.task = call, args, None
 
 
+def _serialised(method):
+    """One host thread at a time drives the model (threads share its one modelled host)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call
+
+
 class ModelRuntime(Runtime):
     """The modelled GPU of one device profile (see the module's docstring)."""
 
@@ -176,10 +196,22 @@ class ModelRuntime(Runtime):
         self._default = None
         self._inside = None               # the task whose Python code runs now (a host function)
         self._replaying = None            # the graph being replayed (its calls cost the host nothing)
+        self._lock = threading.RLock()
 
     @property
     def computes_data(self):
         return self.arithmetic
+
+    @contextlib.contextmanager
+    def times_only(self, on=True):
+        """Inside the block (when ``on``), predict times only: the NumPy work is skipped, so
+        results are left unwritten (a sweep of large grids is predicted in seconds)."""
+        before = self.arithmetic
+        self.arithmetic = not on and before
+        try:
+            yield
+        finally:
+            self.arithmetic = before
 
     # -- the host clock ---------------------------------------------------------
     def host_ms(self):
@@ -193,13 +225,14 @@ class ModelRuntime(Runtime):
                                "a host function must not queue or wait for device work, since it "
                                "would wait for itself")
         if self._replaying is None:
-            self.host_t += self.profile["host_us"][what] * 1e-3
+            self.host_t += _ticks(self.profile["host_us"][what] * 1e-3)
         self._advance(self.host_t)
 
     # -- streams and events --------------------------------------------------
     def priority_range(self):
         return (0, -5)       # CUDA's convention: 0 is the lowest priority; accepted, not scheduled by
 
+    @_serialised
     def new_stream(self, non_blocking, priority, name):
         s = ModelStream(self, non_blocking, priority, name)
         if not non_blocking:
@@ -207,6 +240,7 @@ class ModelRuntime(Runtime):
         self._all.add(s)
         return s
 
+    @_serialised
     def default_stream(self):
         if self._default is None:
             self._default = ModelStream(self, False, 0, "default", legacy_default=True)
@@ -249,6 +283,7 @@ class ModelRuntime(Runtime):
         graph.nodes.append(node)
         return node
 
+    @_serialised
     def record(self, event, stream):
         if self._captured(stream, "record", event, stream):
             event.graph = stream.capture
@@ -258,6 +293,7 @@ class ModelRuntime(Runtime):
         event.graph = None
         self._advance(self.host_t)
 
+    @_serialised
     def wait_event(self, stream, event):
         if event.graph is not None and stream.capture is None and self._replaying is None:
             event.graph.join(stream)          # waiting on a captured record forks into the capture
@@ -268,10 +304,12 @@ class ModelRuntime(Runtime):
             self._queue(stream, "wait event", deps=[event.task])
             self._advance(self.host_t)
 
+    @_serialised
     def stream_done(self, raw):
         self._call("query")
         return raw.last is None or raw.last.done
 
+    @_serialised
     def event_done(self, raw):
         self._call("query")
         return raw.task is None or raw.task.done
@@ -293,6 +331,7 @@ class ModelRuntime(Runtime):
         self.host_t = max(self.host_t, task.end)
         self._advance(self.host_t)
 
+    @_serialised
     def sync_stream(self, raw):
         if raw.capture is not None:
             self._no_wait_in_capture(f"synchronising stream {raw.name!r}")
@@ -301,12 +340,14 @@ class ModelRuntime(Runtime):
         if exc is not None:
             raise exc.with_traceback(exc.__traceback__)
 
+    @_serialised
     def sync_event(self, raw):
         self._host_wait(raw.task, "an event")
         if raw.task is not None and raw.task.error is not None:
             err = raw.task.error
             raise err.with_traceback(err.__traceback__)
 
+    @_serialised
     def sync_device(self):
         if self._capturing_streams():
             self._no_wait_in_capture("synchronising the device")
@@ -322,10 +363,12 @@ class ModelRuntime(Runtime):
         if first is not None:
             raise first.with_traceback(first.__traceback__)
 
+    @_serialised
     def elapsed_ms(self, start, end):
         return end.task.end - start.task.end
 
     # -- work ----------------------------------------------------------------
+    @_serialised
     def enqueue(self, stream, op, cuda, numpy, cost):
         if self._captured(stream, "enqueue", stream, op, cuda, numpy, cost):
             return
@@ -362,7 +405,7 @@ class ModelRuntime(Runtime):
         shape = "fill" if "fill" in cost else cost["kernel"]
         nbytes = op.nbytes if "fill" in cost else cost["bytes"]
         return dict(engine="compute",
-                    duration=(kernel_us(self.profile, shape, nbytes) + graph.get("kernel_node_us", 0.0)) * 1e-3)
+                    duration=_ticks((kernel_us(self.profile, shape, nbytes) + graph.get("kernel_node_us", 0.0)) * 1e-3))
 
     def _begin_op(self, writes, numpy):
         """An operation that reads at its start and writes ``writes`` at its end."""
@@ -384,6 +427,7 @@ class ModelRuntime(Runtime):
             return lambda: np.copyto(dst.view(np.ndarray), data)
         return begin
 
+    @_serialised
     def host_func(self, stream, fn):
         if self._captured(stream, "host_func", stream, fn):
             return
@@ -434,7 +478,7 @@ class ModelRuntime(Runtime):
             finally:
                 self._inside = None
             if task.engine == "host":
-                task.duration = (time.perf_counter() - wall) * 1e3   # a host function takes its own time
+                task.duration = _ticks((time.perf_counter() - wall) * 1e3)   # a host function takes its own time
                 task.finish = None
         task.begin = None
 
@@ -452,7 +496,7 @@ class ModelRuntime(Runtime):
         times = []
         for t in self._running:
             if t.link is not None:
-                times.append(self.t + t.remaining / rates[t])
+                times.append(self.t + _ticks(t.remaining / rates[t]))
             else:
                 times.append(t.start + t.duration)
         return min(times) if times else None
@@ -524,21 +568,25 @@ class ModelRuntime(Runtime):
     def graphs_supported(self):
         return True, ""
 
+    @_serialised
     def begin_capture(self, stream):
         if stream.capture is not None:
             raise RuntimeError(f"stream {stream.name!r} is already being captured")
         stream.capture = ModelGraph(stream)
 
+    @_serialised
     def end_capture(self, stream):
         graph = stream.capture
         for s in graph.streams:
             s.capture = None
         return graph
 
+    @_serialised
     def abort_capture(self, stream):
         if stream.capture is not None:
             self.end_capture(stream)
 
+    @_serialised
     def launch_graph(self, graph, stream):
         """One launch on the host; the captured work follows the work queued before on ``stream``."""
         if any(s.capture is not None for s in graph.streams):
@@ -567,17 +615,19 @@ class ModelRuntime(Runtime):
     def is_device_array(self, a):
         return isinstance(a, CpuDeviceArray)
 
+    @_serialised
     def to_device(self, host):
         self.sync_stream(self.default_stream())
         out = np.array(host, copy=True).view(CpuDeviceArray)
-        self.host_t += link_ms(self.profile, "H2D_pageable", out.nbytes)
+        self.host_t += _ticks(link_ms(self.profile, "H2D_pageable", out.nbytes))
         self._advance(self.host_t)
         return out
 
+    @_serialised
     def to_host(self, device_array):
         self.sync_device()
         out = np.array(device_array.view(np.ndarray), copy=True)
-        self.host_t += link_ms(self.profile, "D2H_pageable", out.nbytes)
+        self.host_t += _ticks(link_ms(self.profile, "D2H_pageable", out.nbytes))
         self._advance(self.host_t)
         return out
 
@@ -585,18 +635,21 @@ class ModelRuntime(Runtime):
         return np.empty(shape, dtype)
 
     # -- timing marks ----------------------------------------------------------
+    @_serialised
     def trace_begin(self):
         return {"t0": self.host_t}
 
     def trace_start(self, stream, origin):
         return None
 
+    @_serialised
     def trace_end(self, stream, start, origin):
         graph = stream.capture
         if graph is not None and self._replaying is None:
             return graph.nodes[-1] if graph.nodes else None
         return stream.last
 
+    @_serialised
     def trace_times(self, origin, start, end):
         task = end.task if isinstance(end, _Node) else end
         if task is None or task.skipped or task.end is None:

@@ -3,6 +3,8 @@ both runtimes share. Kept apart so that the runtimes can import it while
 :mod:`course_helper.runtime` imports them."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 __all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray"]
@@ -30,6 +32,13 @@ class Runtime:
     modelled = False     #: True when times are modelled, not measured
     device_label = ""    #: the device the times belong to, e.g. "NVIDIA H200" or "modelled H200"
     computes_data = True  #: False when a model predicts times only and skips the arithmetic
+
+    @contextlib.contextmanager
+    def times_only(self, on=True):
+        """Inside the block, model the times and skip the arithmetic (a modelled device only)."""
+        if on:
+            raise ValueError("only a modelled device can predict times without computing the results")
+        yield
 
     # -- clocks -------------------------------------------------------------
     def host_ms(self):

@@ -152,7 +152,8 @@ class Trace:
         s = self.summary()
         staging = len(self.of_kind("D2D"))
         moved = f"{len(self.of_kind('D2H', 'H2D'))} host copies" + (f", {staging} device copies" if staging else "")
-        return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms: "
+        clock = f" ({self.meta['clock']})" if self.meta.get("clock") else ""
+        return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms{clock}: "
                 f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
                 f"{100 * s['overlap_fraction']:.0f}% of copy time overlapped a kernel, "
                 f"host waited {s['host_wait_ms']:.2f} ms")
@@ -220,7 +221,8 @@ class Trace:
         ax.set_ylim(max(len(self.tracks), 1) - 0.5, -0.5)
         if not self.events:
             ax.text(0.5, 0.5, "nothing was recorded", transform=ax.transAxes, ha="center")
-        ax.set_xlabel("time (ms)")
+        clock = self.meta.get("clock")           # e.g. "modelled H200" on the CPU backend
+        ax.set_xlabel(f"time (ms, {clock})" if clock else "time (ms)")
         if window is not None:
             pad = 0.02 * (window[1] - window[0])
             ax.set_xlim(window[0] - pad, window[1] + pad)
@@ -231,6 +233,8 @@ class Trace:
                   loc="upper right", fontsize="small", ncols=len(present) or 1)
         if title is None:
             title = self.meta.get("strategy", "timeline")
+            if clock:
+                title += f" ({clock})"
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)
         return ax

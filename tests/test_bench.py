@@ -9,7 +9,7 @@ from course_helper.cli import main
 
 
 def test_bench_point_is_well_formed(backend):
-    strategies = ["sequential", "events", "staged"] + (["graph", "graph-staged"] if backend == "gpu" else [])
+    strategies = ["sequential", "events", "staged", "graph", "graph-staged"]
     p = bench.bench_point(48, 40, 3, strategies, repeats=2)
     assert p["saved_levels"] == 14 and p["output_bytes"] == 14 * 48 * 48 * 4
     assert p["bound_ms"] == max(p["compute_only_ms"], p["copy_floor_ms"]) > 0
@@ -38,6 +38,15 @@ def test_bench_cli_writes_json_and_plot(cpu, tmp_path, capsys):
     assert doc["peak_d2h_gbps"] > 0
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "efficiency" in out and "staged" in out
+    assert doc["machine"]["clock"] == "modelled H200" and "modelled H200" in out
+
+
+def test_bench_on_the_cpu_predicts_times_without_computing(cpu, capsys):
+    code = main(["bench", "--backend", "cpu", "--points", "40x30x1", "--repeats", "1",
+                 "--strategies", "sequential,events", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "times only" in captured.err and "modelled H200" in captured.out
 
 
 @pytest.mark.parametrize("points,msg", [("256x640", "NxNTxEVERY"), ("axbxc", "NxNTxEVERY"),

@@ -142,8 +142,11 @@ def test_bad_input_leaves_nothing_queued(backend):
     assert s.query()
 
 
-def test_graph_strategy_refusal_names_reason_and_alternative(cpu):
-    with pytest.raises(ch.GraphsUnsupported, match="GPU backend.*'staged' or 'events'"):
+def test_graph_strategy_refusal_names_reason_and_alternative(cpu, monkeypatch):
+    from course_helper import runtime
+    why = "this CuPy is built for ROCm, where the course does not use graphs; use 'staged' or 'events'"
+    monkeypatch.setattr(runtime.get(), "graphs_supported", lambda: (False, why))
+    with pytest.raises(ch.GraphsUnsupported, match="ROCm.*'staged' or 'events'"):
         ch.solve(_problem(), "graph")
     with pytest.raises(ch.GraphsUnsupported):
         with ch.capture_graph(ch.create_streams(1)[0]):
@@ -151,7 +154,7 @@ def test_graph_strategy_refusal_names_reason_and_alternative(cpu):
 
 
 # --- nothing lost, nothing invented ------------------------------------------------
-CPU_STRATEGIES = ["sequential", "streams", "events", "staged"]
+CPU_STRATEGIES = ["sequential", "streams", "events", "staged", "graph", "graph-staged"]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -161,9 +164,9 @@ def test_every_saved_level_is_written_once_and_right(cpu, n0, n1, nt, data):
     every = data.draw(st.integers(1, nt - 1), label="every")
     strategy = data.draw(st.sampled_from(CPU_STRATEGIES), label="strategy")
     kwargs = {}
-    if strategy in ("streams", "events"):
+    if strategy in ("streams", "events", "graph"):
         kwargs["nscratch"] = data.draw(st.integers(4, 7), label="nscratch")
-    if strategy == "staged":
+    if strategy in ("staged", "graph-staged"):
         kwargs["nstaging"] = data.draw(st.integers(1, 4), label="nstaging")
         kwargs["batch"] = data.draw(st.integers(1, 6), label="batch")
     r = ch.solve(problem, strategy, every=every, **kwargs)
