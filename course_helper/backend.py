@@ -43,6 +43,7 @@ class _State:
     announced = False
     probe = None         # (ok: bool, why: str), cached
     profile = None       # the CPU backend's device profile (name or path); None: env or default
+    generation = 0       # incremented by every set_backend (lets callers cache what depends on the choice)
     lock = threading.RLock()
 
 
@@ -161,8 +162,14 @@ def set_backend(name: str, profile: str | None = None) -> str:
         if chosen != _state.name or profile != _state.profile:
             _state.announced = False
         _state.name, _state.reason, _state.profile = chosen, reason, profile
+        _state.generation += 1
         _announce()
         return chosen
+
+
+def generation() -> int:
+    """A number that changes whenever :func:`set_backend` is called."""
+    return _state.generation
 
 
 def profile_name() -> str:

@@ -106,25 +106,27 @@ def _link(bench, kind, sizes, repeat=10):
             "points_us": [[b, round(t, 3)] for b, t in pts]}
 
 
-def _pageable(bench, kind, sizes, overhead_us):
-    """Latency and bandwidth of staged (pageable) copies, from the host's wall time of a
-    blocking copy into fresh memory (as the sequential loop does), less the calls' own cost."""
+def _pageable(bench, kind, sizes, overhead_us, count=8):
+    """Latency and bandwidth of staged (pageable) copies, from the host's wall time of
+    blocking copies into successive slices of a fresh stack (as the sequential loop
+    writes its output), less the calls' own cost."""
     pts = []
     for size in sizes:
         n = size // 4
         dev = device_zeros(n)
+        stack = np.empty((count, n), np.float32)      # fresh pages, like the sequential output stack
         times = []
-        for _ in range(5):
-            host = np.empty(n, np.float32)            # fresh pages, like the sequential output stack
+        for i in range(count):
             synchronize()
             t = time.perf_counter()
             if kind == "D2H":
-                copy_to_host(host, dev, bench.s)
+                copy_to_host(stack[i], dev, bench.s)
             else:
-                _queue_copy("H2D", dev, host, bench.s, None, pageable=True)
+                _queue_copy("H2D", dev, stack[i], bench.s, None, pageable=True)
                 bench.s.synchronize()
             times.append(time.perf_counter() - t)
         pts.append((size, float(np.median(times[1:])) * 1e6 - overhead_us))
+        del stack, dev
     lat, slope = fit_line(*zip(*pts))
     return {"gbps": round(1e-3 / slope, 2), "latency_us": round(max(lat, 0.0), 3),
             "points_us": [[b, round(t, 3)] for b, t in pts]}
@@ -209,9 +211,17 @@ def calibrate(progress=print):
     with capture_graph(s) as kcap:
         for _ in range(100):
             launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)
+    # Copies as the event loop makes them: each forked onto one of five IO streams by an
+    # event, and joined back at the end.
+    io = create_streams(5, name="io")
+    forks = create_events(5)
     with capture_graph(s) as ccap:
         for i in range(100):
-            copy_to_host_async(out[i], U[2], s)
+            s.record(forks[i % 5])
+            io[i % 5].wait_event(forks[i % 5])
+            copy_to_host_async(out[i], U[2], io[i % 5])
+        for stream in io:
+            s.wait_stream(stream)
     graph = {"kernel_node_us": round(max(0.0, bench.device_ms(kcap.graph.launch, 5) * 10 - kernel_alone), 3),
              "copy_node_us": round(max(0.0, bench.device_ms(ccap.graph.launch, 5) * 10 - copy_alone), 3)}
 
@@ -237,11 +247,12 @@ def calibrate(progress=print):
                        "repeats of the operation queued behind a spin kernel (device time only); "
                        "pinned link latency and bandwidth = least-squares line over 256 KiB..64 MiB "
                        "(D2D to 256 MiB). Pageable copies: host wall time of a blocking copy into fresh "
-                       "pages (as the sequential loop does) less the copy and synchronise calls' cost, "
+                       "pages (successive slices of a fresh stack, as the sequential loop writes) less the copy and synchronise calls' cost, "
                        "fitted the same way. Kernels: device time per launch for grids 64^2..4096^2 "
                        "(bytes moved = 4 arrays for wave2d_4o, 1 for bake and fill). Host costs: median "
                        "wall time of 200 calls of the helper's own function at 256^2 with the stream busy "
                        "(synchronize: on an idle stream). Graph node costs: a replayed graph of 100 "
-                       "kernels / 100 D2H copies of 256 KiB, per node, less the same operation alone."),
+                       "kernels on one stream / 100 D2H copies of 256 KiB forked by events onto 5 streams (as the event "
+                       "loop makes them), per node, less the same operation alone."),
         },
     }

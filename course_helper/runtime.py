@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 
 from . import observe, profiles
-from .backend import backend_name, profile_name
+from .backend import backend_name, generation, profile_name
 from .model import ModelRuntime
 from .runtime_base import CpuDeviceArray, GraphsUnsupported, Runtime
 
@@ -33,10 +33,21 @@ __all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "get", "submit", "h
 
 _lock = threading.Lock()
 _runtimes = {}
+_active = (None, None)          # (backend generation, runtime): the fast path of get()
 
 
 def get() -> Runtime:
     """The runtime of the active backend (and, on the CPU, of the active profile)."""
+    global _active
+    gen, rt = _active
+    if rt is not None and gen == generation():
+        return rt
+    rt = _choose()
+    _active = (generation(), rt)
+    return rt
+
+
+def _choose():
     name = backend_name()
     key = (name, profile_name() if name == "cpu" else None)
     rt = _runtimes.get(key)
@@ -71,5 +82,5 @@ def submit(stream, op, *, cuda, numpy, cost):
     after, so that an observer can bracket it (the timeline recorder does).
     """
     observe.notify("op_queued", op)
-    get().enqueue(stream.raw, op, cuda, numpy, cost)
+    stream.runtime.enqueue(stream.raw, op, cuda, numpy, cost)
     observe.notify("op_issued", op)
