@@ -2,7 +2,8 @@
 
     python benchmarks/validate_model.py GPU_BENCH.json --profile PROFILE.json --out benchmarks/
 
-reads a sweep measured on a GPU (``python -m course_helper bench --every-sweep --out ...``),
+reads a sweep measured on a GPU (``python -m course_helper bench --every-sweep --out ...``, or
+the measured side of an earlier ``model_validation.json``),
 predicts every point and strategy with the CPU backend's model of the given profile (times
 only: no wavefield is computed), and writes ``model_validation.json``, ``model_validation.png``
 (predicted against measured) and ``model_validation.md`` (the table of the README).
@@ -80,6 +81,18 @@ def plot(rows, label, device, path):
     fig.savefig(path, dpi=110)
 
 
+def _as_bench(validation):
+    """The measured medians of a ``model_validation.json``, shaped like a bench document."""
+    points = {}
+    for r in validation["rows"]:
+        p = points.setdefault((r["n"], r["nt"], r["every"]),
+                              {"n": r["n"], "nt": r["nt"], "every": r["every"], "strategies": {}})
+        p["strategies"][r["strategy"]] = {"median_ms": r["measured_ms"]}
+    m = validation["measured"]
+    return {"machine": m["machine"], "created": m.get("created"), "repeats": m.get("repeats"),
+            "points": list(points.values())}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("gpu_bench", help="bench.json measured on the GPU")
@@ -88,6 +101,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     with open(args.gpu_bench) as f:
         gpu_doc = json.load(f)
+    if "rows" in gpu_doc:                       # an earlier validation: re-predict its measurements
+        gpu_doc = _as_bench(gpu_doc)
     rt, rows = predict(gpu_doc, args.profile)
     device = gpu_doc["machine"]["device"]
     doc = {"measured": {"machine": gpu_doc["machine"], "created": gpu_doc.get("created"),
