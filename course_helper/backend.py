@@ -210,8 +210,9 @@ def device_report(print_it: bool = False) -> dict:
     Returns a dict with ``backend``, ``device``, ``memory_gib``,
     ``multiprocessors``, ``compute_capability``, ``async_engine_count`` (how
     many copies can run beside a kernel), ``concurrent_kernels``,
-    ``runtime_version``, ``driver_version`` and, on the CPU backend, ``cpu``,
-    ``cores`` and ``numpy``. GPU-only fields read ``"n/a (CPU backend)"`` on
+    ``runtime_version``, ``driver_version``, ``times`` (measured on the GPU,
+    or modelled on which profiled GPU on the CPU backend), ``cpu``, ``cores``
+    and ``numpy``. GPU-only fields read ``"n/a (CPU backend)"`` on
     the CPU. With ``print_it=True`` it also prints the report as a table.
     """
     report = {"backend": backend_name(), "python": platform.python_version(),
@@ -231,12 +232,12 @@ def device_report(print_it: bool = False) -> dict:
             concurrent_kernels=bool(props["concurrentKernels"]),
             runtime_version=_cuda_version(rt.runtimeGetVersion()),
             driver_version=_cuda_version(rt.driverGetVersion()),
-            cupy=cupy.__version__,
+            cupy=cupy.__version__, times=f"measured on {name.decode() if isinstance(name, bytes) else name}",
             cpu=_cpu_model(), cores=os.cpu_count())
     else:
         profile = profiles.load(profile_name())
         report.update(
-            modelled_device=f"{profile['device']['name']} (profile {profile_name()})",
+            times=f"modelled on {profile['device']['name']} (profile {profile_name()})",
             device=f"CPU: {_cpu_model()}", memory_gib=_NA, multiprocessors=_NA,
             compute_capability=_NA, async_engine_count=_NA, concurrent_kernels=_NA,
             runtime_version=_NA, driver_version=_NA, cupy=_NA,
