@@ -140,11 +140,11 @@ def _kernel_points(bench, sizes, make):
     return {"points": pts}
 
 
-def _wave(n):
+def _wave(n, stream):
     p = WaveProblem(n, n, nt=3)
     U = [device_zeros(p.shape) for _ in range(3)]
     V = to_device(p.velocity)
-    return (lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=_wave.stream)), 4 * U[2].nbytes
+    return (lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=stream)), 4 * U[2].nbytes
 
 
 def calibrate(progress=print):
@@ -155,7 +155,6 @@ def calibrate(progress=print):
     rep = device_report()
     bench = _Bench()
     s = bench.s
-    _wave.stream = s
     sizes = [256 * 1024, _MIB, 4 * _MIB, 16 * _MIB, 64 * _MIB]
     progress("host costs of the helper calls")
     p = WaveProblem(256, 256, nt=3)
@@ -201,7 +200,7 @@ def calibrate(progress=print):
         a = planes.setdefault(("fill", n), device_zeros((n, n)))
         return (lambda: zero_async(a, s)), a.nbytes
 
-    kernels = {"wave2d_4o": _kernel_points(bench, grids, _wave),
+    kernels = {"wave2d_4o": _kernel_points(bench, grids, lambda n: _wave(n, s)),
                "bake": _kernel_points(bench, grids, bake),
                "fill": _kernel_points(bench, grids, fill)}
 

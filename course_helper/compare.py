@@ -45,7 +45,9 @@ class Comparison:
             lines.append(cells)
         widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
         fmt = lambda cells: "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths))  # noqa: E731
-        return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(c) for c in lines])
+        label = next(iter(self.results.values())).time_label if self.results else ""
+        note = [f"(times {label})"] if timings and label else []
+        return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(c) for c in lines] + note)
 
     def __str__(self):
         return self.table()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import checks, observe, runtime, streams
+from .memory import is_device_array, is_pinned
 
 __all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
 
@@ -44,7 +45,6 @@ def _kernel():
 
 def bake_layer(plane, k, stream=None):
     """Queue the kernel that fills the device array ``plane`` with layer ``k``."""
-    from .memory import is_device_array
     if not is_device_array(plane):
         raise TypeError("plane must be a device array (device_empty/device_zeros)")
     if plane.ndim != 2 or plane.dtype != np.float32 or not plane.flags.c_contiguous:
@@ -69,7 +69,6 @@ def check_layer_cake(stack, nplanes=None):
 
     Returns a one-line success message when every plane holds its own layer.
     """
-    from .memory import is_device_array, is_pinned
     if is_device_array(stack):
         raise LayerCakeError("the stack is still on the device: the exercise copies every plane to a "
                              "host array made with pinned_empty((nplanes, n0, n1))")

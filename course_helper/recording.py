@@ -21,6 +21,7 @@ import threading
 
 from . import observe, runtime
 from .streams import synchronize
+from .timeline import Trace, TraceEvent
 
 _local = threading.local()
 
@@ -79,7 +80,6 @@ class Recorder:
     # -- turning marks into times -------------------------------------------
     def finish(self):
         """Wait for the device, read every timestamp, and return a :class:`Trace`."""
-        from .timeline import Trace, TraceEvent
         self.deactivate()
         synchronize()
         rt, origin = self.runtime, self._origin

@@ -16,7 +16,7 @@ from .backend import backend_name
 from .graphs import GraphsUnsupported, graphs_supported
 from .memory import device_zeros, host_memory_available, pinned_empty, to_device
 from .streams import create_events, create_streams, synchronize
-from .wave import WaveProblem
+from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["solve", "Result", "STRATEGIES", "Run", "plan_memory"]
 
@@ -320,7 +320,6 @@ def _warm_up():
         return
     tiny = WaveProblem(n0=8, n1=8, nt=3)
     U = [device_zeros(tiny.shape) for _ in range(3)]
-    from .wave import launch_wave2d
     launch_wave2d(U[0], U[1], U[2], to_device(tiny.velocity), tiny, 0)
     synchronize()
     _warmed.add(backend)

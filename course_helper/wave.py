@@ -15,6 +15,7 @@ from importlib import resources
 import numpy as np
 
 from . import checks, observe, runtime, streams
+from .memory import is_device_array
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
            "STENCIL"]
@@ -215,7 +216,6 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     stream : Stream, optional
         Where to queue the kernel (default: the current stream).
     """
-    from .memory import is_device_array
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     n = checks.positive_int("n (step number)", n, minimum=0)
     for label, a in (("U0", U0), ("U1", U1), ("U2", U2), ("V", V)):
