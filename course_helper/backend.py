@@ -177,10 +177,6 @@ def profile_name() -> str:
     return _state.profile or os.environ.get(profiles.ENV_VAR) or profiles.DEFAULT
 
 
-def on_gpu() -> bool:
-    return backend_name() == "gpu"
-
-
 def cupy_module():
     """CuPy, imported (only call on the GPU backend)."""
     import cupy
@@ -232,16 +228,16 @@ def device_report(print_it: bool = False) -> dict:
             concurrent_kernels=bool(props["concurrentKernels"]),
             runtime_version=_cuda_version(rt.runtimeGetVersion()),
             driver_version=_cuda_version(rt.driverGetVersion()),
-            cupy=cupy.__version__, times=f"measured on {name.decode() if isinstance(name, bytes) else name}",
-            cpu=_cpu_model(), cores=os.cpu_count())
+            cupy=cupy.__version__, cpu=_cpu_model(), cores=os.cpu_count())
+        report["times"] = f"measured on {report['device']}"
     else:
         profile = profiles.load(profile_name())
         report.update(
-            times=f"modelled on {profile['device']['name']} (profile {profile_name()})",
             device=f"CPU: {_cpu_model()}", memory_gib=_NA, multiprocessors=_NA,
             compute_capability=_NA, async_engine_count=_NA, concurrent_kernels=_NA,
             runtime_version=_NA, driver_version=_NA, cupy=_NA,
             cpu=_cpu_model(), cores=os.cpu_count())
+        report["times"] = f"modelled on {profile['device']['name']} (profile {profile_name()})"
     if print_it:
         print_device_report(report)
     return report

@@ -22,6 +22,7 @@ of that runtime; :mod:`course_helper.streams` wraps them for learners.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 from . import observe, profiles
@@ -49,7 +50,10 @@ def get() -> Runtime:
 
 def _choose():
     name = backend_name()
-    key = (name, profile_name() if name == "cpu" else None)
+    profile = profile_name() if name == "cpu" else None
+    # A profile file rewritten since (a new calibration) is a new device: read it again.
+    stamp = os.path.getmtime(profile) if profile and os.path.isfile(profile) else None
+    key = (name, profile, stamp)
     rt = _runtimes.get(key)
     if rt is None:
         with _lock:

@@ -242,3 +242,19 @@ def test_kernel_times_interpolate_the_profile():
     assert model.kernel_us(prof, "k", 50) == 2.0
     assert model.kernel_us(prof, "k", 200) == 3.0
     assert model.kernel_us(prof, "k", 500) == 6.0
+
+
+def test_the_profile_environment_variable_is_read_and_checked(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", COURSE_HELPER_PROFILE="no-such-gpu",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.run([sys.executable, "-c", "import course_helper as ch; ch.backend_name()"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode != 0 and "no device profile named 'no-such-gpu'" in p.stderr
+    env["COURSE_HELPER_PROFILE"] = "h200"
+    p = subprocess.run([sys.executable, "-c", "import course_helper as ch; print(ch.device_report()['times'])"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().endswith("modelled on NVIDIA H200 (profile h200)")
