@@ -206,9 +206,14 @@ def table(doc):
             continue
         for name, r in p["strategies"].items():
             lines.append(f"{label:<18} {p['bound_ms']:8.2f} {p['bound_by']:<8} {name:<13} {r['median_ms']:10.2f} "
-                         f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {r['identical_to_sequential']}")
+                         f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {_identical(r)}")
             label = ""
     return "\n".join(lines)
+
+
+def _identical(row):
+    same = row["identical_to_sequential"]
+    return "not computed (times only)" if same is None else same
 
 
 def plot_bench(doc, path=None):
