@@ -258,3 +258,12 @@ def test_the_profile_environment_variable_is_read_and_checked(tmp_path):
                        capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().endswith("modelled on NVIDIA H200 (profile h200)")
+
+
+def test_modelled_times_do_not_depend_on_computing_the_data(rt):
+    p = ch.WaveProblem(64, 64, nt=40)
+    for strategy in ("sequential", "events", "graph"):
+        computed = ch.solve(p, strategy, trace=False).elapsed_ms
+        with rt.times_only():
+            predicted = ch.solve(p, strategy, trace=False)
+        assert predicted.elapsed_ms == computed
