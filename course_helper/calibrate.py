@@ -108,13 +108,15 @@ def _link(bench, kind, sizes, repeat=10):
 
 def _pageable(bench, kind, sizes, overhead_us, count=8):
     """Latency and bandwidth of staged (pageable) copies, from the host's wall time of
-    blocking copies into successive slices of a fresh stack (as the sequential loop
-    writes its output), less the calls' own cost."""
+    blocking copies into successive slices of a stack that has been written once already
+    (as solve() fills its output stack before the sequential loop copies into it), less
+    the calls' own cost. Untouched pages would add a page fault per page to every copy."""
     pts = []
     for size in sizes:
         n = size // 4
         dev = device_zeros(n)
-        stack = np.empty((count, n), np.float32)      # fresh pages, like the sequential output stack
+        stack = np.empty((count, n), np.float32)
+        stack.fill(np.nan)                            # touched once, like solve()'s output stack
         times = []
         for i in range(count):
             synchronize()
@@ -245,8 +247,9 @@ def calibrate(progress=print):
             "method": ("python -m course_helper calibrate. Device times: CUDA events around 10-20 "
                        "repeats of the operation queued behind a spin kernel (device time only); "
                        "pinned link latency and bandwidth = least-squares line over 256 KiB..64 MiB "
-                       "(D2D to 256 MiB). Pageable copies: host wall time of a blocking copy into fresh "
-                       "pages (successive slices of a fresh stack, as the sequential loop writes) less the copy and synchronise calls' cost, "
+                       "(D2D to 256 MiB). Pageable copies: host wall time of a blocking copy into "
+                       "successive slices of a stack written once before (as solve() fills its output "
+                       "stack), less the copy and synchronise calls' cost, "
                        "fitted the same way. Kernels: device time per launch for grids 64^2..4096^2 "
                        "(bytes moved = 4 arrays for wave2d_4o, 1 for bake and fill). Host costs: median "
                        "wall time of 200 calls of the helper's own function at 256^2 with the stream busy "
