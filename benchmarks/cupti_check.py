@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from course_helper import cupti_trace
-from course_helper.backend import synchronize
+from course_helper.streams import synchronize
 from course_helper.timeline import _intersection, _length, _union
 
 __all__ = ["cupti_available", "run_with_cupti", "agreement"]

@@ -1,7 +1,8 @@
 """course_helper: the helper package of the course *Overlapping GPU compute with IO*.
 
 It runs on an NVIDIA GPU through CuPy, or - with no GPU - on a NumPy CPU
-backend with the same API, the same semantics and the same results.
+backend with the same API, the same semantics and the same results, whose
+times are those of a modelled GPU (see :mod:`course_helper.model`).
 
 The names a learner uses (``__all__``)::
 
@@ -23,7 +24,7 @@ loops the notebooks show, and the registry), ``ch.memory``, ``ch.streams``,
 ``ch.graphs``, ``ch.solver``, ``ch.bench``, ...
 """
 from . import halo, raw_cupy, strategies
-from .backend import backend_name, device_report, set_backend, synchronize
+from .backend import backend_name, device_report, set_backend
 from .bench import physical_limit, plot_bench
 from .compare import compare_strategies
 from .exercise import LayerCakeError, bake_layer, check_layer_cake
@@ -33,7 +34,7 @@ from .memory import (copy_to_device_async, copy_to_host_async, device_empty, dev
                      measure_bandwidth, pinned_empty, to_device, to_host)
 from .recording import tracing
 from .solver import STRATEGIES, prepare, solve
-from .streams import create_events, create_streams, default_stream, elapsed_ms
+from .streams import create_events, create_streams, default_stream, elapsed_ms, synchronize
 from .sanitizer import RaceError, sanitize
 from .viewer import animate, compare_slices, plot_slices, show_code
 from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution

@@ -9,6 +9,10 @@ The choice is made once, on first use:
   :class:`BackendUnavailable` saying why when it cannot have it;
 * ``COURSE_HELPER_BACKEND=cpu`` always uses NumPy.
 
+On the CPU backend the work runs in NumPy on a *modelled* GPU (see
+:mod:`course_helper.model`): results are the GPU's, times are modelled on a
+device profile (``COURSE_HELPER_PROFILE``, default the H200).
+
 :func:`set_backend` switches in the same process (the tests use it).
 """
 from __future__ import annotations
@@ -20,13 +24,13 @@ import threading
 
 import numpy as np
 
-from . import checks
+from . import checks, profiles
 
 ENV_VAR = "COURSE_HELPER_BACKEND"
 CHOICES = ("auto", "gpu", "cpu")
 
-__all__ = ["BackendUnavailable", "backend_name", "set_backend", "gpu_available",
-           "device_report", "print_device_report", "synchronize"]
+__all__ = ["BackendUnavailable", "backend_name", "set_backend", "gpu_available", "profile_name",
+           "device_report", "print_device_report"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -38,6 +42,8 @@ class _State:
     reason = ""          # why that backend, in words
     announced = False
     probe = None         # (ok: bool, why: str), cached
+    profile = None       # the CPU backend's device profile (name or path); None: env or default
+    generation = 0       # incremented by every set_backend (lets callers cache what depends on the choice)
     lock = threading.RLock()
 
 
@@ -118,8 +124,9 @@ def _announce():
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
         print(f"course_helper: GPU backend on {name} ({_state.reason})")
     else:
-        print(f"course_helper: CPU backend ({_state.reason}) "
-              "- results are identical, timings are not GPU timings")
+        device = profiles.load(profile_name())["device"]["name"]
+        print(f"course_helper: CPU backend ({_state.reason}) - results are identical, "
+              f"times are modelled on {device} (profile {profile_name()})")
 
 
 def backend_name() -> str:
@@ -134,44 +141,46 @@ def backend_name() -> str:
         return _state.name
 
 
-def set_backend(name: str) -> str:
+def set_backend(name: str, profile: str | None = None) -> str:
     """Switch the backend for the rest of the process (``"auto"``, ``"gpu"`` or ``"cpu"``).
+
+    ``profile`` picks the device profile the CPU backend models (a shipped
+    name such as ``"h200"`` or the path of a calibrated JSON file); None
+    keeps ``$COURSE_HELPER_PROFILE`` or the default H200.
 
     Streams, events and arrays made before the switch belong to the old
     backend; make new ones after switching. Returns the active backend name.
     """
     if not isinstance(name, str):
         raise TypeError(f"set_backend takes a string, one of {CHOICES}, not {type(name).__name__}")
+    if profile is not None:
+        if not isinstance(profile, str):
+            raise TypeError(f"profile must be a profile name or path, not {type(profile).__name__}")
+        profiles.load(profile)              # a bad profile is refused before anything changes
     with _state.lock:
         chosen, reason = _choose(name)      # raises before changing anything
-        if chosen != _state.name:
+        if chosen != _state.name or profile != _state.profile:
             _state.announced = False
-        _state.name, _state.reason = chosen, reason
+        _state.name, _state.reason, _state.profile = chosen, reason, profile
+        _state.generation += 1
         _announce()
         return chosen
 
 
-def on_gpu() -> bool:
-    return backend_name() == "gpu"
+def generation() -> int:
+    """A number that changes whenever :func:`set_backend` is called."""
+    return _state.generation
+
+
+def profile_name() -> str:
+    """The device profile the CPU backend models (a name or a path)."""
+    return _state.profile or os.environ.get(profiles.ENV_VAR) or profiles.DEFAULT
 
 
 def cupy_module():
     """CuPy, imported (only call on the GPU backend)."""
     import cupy
     return cupy
-
-
-def synchronize():
-    """Block the host until all work on the active backend's device has finished.
-
-    On the CPU backend this also raises any exception stored by a stream.
-    """
-    from . import observe, streams
-    if on_gpu():
-        cupy_module().cuda.Device().synchronize()
-    else:
-        streams._synchronize_all_cpu()
-    observe.notify("host_synced", None)
 
 
 # --------------------------------------------------------------------------
@@ -197,8 +206,9 @@ def device_report(print_it: bool = False) -> dict:
     Returns a dict with ``backend``, ``device``, ``memory_gib``,
     ``multiprocessors``, ``compute_capability``, ``async_engine_count`` (how
     many copies can run beside a kernel), ``concurrent_kernels``,
-    ``runtime_version``, ``driver_version`` and, on the CPU backend, ``cpu``,
-    ``cores`` and ``numpy``. GPU-only fields read ``"n/a (CPU backend)"`` on
+    ``runtime_version``, ``driver_version``, ``times`` (measured on the GPU,
+    or modelled on which profiled GPU on the CPU backend), ``cpu``, ``cores``
+    and ``numpy``. GPU-only fields read ``"n/a (CPU backend)"`` on
     the CPU. With ``print_it=True`` it also prints the report as a table.
     """
     print_it = checks.flag("print_it", print_it)
@@ -219,14 +229,16 @@ def device_report(print_it: bool = False) -> dict:
             concurrent_kernels=bool(props["concurrentKernels"]),
             runtime_version=_cuda_version(rt.runtimeGetVersion()),
             driver_version=_cuda_version(rt.driverGetVersion()),
-            cupy=cupy.__version__,
-            cpu=_cpu_model(), cores=os.cpu_count())
+            cupy=cupy.__version__, cpu=_cpu_model(), cores=os.cpu_count())
+        report["times"] = f"measured on {report['device']}"
     else:
+        profile = profiles.load(profile_name())
         report.update(
             device=f"CPU: {_cpu_model()}", memory_gib=_NA, multiprocessors=_NA,
             compute_capability=_NA, async_engine_count=_NA, concurrent_kernels=_NA,
             runtime_version=_NA, driver_version=_NA, cupy=_NA,
             cpu=_cpu_model(), cores=os.cpu_count())
+        report["times"] = f"modelled on {profile['device']['name']} (profile {profile_name()})"
     if print_it:
         print_device_report(report)
     return report

@@ -22,13 +22,13 @@ import platform
 
 import numpy as np
 
-from . import checks
-from .backend import backend_name, device_report, synchronize
+from . import checks, runtime
+from .backend import backend_name, device_report
 from .compare import baseline_first, time_strategies
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
 from .solver import available_strategies, plan_memory, saved_levels, solve
-from .streams import create_events, create_streams, elapsed_ms
+from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
 
@@ -62,9 +62,11 @@ def peak_d2h_gbps(mib=512, repeats=5):
     src = device_zeros(n)
     dst = pinned_empty(n)
     (s,) = create_streams(1, name="bandwidth")
-    copy_to_host_async(dst, src, s)          # warm-up
-    s.synchronize()
-    ms = _median_ms(lambda: copy_to_host_async(dst, src, s), s, repeats)
+    rt = runtime.get()
+    with rt.times_only(rt.modelled):         # only the time is asked for
+        copy_to_host_async(dst, src, s)      # warm-up
+        s.synchronize()
+        ms = _median_ms(lambda: copy_to_host_async(dst, src, s), s, repeats)
     return n * 4 / (ms * 1e-3) / 1e9
 
 
@@ -85,13 +87,15 @@ def compute_only_ms(problem, repeats=5):
             launch_wave2d(U[(level - 2) % 3], U[(level - 1) % 3], U[level % 3], V, problem,
                           level - 2, stream=s)
 
-    loop()
-    best = _median_ms(loop, s, repeats)
-    if graphs_supported()[0]:
-        with capture_graph(s) as cap:
-            loop()
-        cap.graph.launch()
-        best = min(best, _median_ms(cap.graph.launch, s, repeats))
+    rt = runtime.get()
+    with rt.times_only(rt.modelled):         # only the time is asked for
+        loop()
+        best = _median_ms(loop, s, repeats)
+        if graphs_supported()[0]:
+            with capture_graph(s) as cap:
+                loop()
+            cap.graph.launch()
+            best = min(best, _median_ms(cap.graph.launch, s, repeats))
     return best
 
 
@@ -138,7 +142,7 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
     point["strategies"] = {
         name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
-               "identical_to_sequential": t["max_diff"] == 0.0, "speedup": t["speedup"]}
+               "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0, "speedup": t["speedup"]}
         for name, t in time_strategies(problem, order, repeats, every).items()}
     if backend_name() == "gpu":
         point["strategies"]["raw-cupy-events"] = _raw_cupy_row(problem, every, repeats, point)
@@ -211,6 +215,11 @@ def _machine():
                                 "async_engine_count", "runtime_version", "driver_version", "cupy",
                                 "numpy", "python", "cpu", "cores")}
     info["platform"] = platform.platform()
+    rt = runtime.get()
+    if rt.modelled:
+        info["clock"] = rt.device_label              # the times are modelled, on this profile
+        info["profile"] = rt.profile["provenance"]
+        info["computed"] = rt.computes_data
     return info
 
 
@@ -244,9 +253,14 @@ def table(doc):
             continue
         for name, r in p["strategies"].items():
             lines.append(f"{label:<18} {p['bound_ms']:8.2f} {p['bound_by']:<8} {name:<13} {r['median_ms']:10.2f} "
-                         f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {r['identical_to_sequential']}")
+                         f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {_identical(r)}")
             label = ""
     return "\n".join(lines)
+
+
+def _identical(row):
+    same = row["identical_to_sequential"]
+    return "not computed (times only)" if same is None else same
 
 
 def plot_bench(doc, path=None):
@@ -280,7 +294,8 @@ def plot_bench(doc, path=None):
     axes[1].axhline(1.0, color="grey", lw=0.8)
     axes[0].legend(fontsize=8, ncols=len(names) or 1, loc="lower left", bbox_to_anchor=(0, 1.08),
                    borderaxespad=0)
-    fig.suptitle(f"{doc['machine']['device']} ({doc['machine']['backend']} backend)")
+    clock = f", times {doc['machine']['clock']}" if "clock" in doc["machine"] else ""
+    fig.suptitle(f"{doc['machine']['device']} ({doc['machine']['backend']} backend{clock})")
     if path is not None:
         write_atomically(os.fspath(path), lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
     return fig

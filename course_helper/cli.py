@@ -5,6 +5,7 @@ Run it with::
     python -m course_helper compare --n 256 --nt 640 --repeats 3 --out results/
     python -m course_helper bench --out benchmarks/
     python -m course_helper run --store run.zarr --n 512 --nt 1000 --compress zstd
+    python -m course_helper calibrate --out my_gpu.json      (on a GPU)
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
 in https://ui.perfetto.dev) and a PNG timeline to ``--out``, and exits with
@@ -88,7 +89,13 @@ def _parser():
     b.add_argument("--strategies", default=None,
                    help="comma-separated strategies, from the list below (default: all that run on this backend)")
     b.add_argument("--repeats", type=int, default=5, help="timed runs per strategy and point (default 5)")
-    b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
+    b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+                   help="backend (default: $COURSE_HELPER_BACKEND or auto); on the CPU the sweep is "
+                        "predicted by the modelled GPU")
+    b.add_argument("--profile", default=None,
+                   help="device profile the CPU backend models (default: $COURSE_HELPER_PROFILE or h200)")
+    b.add_argument("--compute", action="store_true",
+                   help="on the CPU backend, also compute the wavefields (default: predict times only)")
     b.add_argument("--out", default=None, help="folder for bench.json and bench.png")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     b.add_argument("--disk", default=None, metavar="FOLDER",
@@ -96,6 +103,9 @@ def _parser():
                         "B = max(compute, bytes / D2H, bytes / disk); writes disk.json to --out")
     _add_run_parser(sub)
     _halo_parser(sub)
+
+    k = sub.add_parser("calibrate", help="measure this GPU's profile for the CPU backend's modelled GPU")
+    k.add_argument("--out", required=True, help="the profile to write (JSON), e.g. my_gpu.json")
     return p
 
 
@@ -127,7 +137,7 @@ def run_main(args):
         bar = tqdm(total=nsaved, desc="levels to disk", unit="level", file=sys.stderr, leave=False)
 
     class Progress:                # counts the levels handed to the disk pipeline
-        def op_submitted(self, op):
+        def op_issued(self, op):
             if op.kind == "D2H":
                 bar.update(op.nbytes // problem.nbytes_level)
 
@@ -179,18 +189,23 @@ def _parse_points(text):
 
 
 def bench_main(args):
-    from . import backend, bench
+    from . import backend, bench, runtime
 
-    if args.backend:
-        backend.set_backend(args.backend)
+    if args.backend or args.profile:
+        backend.set_backend(args.backend or os.environ.get(backend.ENV_VAR, "auto"), profile=args.profile)
     else:
         backend.backend_name()
     if args.disk:
         return _disk_bench(args)
+    rt = runtime.get()
+    predict = rt.modelled and not args.compute
+    if predict:
+        print(f"predicting the sweep on the {rt.device_label} (times only: the wavefields are not "
+              "computed; pass --compute to compute them too)", file=sys.stderr)
     if args.points:
         points = _parse_points(args.points)
     else:
-        points = list(bench.DEFAULT_POINTS if backend.backend_name() == "gpu" else bench.QUICK_POINTS)
+        points = list(bench.DEFAULT_POINTS if backend.backend_name() == "gpu" or predict else bench.QUICK_POINTS)
     if args.every_sweep:
         points += [p for p in bench.EVERY_POINTS if p not in points]
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
@@ -209,11 +224,13 @@ def bench_main(args):
             bar.update(1)
 
     try:
-        doc = bench.run_bench(points, strategies, repeats=args.repeats, progress=progress)
+        with rt.times_only(predict):
+            doc = bench.run_bench(points, strategies, repeats=args.repeats, progress=progress)
     finally:
         if bar is not None:
             bar.close()
-    print(f"{doc['machine']['device']}, peak pinned D2H {doc['peak_d2h_gbps']:.1f} GB/s, "
+    clock = f" ({rt.device_label})" if rt.modelled else ""
+    print(f"{doc['machine']['device']}{clock}, peak pinned D2H {doc['peak_d2h_gbps']:.1f} GB/s, "
           f"{args.repeats} repeats; B = the physical limit of each point")
     print(bench.table(doc))
     if args.out:
@@ -223,7 +240,7 @@ def bench_main(args):
         if any("strategies" in p for p in doc["points"]):
             bench.plot_bench(doc, os.path.join(args.out, "bench.png"))
             print("wrote", os.path.join(args.out, "bench.png"))
-    agree = all(r["identical_to_sequential"] for p in doc["points"] if "strategies" in p
+    agree = all(r["identical_to_sequential"] is not False for p in doc["points"] if "strategies" in p
                 for r in p["strategies"].values())
     if not agree:
         print("ERROR: some strategy did not reproduce the sequential images", file=sys.stderr)
@@ -269,7 +286,7 @@ def _check_out(folder):
 
 
 def compare_main(args):
-    from . import backend, compare, wave
+    from . import backend, compare, runtime, wave
     from .timeline import write_atomically
 
     if args.backend:
@@ -291,8 +308,9 @@ def compare_main(args):
     finally:
         if bar is not None:
             bar.close()
+    label = runtime.time_label()
     print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels, every {args.every}, "
-          f"{args.repeats} repeats, {backend.backend_name()} backend")
+          f"{args.repeats} repeats, {backend.backend_name()} backend" + (f", times {label}" if label else ""))
     print(cmp.table())
     print(COMPARE_COLUMNS)
     if args.out:
@@ -374,6 +392,23 @@ def halo_main(args):
     return 0
 
 
+def calibrate_main(args):
+    import json
+
+    from . import backend, calibrate, profiles
+    from .timeline import write_atomically
+
+    if backend.backend_name() != "gpu":
+        raise RuntimeError("calibrate measures a real GPU, and this process runs on the CPU backend "
+                           f"({backend.device_report()['device']}); run it on a machine with a CUDA GPU")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    _check_out(folder)
+    doc = profiles.validate(calibrate.calibrate(progress=lambda what: print("measuring", what, file=sys.stderr)))
+    write_atomically(args.out, lambda f: json.dump(doc, f, indent=1))
+    print(f"wrote {args.out}: {doc['provenance']['device']}, {doc['provenance']['date']}")
+    return 0
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     try:
@@ -385,6 +420,8 @@ def main(argv=None):
             return halo_main(args)
         if args.command == "run":
             return run_main(args)
+        if args.command == "calibrate":
+            return calibrate_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,9 +11,10 @@ from collections import Counter
 
 import numpy as np
 
-from . import checks, observe, recording, streams
-from .backend import cupy_module, synchronize
+from . import checks, observe, runtime, streams
+from .memory import is_device_array, is_pinned
 from .sanitizer import RaceError, sanitize
+from .streams import synchronize
 
 __all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
 
@@ -42,13 +43,12 @@ def layer_values(k, shape):
 
 
 def _kernel():
-    cupy = cupy_module()
+    import cupy          # called by the GPU runtime only; the CPU backend never imports CuPy
     return cupy.RawKernel(_SOURCE, "bake_layer")
 
 
 def bake_layer(plane, k, stream=None):
     """Queue the kernel that fills the device array ``plane`` with layer ``k``."""
-    from .memory import is_device_array
     if not is_device_array(plane):
         raise TypeError("plane must be a device array (device_empty/device_zeros)")
     if plane.ndim != 2 or plane.dtype != np.float32 or not plane.flags.c_contiguous:
@@ -57,15 +57,15 @@ def bake_layer(plane, k, stream=None):
     stream = streams.resolve(stream)
     n0, n1 = plane.shape
 
-    def gpu():
-        with stream.raw:
+    def cuda(raw_stream):
+        with raw_stream:
             _kernel()(((n1 + 31) // 32, (n0 + 7) // 8), (32, 8), (plane, np.int32(n0), np.int32(n1), np.int32(k)))
 
-    def cpu():
-        np.copyto(plane.view(np.ndarray), layer_values(k, (n0, n1)))
+    def numpy(out):
+        np.copyto(out, layer_values(k, (n0, n1)))
 
-    recording.enqueue(stream, kind="kernel", name=f"bake layer {k}", level=k, gpu=gpu, cpu=cpu,
-                      writes=(plane,))
+    op = observe.Op("kernel", f"bake layer {k}", stream, k, 0, (), (plane,))
+    runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost={"kernel": "bake", "bytes": plane.nbytes})
 
 
 def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
@@ -79,7 +79,6 @@ def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
     Returns a one-line success message when every plane holds its own layer.
     """
     __tracebackhide__ = True       # a failure shows the learner's cell, not this file
-    from .memory import is_device_array, is_pinned
     if is_device_array(stack):
         raise LayerCakeError("the stack is still on the device: the exercise copies every plane to a "
                              "host array made with pinned_empty((nplanes, n0, n1))")

@@ -6,32 +6,24 @@ pace. Stream capture records the work queued on a stream (and on the streams
 that join it through events) into a graph instead of running it; replaying
 the graph launches all of it at once.
 
-Graphs are a CUDA feature: on the CPU backend (and on CuPy built for ROCm)
-:func:`capture_graph` raises :class:`GraphsUnsupported` naming the reason and
-the alternative.
+The modelled GPU of the CPU backend has graphs too: a capture records the
+operations, and a replay costs the host one launch plus the captured device
+work. On CuPy built for ROCm :func:`capture_graph` raises
+:class:`GraphsUnsupported` naming the reason and the alternative.
 """
 from __future__ import annotations
 
 import contextlib
 
-from . import checks, observe, recording, streams
-from .backend import backend_name, cupy_module
+from . import checks, observe, runtime, streams
+from .runtime_base import GraphsUnsupported
 
 __all__ = ["GraphsUnsupported", "Graph", "capture_graph", "graphs_supported"]
 
 
-class GraphsUnsupported(RuntimeError):
-    """CUDA graphs cannot be used with the active backend."""
-
-
 def graphs_supported():
     """``(True, "")`` when graphs work here, else ``(False, reason)``."""
-    if backend_name() != "gpu":
-        return False, ("CUDA graphs need the GPU backend (the CPU backend has no graphs); "
-                       "use the 'staged' or 'events' strategy instead")
-    if getattr(cupy_module().cuda.runtime, "is_hip", False):
-        return False, "this CuPy is built for ROCm, where the course does not use graphs; use 'staged' or 'events'"
-    return True, ""
+    return runtime.get().graphs_supported()
 
 
 class Graph:
@@ -44,31 +36,12 @@ class Graph:
     def launch(self, stream=None):
         """Replay the whole captured loop on ``stream`` (default: the capture stream)."""
         stream = self.stream if stream is None else streams.resolve(stream)
-        self.raw.launch(stream.raw)
+        stream.runtime.launch_graph(self.raw, stream.raw)
         observe.notify("graph_launched", self, stream)
 
 
 class _Capture:
     graph = None
-
-
-def record_external(event_ptr, stream_ptr):
-    """Record a raw event so that it becomes an event-record *node* of the graph being
-    captured (``cudaEventRecordExternal``): it then timestamps every replay. A plain
-    record during capture only marks a dependency and never completes."""
-    rt = cupy_module().cuda.runtime
-    if hasattr(rt, "eventRecordWithFlags"):
-        rt.eventRecordWithFlags(event_ptr, stream_ptr, 1)
-        return
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        raise GraphsUnsupported("recording a timeline inside a CUDA graph needs cuda-bindings "
-                                "(pip install cuda-bindings), or run the graph with trace=False") from None
-    err, = cudart.cudaEventRecordWithFlags(cudart.cudaEvent_t(event_ptr), cudart.cudaStream_t(stream_ptr),
-                                           cudart.cudaEventRecordExternal)
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaEventRecordWithFlags failed: {err}")
 
 
 @contextlib.contextmanager
@@ -93,16 +66,13 @@ def capture_graph(stream):
     if stream.is_default:
         raise ValueError("capture on a stream from create_streams(); the default stream cannot be captured")
     cap = _Capture()
-    stream.raw.begin_capture()
-    recording.capturing = True
+    rt = stream.runtime
+    rt.begin_capture(stream.raw)
     observe.notify("capture_started", stream)
     try:
         yield cap
     except BaseException:
-        with contextlib.suppress(Exception):
-            stream.raw.end_capture()
+        rt.abort_capture(stream.raw)
         raise
-    finally:
-        recording.capturing = False
-    cap.graph = Graph(stream.raw.end_capture(), stream)
+    cap.graph = Graph(rt.end_capture(stream.raw), stream)
     observe.notify("capture_ended", stream, cap.graph)

@@ -51,8 +51,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import checks, recording
-from .backend import backend_name, cupy_module, synchronize
+from . import checks, observe, recording, runtime, streams
+from .backend import backend_name, cupy_module
+from .streams import synchronize
 from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device, zero_async
 from .streams import create_events, create_streams, stream_priority_range
 from .timeline import Trace, TraceEvent
@@ -258,9 +259,10 @@ class NcclTransport:
         if self.comm is not None:
             sends, recvs = _edges(self.slab, U)
             nbytes = sum(a.nbytes for _, a in sends)
-            recording.enqueue(self.stream, kind="halo", name=f"halo level {level}", nbytes=nbytes,
-                              level=level, gpu=lambda: self.swap(sends, recvs),
-                              reads=tuple(a for _, a in sends), writes=tuple(a for _, a in recvs))
+            op = observe.Op("halo", f"halo level {level}", self.stream, level, nbytes,
+                            tuple(a for _, a in sends), tuple(a for _, a in recvs))
+            runtime.submit(self.stream, op, cuda=lambda raw: self.swap(sends, recvs), numpy=None,
+                           cost={"kernel": "halo", "bytes": nbytes})
         self.stream.record(self.done)
 
     def swap(self, sends, recvs):
@@ -287,7 +289,7 @@ class MpiTransport:
         """Wait for ``after`` on the host, then post the sends and receives; returns at once."""
         after.synchronize()
         sends, recvs = _edges(self.slab, U)
-        start = time.perf_counter()
+        start = runtime.host_ms()
         reqs = [self.comm.Irecv(b.view(np.ndarray), source=peer, tag=_TAG) for peer, b in recvs]
         reqs += [self.comm.Isend(a.view(np.ndarray), dest=peer, tag=_TAG) for peer, a in sends]
         self.pending = (reqs, level, start)
@@ -299,9 +301,8 @@ class MpiTransport:
         reqs, level, start = self.pending
         _mpi().Request.Waitall(reqs)
         self.pending = None
-        rec = recording.current()
-        if rec is not None and reqs:
-            rec.add_host(f"halo level {level}", start, time.perf_counter())
+        if reqs:
+            observe.notify("host_waited", f"halo level {level}", start, runtime.host_ms())
 
 
 def _edges(slab, U):
@@ -489,12 +490,12 @@ def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapsho
                                                "device": team.device, "n0": problem.n0, "n1": problem.n1,
                                                "nt": problem.nt}).activate()
             try:
-                with recording.host_wait("start"):
+                with streams.host_wait("start"):
                     team.comm.Barrier()              # all ranks start together (and the time origin)
-                t0 = time.perf_counter()
+                t0 = runtime.host_ms()
                 _loop(run)
                 synchronize()
-                times.append((time.perf_counter() - t0) * 1e3)
+                times.append(runtime.host_ms() - t0)
             finally:
                 if recorder is not None:
                     timeline = recorder.finish()
@@ -529,10 +530,10 @@ def measure_parts(team, problem, every, repeats=3):
         for _ in range(repeats + 1):                 # the first run warms up
             synchronize()
             team.comm.Barrier()
-            t0 = time.perf_counter()
+            t0 = runtime.host_ms()
             work()
             synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append(runtime.host_ms() - t0)
         return team.max(float(np.median(times[1:])))
 
     try:

@@ -9,7 +9,9 @@ call returns only after the copy has finished. :func:`copy_to_host_async` and
 
 On the CPU backend "device" arrays are NumPy arrays of the type
 :class:`CpuDeviceArray`, and pinned arrays are ordinary arrays registered as
-pinned, so the same checks and the same code work everywhere.
+pinned, so the same checks and the same code work everywhere; the modelled
+GPU gives pinned and pageable copies the speeds and the blocking behaviour
+the profiled GPU has.
 """
 from __future__ import annotations
 
@@ -18,22 +20,15 @@ import weakref
 
 import numpy as np
 
-from . import checks, observe, recording, streams
-from .backend import backend_name, cupy_module
+from . import checks, observe, runtime, streams
+from .backend import backend_name
 from .checks import host_memory_available
+from .runtime_base import CpuDeviceArray
 
 __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
            "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
            "copy_to_host_async", "copy_to_device_async", "copy_on_device_async",
            "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available"]
-
-_D2H, _H2D, _D2D = 2, 1, 3      # cudaMemcpyKind values
-_MEMCPY_KIND = {"D2H": _D2H, "H2D": _H2D, "D2D": _D2D}
-
-
-class CpuDeviceArray(np.ndarray):
-    """An array in the CPU backend's stand-in for device memory."""
-
 
 # --------------------------------------------------------------------------
 # Device arrays
@@ -41,9 +36,7 @@ class CpuDeviceArray(np.ndarray):
 def _device_array(shape, dtype, make):
     shape = checks.shape_tuple("shape", shape)
     dtype = np.dtype(dtype)
-    if backend_name() == "gpu":
-        return getattr(cupy_module(), make)(shape, dtype)
-    return getattr(np, make)(shape, dtype).view(CpuDeviceArray)
+    return runtime.get().device_array(shape, dtype, zero=make == "zeros")
 
 
 def device_empty(shape, dtype=np.float32):
@@ -58,31 +51,20 @@ def device_zeros(shape, dtype=np.float32):
 
 def is_device_array(a) -> bool:
     """True for an array in device memory of the active backend."""
-    if backend_name() == "gpu":
-        return isinstance(a, cupy_module().ndarray)
-    return isinstance(a, CpuDeviceArray)
+    return runtime.get().is_device_array(a)
 
 
 def to_device(host):
     """A new device array holding a copy of the host array ``host`` (blocking)."""
     _require_host("host", host)
     observe.notify("host_access", host, "r", "to_device")
-    if backend_name() == "gpu":
-        return cupy_module().asarray(host)
-    streams.default_stream().synchronize()
-    return np.array(host, copy=True).view(CpuDeviceArray)
+    return runtime.get().to_device(host)
 
 
 def to_host(device_array):
     """A new NumPy array holding a copy of ``device_array`` (waits for the device)."""
     _require_device("device_array", device_array)
-    if backend_name() == "gpu":
-        cupy = cupy_module()
-        cupy.cuda.Device().synchronize()
-        return cupy.asnumpy(device_array)
-    from .backend import synchronize
-    synchronize()
-    return np.array(device_array.view(np.ndarray), copy=True)
+    return runtime.get().to_host(device_array)
 
 
 # --------------------------------------------------------------------------
@@ -113,11 +95,7 @@ def pinned_empty(shape, dtype=np.float32):
     """
     shape = checks.shape_tuple("shape", shape)
     dtype = np.dtype(dtype)
-    if backend_name() == "gpu":
-        import cupyx
-        arr = cupyx.empty_pinned(shape, dtype)
-    else:
-        arr = np.empty(shape, dtype)
+    arr = runtime.get().pinned_empty(shape, dtype)
     _register_pinned(arr)
     return arr
 
@@ -139,14 +117,7 @@ def is_pinned(array) -> bool:
         for lo, hi in _pinned_ranges.values():
             if lo <= start and end <= max(hi, lo + 1):
                 return True
-    if backend_name() == "gpu" and array.nbytes:
-        # Pinned by other means (e.g. cupyx.empty_pinned called directly).
-        try:
-            attrs = cupy_module().cuda.runtime.pointerGetAttributes(start)
-            return int(attrs.type) == 1          # cudaMemoryTypeHost
-        except Exception:
-            return False
-    return False
+    return bool(array.nbytes) and runtime.get().pinned_by_driver(array)
 
 
 # --------------------------------------------------------------------------
@@ -185,25 +156,15 @@ def _require_writable(label, a):
                          "array (a new pinned_empty() buffer, or one whose flags.writeable is True)")
 
 
-def _ptr(a):
-    return a.data.ptr if backend_name() == "gpu" and not isinstance(a, np.ndarray) else a.ctypes.data
+def _queue_copy(kind, dst, src, stream, level, pageable=False):
+    """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D"); returns the stream used.
 
-
-def _memcpy_async(dst, src, kind, stream):
-    cupy_module().cuda.runtime.memcpyAsync(_ptr(dst), _ptr(src), src.nbytes, kind, stream.raw.ptr)
-
-
-def _np(a):
-    return a.view(np.ndarray)
-
-
-def _queue_copy(kind, dst, src, stream, level):
-    """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D"); returns the stream used."""
+    A copy from or to pageable host memory is staged by the driver and
+    returns only when it has finished."""
     stream = streams.resolve(stream)
-    recording.enqueue(stream, kind=kind, name=_label(kind, level), nbytes=src.nbytes, level=level,
-                      reads=(src,), writes=(dst,),
-                      gpu=lambda: _memcpy_async(dst, src, _MEMCPY_KIND[kind], stream),
-                      cpu=lambda: np.copyto(_np(dst), _np(src)))
+    op = observe.Op(kind, _label(kind, level), stream, level, src.nbytes, (src,), (dst,))
+    runtime.submit(stream, op, cuda=None, numpy=None,
+                   cost={"copy": kind, "dst": dst, "src": src, "pageable": pageable})
     return stream
 
 
@@ -249,9 +210,8 @@ def zero_async(dst, stream=None):
         raise ValueError("dst must be C-contiguous")
     _require_writable("dst", dst)
     stream = streams.resolve(stream)
-    recording.enqueue(stream, kind="memset", name="zero", nbytes=dst.nbytes, writes=(dst,),
-                      gpu=lambda: cupy_module().cuda.runtime.memsetAsync(_ptr(dst), 0, dst.nbytes, stream.raw.ptr),
-                        cpu=lambda: _np(dst).fill(0))
+    op = observe.Op("memset", "zero", stream, None, dst.nbytes, (), (dst,))
+    runtime.submit(stream, op, cuda=None, numpy=None, cost={"fill": True, "dst": dst})
 
 
 def copy_to_host(dst, src, stream=None, *, level=None):
@@ -265,10 +225,8 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
     observe.notify("host_access", dst, "w", "copy_to_host")
-    stream = _queue_copy("D2H", dst, src, stream, level)
-    with recording.host_wait("blocking copy"):
-        stream.raw.synchronize()
-    observe.notify("host_synced", stream)
+    stream = _queue_copy("D2H", dst, src, stream, level, pageable=not is_pinned(dst))
+    stream.wait_for_host("blocking copy")
 
 
 def _label(kind, level):
@@ -282,16 +240,9 @@ def _copy_any(dst_host, src_dev, stream):
     """A raw 'async' D2H copy that accepts pageable memory, as the driver does.
 
     Pageable: the driver stages the copy and the call returns only when it has
-    finished (on the CPU backend: the copy runs on the calling thread after the
-    stream's earlier work). Pinned: queued on the stream, returns at once.
+    finished. Pinned: queued on the stream, returns at once.
     """
-    if backend_name() == "gpu":
-        _memcpy_async(dst_host, src_dev, _D2H, stream)
-    elif is_pinned(dst_host):
-        stream.raw.submit(lambda: np.copyto(dst_host, _np(src_dev)))
-    else:
-        stream.raw.synchronize()
-        np.copyto(dst_host, _np(src_dev))
+    _queue_copy("D2H", dst_host, src_dev, stream, None, pageable=not is_pinned(dst_host))
 
 
 def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
@@ -307,7 +258,8 @@ def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
         One row per (size, memory): ``size_mib``, ``memory`` ("pinned" or
         "pageable"), ``gb_per_s`` (median, 1 GB = 1e9 bytes),
         ``returned_early`` (fraction of calls that returned before the copy
-        finished) and ``correct`` (the data arrived intact).
+        finished) and ``correct`` (the data arrived intact). On the CPU
+        backend the speeds are those of the modelled GPU.
     """
     try:
         sizes = [float(s) for s in sizes_mib]

@@ -13,16 +13,21 @@ An observer is any object; it receives the calls below for which it has a
 method of the same name (all are optional):
 
 ``op_queued(op)``
-    an :class:`Op` was queued on ``op.stream``.
-``op_submitted(op)``
-    the same :class:`Op` is now on its stream: an event recorded on
-    ``op.stream`` from here on completes only after it.
+    an :class:`Op` is being queued on ``op.stream`` (announced just before
+    the runtime queues it).
+``op_issued(op)``
+    the runtime has queued ``op`` (the timeline recorder brackets it with
+    ``op_queued``).
 ``event_recorded(stream, event)``
     ``event`` was recorded at the current end of ``stream``.
 ``event_waited(stream, event)``
     later work on ``stream`` waits for ``event``'s latest record.
 ``host_synced(target)``
     the host waited for ``target``: a Stream, an Event, or None (the device).
+``host_waited(name, t_start_ms, t_end_ms)``
+    a host wait on a stream or an event (``name`` labels it on timelines)
+    lasted from ``t_start_ms`` to ``t_end_ms`` of the runtime's host clock
+    (modelled on the CPU backend).
 ``host_access(array, mode, where)``
     the helper's own host code reads (``mode="r"``) or writes (``"w"``) the
     host array ``array``; ``where`` names the caller (for messages).

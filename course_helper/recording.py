@@ -1,114 +1,79 @@
 """Recording a timeline of device work while it is queued.
 
-Every helper operation (kernel launch, copy) goes through :func:`enqueue`, and
-every host-side wait through :func:`host_wait`. While a recorder is active
-(``with tracing() as trace:`` or ``solve(..., trace=True)``) each operation is
-timed *on its own stream*:
+The recorder is an observer (:mod:`course_helper.observe`) of the runtime: it
+sees every operation queued while it is active (``with tracing() as trace:``
+or ``solve(..., trace=True)``) and asks the runtime to time it *on its own
+stream* (:meth:`~course_helper.runtime_base.Runtime.trace_start`):
 
-* GPU backend without CUPTI: a CUDA event is recorded just before and after the
-  operation on the operation's stream; after the run every timestamp is read
-  relative to one reference event, so all streams share the device clock. On
-  an idle stream the "before" event fires as soon as it is recorded, while the
-  host is still preparing the launch, so a start is never placed earlier than
-  the moment the host queued the operation (host clock mapped onto the device
-  clock through the reference event). Checked against CUPTI in
-  ``benchmarks/trace_check.py``;
-* GPU backend with CUPTI (``cupti-python`` installed): no events at all; the
-  driver's activity records time each operation (:mod:`course_helper.cupti_trace`,
-  an observer of the queued operations). This is the default where it works;
-* CPU backend: the stream's worker thread reads its clock when it starts and
-  finishes the task.
+* GPU backend: a CUDA event is recorded just before and just after the
+  operation on its stream, read against one reference event after the run
+  (see :mod:`course_helper.gpu_runtime`);
+* GPU backend with CUPTI (``cupti-python`` installed, the default where it
+  works): no events at all; the driver's activity records time each operation
+  (:mod:`course_helper.cupti_trace`, itself an observer of the queued operations);
+* CPU backend: the modelled GPU knows when each operation started and ended,
+  in modelled time.
 
-``trace.meta["timing"]`` says which of these timed a trace.
+``trace.meta["timing"]`` says which of these timed a trace ("CUPTI", "CUDA
+events" or "modelled H200").
 
-Host waits are timed with the host clock, aligned with the device clock at
-the start of the recording (to within a few microseconds).
+Host waits are timed with the runtime's host clock. A recording belongs to
+the thread that opened it: work queued by other threads never lands in it.
 """
 from __future__ import annotations
 
 import contextlib
-import time
-from collections import namedtuple
+import threading
 
-from . import observe
-from .backend import backend_name, cupy_module, synchronize
+from . import cupti_trace, observe, runtime
+from .streams import synchronize
+from .timeline import Trace, TraceEvent
 
-_clock = time.perf_counter
-_current = None
-#: True while a CUDA graph capture is in progress (set by graphs.capture_graph): marks are
-#: then recorded as event-record nodes of the graph.
-capturing = False
-_gpu_event_pool = []   # raw cudaEvent_t handles, reused between recordings
-
-
-def _cupti_wanted():
-    from .cupti_trace import wanted
-    return wanted()
+_local = threading.local()
 
 
 def current():
-    """The active recorder, or None when nothing is being traced."""
-    return _current
-
-
-TraceEventArgs = namedtuple("TraceEventArgs", "track kind name start end nbytes level")
-
-
-class _Pending:
-    __slots__ = ("track", "kind", "name", "start", "end", "nbytes", "level", "queued")
-
-    def __init__(self, track, kind, name, start, end, nbytes, level, queued=None):
-        self.track, self.kind, self.name = track, kind, name
-        self.start, self.end, self.nbytes, self.level = start, end, nbytes, level
-        self.queued = queued     # host clock when the operation was queued (None in a graph capture)
+    """The calling thread's active recorder, or None when it is not tracing."""
+    return getattr(_local, "recorder", None)
 
 
 class Recorder:
     """Collects the operations of one run; :meth:`finish` turns them into a Trace."""
 
     def __init__(self, meta=None):
-        self.backend = backend_name()
+        self.runtime = runtime.get()
+        self.backend = self.runtime.name
         self.meta = dict(meta or {})
         self.items = []
         self.hosts = []
-        self.intervals = []      # host-clock work on extra lanes (add_interval)
+        self.intervals = []      # host-clock work on extra lanes (add_interval), e.g. disk writes
         self.tracks = []
+        self._open = {}
         synchronize()
         self.cupti = None
-        self.timing = "host clock"
-        if self.backend == "gpu" and _cupti_wanted():
-            from .cupti_trace import CuptiTimer
-            self.cupti = CuptiTimer().start()
+        if self.runtime.modelled:
+            self.timing = self.runtime.device_label          # "modelled H200"
+        elif cupti_trace.wanted():
             self.timing = "CUPTI"
-        elif self.backend == "gpu":
+        else:
             self.timing = "CUDA events"
-            rt = cupy_module().cuda.runtime
-            self._rt = rt
-            self._used = []
-            self._t0 = self._new_event()
-            rt.eventRecord(self._t0, 0)
-            rt.eventSynchronize(self._t0)
-        self._host_t0 = _clock()
-
-    # -- GPU event marks --------------------------------------------------
-    def _new_event(self):
-        ev = _gpu_event_pool.pop() if _gpu_event_pool else self._rt.eventCreate()
-        self._used.append(ev)
-        return ev
+        self._origin = self.runtime.trace_begin()
+        if self.timing == "CUPTI":
+            self.cupti = cupti_trace.CuptiTimer().start()
 
     def activate(self):
-        """Make this the recorder that helper operations report to."""
-        global _current
-        if _current is not None:
+        """Make this the recorder that the calling thread's operations report to."""
+        if current() is not None:
             raise RuntimeError("a trace is already being recorded; nested tracing() blocks are not supported")
-        _current = self
+        _local.recorder = self
+        observe.add(self)
         return self
 
     def deactivate(self):
         """Stop receiving operations (safe to call more than once)."""
-        global _current
-        if _current is self:
-            _current = None
+        observe.remove(self)
+        if current() is self:
+            _local.recorder = None
         if self.cupti is not None and self.cupti.running:
             # Let the queued work finish, so that CUPTI's records are complete, and stop
             # CUPTI (its records are kept for finish()).
@@ -116,83 +81,67 @@ class Recorder:
                 synchronize()
             self.cupti.stop()
 
-    def mark(self, stream):
-        ev = self._new_event()
-        if capturing:
-            from .graphs import record_external
-            record_external(ev, stream.raw.ptr)           # a timestamp node of the graph
-        else:
-            self._rt.eventRecord(ev, stream.raw.ptr)
-        return ev
+    # -- what the runtime announces -------------------------------------------
+    def op_queued(self, op):
+        if self.cupti is None and op.stream.runtime is self.runtime:   # CUPTI times its own
+            self._open[id(op)] = self.runtime.trace_start(op.stream.raw, self._origin)
 
-    def _track(self, name):
+    def op_issued(self, op):
+        if id(op) not in self._open:
+            return
+        start = self._open.pop(id(op))
+        name = op.stream.name
         if name not in self.tracks:
             self.tracks.append(name)
+        end = self.runtime.trace_end(op.stream.raw, start, self._origin)
+        self.items.append((name, op.kind, op.name, start, end, op.nbytes, op.level))
 
-    def add(self, stream, kind, name, start, end, nbytes, level, queued=None):
-        self._track(stream.name)
-        item = _Pending(stream.name, kind, name, start, end, nbytes, level, queued)
-        self.items.append(item)
-        return item
-
-    def add_host(self, name, t_start, t_end):
+    def host_waited(self, name, t_start, t_end):
         self.hosts.append((name, t_start, t_end))
 
     def add_interval(self, track, kind, name, t_start, t_end, nbytes=0, level=None):
-        """Add work timed on the host clock on its own lane (e.g. the "disk" writes of a
-        streamed run); safe to call from other threads."""
-        self.intervals.append(TraceEventArgs(track, kind, name, t_start, t_end, nbytes, level))
+        """Add work timed on the runtime's host clock (:func:`runtime.host_ms`) on a lane of
+        its own, e.g. the disk writes of a streamed run; safe to call from other threads."""
+        self.intervals.append((track, kind, name, t_start, t_end, nbytes, level))
 
     # -- turning marks into times -------------------------------------------
     def finish(self):
         """Wait for the device, read every timestamp, and return a :class:`Trace`."""
-        from .timeline import Trace, TraceEvent
         self.deactivate()
         synchronize()
+        rt, origin = self.runtime, self._origin
         events = []
         if self.cupti is not None:
             cupti_events, tracks, info = self.cupti.events()
             events.extend(cupti_events)
             for name in tracks:
-                self._track(name)
+                if name not in self.tracks:
+                    self.tracks.append(name)
             self.meta.update(info)
-        elif self.backend == "gpu":
-            rt, t0 = self._rt, self._t0
-            for it in self.items:
-                start = rt.eventElapsedTime(t0, it.start)
-                if it.queued is not None:
-                    # On an idle stream the start event fires as soon as it is recorded, before
-                    # the host has even queued the operation; the operation cannot start before
-                    # it was queued (host time mapped onto the device clock via the reference).
-                    start = max(start, (it.queued - self._host_t0) * 1e3)
-                end = rt.eventElapsedTime(t0, it.end)
-                events.append(TraceEvent(it.track, it.kind, it.name, min(start, end), end,
-                                         it.nbytes, it.level))
-            _gpu_event_pool.extend(self._used)
-            self._used = []
-        else:
-            for it in self.items:
-                if it.start is None or it.end is None:   # skipped after a failure
-                    continue
-                events.append(TraceEvent(it.track, it.kind, it.name,
-                                         (it.start - self._host_t0) * 1e3,
-                                         (it.end - self._host_t0) * 1e3, it.nbytes, it.level))
+        for track, kind, name, start, end, nbytes, level in self.items:
+            times = rt.trace_times(origin, start, end)
+            if times is not None:                 # None: skipped after a failure
+                events.append(TraceEvent(track, kind, name, times[0], times[1], nbytes, level))
         for name, a, b in self.hosts:
-            events.append(TraceEvent("host", "host wait", name,
-                                     (a - self._host_t0) * 1e3, (b - self._host_t0) * 1e3, 0, None))
-        for it in self.intervals:
-            events.append(TraceEvent(it.track, it.kind, it.name, (it.start - self._host_t0) * 1e3,
-                                     (it.end - self._host_t0) * 1e3, it.nbytes, it.level))
+            events.append(TraceEvent("host", "host wait", name, rt.trace_host_ms(origin, a),
+                                     rt.trace_host_ms(origin, b), 0, None))
+        for track, kind, name, a, b, nbytes, level in self.intervals:
+            events.append(TraceEvent(track, kind, name, rt.trace_host_ms(origin, a),
+                                     rt.trace_host_ms(origin, b), nbytes, level))
+        rt.trace_release(origin)
         if events:
             # Time zero is the first recorded operation (a graph, say, is captured long
             # before it is replayed; the capture is not part of the timeline).
-            origin = min(e.start_ms for e in events)
+            t0 = min(e.start_ms for e in events)
             for e in events:
-                e.start_ms -= origin
-                e.end_ms -= origin
+                e.start_ms -= t0
+                e.end_ms -= t0
         tracks = (sorted(self.tracks, key=_track_order) + (["host"] if self.hosts else [])
-                  + sorted({it.track for it in self.intervals}, key=_track_order))
-        return Trace(events, tracks, dict(self.meta, backend=self.backend, timing=self.timing))
+                  + sorted({it[0] for it in self.intervals}, key=_track_order))
+        meta = dict(self.meta, backend=self.backend, device=rt.device_label, timing=self.timing)
+        if rt.modelled:
+            meta["clock"] = rt.device_label         # "modelled H200": these times are modelled
+        return Trace(events, tracks, meta)
 
 
 def _track_order(name):
@@ -201,55 +150,6 @@ def _track_order(name):
     if tail.isdigit():
         return (1, head, int(tail))
     return (0 if name in ("compute", "default") else 1, name, -1)
-
-
-def enqueue(stream, *, kind, name, gpu=None, cpu=None, nbytes=0, level=None, reads=(), writes=()):
-    """Queue one operation on ``stream``: call ``gpu()`` on the GPU backend or
-    submit ``cpu`` to the stream's worker on the CPU backend; trace it if a
-    recorder is active. ``reads``/``writes`` name the arrays it touches (for
-    the observers of :mod:`course_helper.observe`)."""
-    op = observe.Op(kind, name, stream, level, nbytes, tuple(reads), tuple(writes))
-    observe.notify("op_queued", op)
-    _submit(stream, kind, name, gpu, cpu, nbytes, level)
-    observe.notify("op_submitted", op)
-
-
-def _submit(stream, kind, name, gpu, cpu, nbytes, level):
-    rec = _current
-    if stream.on_gpu:
-        if rec is None or rec.cupti is not None:    # untraced, or CUPTI times it (an observer)
-            gpu()
-            return
-        start = rec.mark(stream)
-        queued = None if capturing else _clock()
-        gpu()
-        rec.add(stream, kind, name, start, rec.mark(stream), nbytes, level, queued)
-        return
-    if rec is None:
-        stream.raw.submit(cpu)
-        return
-    item = rec.add(stream, kind, name, None, None, nbytes, level)
-
-    def timed():
-        item.start = _clock()
-        cpu()
-        item.end = _clock()
-
-    stream.raw.submit(timed)
-
-
-@contextlib.contextmanager
-def host_wait(name):
-    """Time a host-side wait on the host track (when a recorder is active)."""
-    rec = _current
-    if rec is None:
-        yield
-        return
-    t = _clock()
-    try:
-        yield
-    finally:
-        rec.add_host(name, t, _clock())
 
 
 class _TraceHandle:
@@ -274,7 +174,7 @@ def tracing(**meta):
     ...     launch_wave2d(...)                       # doctest: +SKIP
     >>> t.plot()                                     # doctest: +SKIP
     """
-    if _current is not None:       # checked before Recorder() synchronises the device
+    if current() is not None:      # checked before Recorder() synchronises the device
         raise RuntimeError("a trace is already being recorded; nested tracing() blocks are not supported")
     rec = Recorder(meta).activate()
     handle = _TraceHandle()

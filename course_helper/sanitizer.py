@@ -460,7 +460,7 @@ def sanitize(names=None):
         yield san
     except BaseException:
         san.close()
-        from .backend import synchronize
+        from .streams import synchronize
         with contextlib.suppress(Exception):      # the original error matters more
             synchronize()
         raise

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checks, observe, recording, sanitizer
-from .backend import backend_name, cupy_module, synchronize
+from . import checks, observe, recording, runtime, sanitizer
+from .backend import backend_name
 from .graphs import GraphsUnsupported
 from .memory import device_zeros, pinned_empty, to_device
 from .strategies import KERNEL_LEVELS, STRATEGIES, capture_loop
-from .streams import create_events, create_streams
+from .streams import create_events, create_streams, synchronize
 from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["prepare", "solve", "Run", "Result", "STRATEGIES", "plan_memory", "saved_levels",
@@ -94,12 +93,10 @@ class Run:
         return None
 
     def close(self):
-        """Stop the CPU backend's worker threads of this run's streams (GPU streams are freed
-        by CuPy). The output ``images`` stays usable."""
+        """This run's streams take no more work (on the CPU backend, queueing more raises;
+        GPU streams are freed by CuPy). The output ``images`` stays usable."""
         for s in ([self.compute] if self.compute is not None else []) + list(self.io):
-            close = getattr(s.raw, "close", None)
-            if close is not None:
-                close()
+            s.runtime.close_stream(s.raw)
 
     def __enter__(self):
         return self
@@ -126,13 +123,15 @@ class Result:
     elapsed_ms : float
         Host wall time of the loop, device synchronised at the end (for the
         graph strategies: of the replay; the capture is in ``capture_ms``).
+        On the CPU backend: the *modelled* time on the profiled GPU
+        (``time_label`` says which, e.g. "modelled H200").
     strategy, backend : str
     every, nscratch : int
     problem : WaveProblem
     """
 
     def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace,
-                 nstaging=0, batch=1, capture_ms=None, store=None):
+                 nstaging=0, batch=1, capture_ms=None, store=None, time_label=""):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -146,6 +145,7 @@ class Result:
         self.batch = batch
         self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
         self.store = store               # path of the Zarr store the levels were streamed to, if any
+        self.time_label = time_label     # "" on a GPU, e.g. "modelled H200" on the CPU backend
         self._trace = trace
 
     @property
@@ -170,8 +170,9 @@ class Result:
                    default=0.0)
 
     def __repr__(self):
+        clock = f" {self.time_label}" if self.time_label else ""
         return (f"<Result {self.strategy!r} on {self.backend}: {len(self.levels)} levels of "
-                f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms>")
+                f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms{clock}>")
 
 
 def default_batch(problem):
@@ -211,10 +212,8 @@ def _check_memory(problem, every, need, host=True):
                                   "use a smaller grid, or stream the levels to disk with store=PATH"))
     else:
         need = dict(need, host=0)
-    if backend_name() == "gpu":
-        cupy = cupy_module()
-        free, _total = cupy.cuda.runtime.memGetInfo()
-        free += cupy.get_default_memory_pool().free_bytes()
+    free = runtime.get().device_free_bytes()
+    if free is not None:
         if need["device"] > 0.9 * free:
             raise MemoryError(
                 f"the scratch wavefields need {need['device'] / 2**20:,.0f} MiB of device memory "
@@ -315,7 +314,8 @@ def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=F
     if output:
         shape = (len(saved_levels(problem.nt, every)), *problem.shape)
         images = pinned_empty(shape) if entry.streams else np.empty(shape, np.float32)
-        images.fill(np.nan)
+        if runtime.get().computes_data:          # (a model predicting times only writes no data)
+            images.fill(np.nan)
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
               V=to_device(problem.velocity), images=images,
               staging=[device_zeros((batch, *problem.shape)) for _ in range(nstaging)], batch=batch,
@@ -398,6 +398,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
                   output=store is None)
     entry = STRATEGIES[run.strategy]
     backend = backend_name()
+    rt = runtime.get()
     sink = None
     if store is not None:          # a small ring of host slots that writer threads empty to disk
         try:
@@ -417,19 +418,19 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
                                            "nt": run.nt, "every": run.every, "nscratch": run.nscratch,
                                            "nstaging": run.nstaging, "batch": run.batch}).activate()
         if entry.graph:
-            t0 = time.perf_counter()
+            t0 = rt.host_ms()
             graph = capture_loop(entry.loop, run)         # capture: records, runs nothing
-            capture_ms = (time.perf_counter() - t0) * 1e3
-            t0 = time.perf_counter()
+            capture_ms = rt.host_ms() - t0
+            t0 = rt.host_ms()
             graph.launch()                                # the timed part: one replay
         else:
-            t0 = time.perf_counter()
+            t0 = rt.host_ms()
             with sink.watching() if sink else contextlib.nullcontext():
                 entry.loop(run)
         synchronize()
         if sink is not None:
             sink.finish()                                 # the timed part ends when all is on disk
-        elapsed = (time.perf_counter() - t0) * 1e3
+        elapsed = rt.host_ms() - t0
         timeline = recorder.finish() if recorder is not None else None
         if sink is None:
             observe.notify("host_access", run.images, "r", "solve's result")
@@ -449,7 +450,8 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         run.close()
     images = sink.open_result() if sink is not None else run.images
     return Result(images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
-                  backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms, store=store)
+                  backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms, store=store,
+                  time_label=runtime.time_label())
 
 
 _warmed = set()
@@ -458,7 +460,7 @@ _warmed = set()
 def _warm_up():
     """Run the kernel once, untimed: the first launch loads its module (CUDA loads
     kernels lazily), which would otherwise land inside the first timed loop."""
-    backend = backend_name()
+    backend = id(runtime.get())
     if backend in _warmed:
         return
     tiny = WaveProblem(n0=8, n1=8, nt=3)

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checks, observe, recording
+from . import checks, observe, recording, runtime, streams
 
 __all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "check_target", "free_bytes",
            "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "timed_write"]
@@ -199,9 +199,9 @@ def timed_write(write):
     The timeline's disk lane takes its times from here alone (the writes are
     host-timed on both backends); a modelled backend can replace this function.
     """
-    t0 = recording._clock()
+    t0 = runtime.host_ms()
     write()
-    return t0, recording._clock()
+    return t0, runtime.host_ms()
 
 
 class Ring:
@@ -251,7 +251,7 @@ class Ring:
         if not self.free[s].is_set():
             # The slot's previous chunk is not on the disk yet: the host waits here, and the
             # device runs on through the work already queued. Nothing is dropped.
-            with recording.host_wait("wait for disk (ring full)"):
+            with streams.host_wait("wait for disk (ring full)"):
                 while not self.free[s].wait(0.05):
                     self.sink.raise_error()           # a writer failed: stop instead of waiting forever
         self.sink.raise_error()
@@ -291,6 +291,7 @@ class DiskSink:
         self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)
         self.every = every
         self._error = None
+        self._recorder = None          # the solving thread's recorder (writers add the disk lanes to it)
         self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self.writer, args=(f"disk {i}",), name=f"disk writer {i}",
@@ -299,7 +300,7 @@ class DiskSink:
             t.start()
 
     # -- the solving thread ------------------------------------------------
-    def op_submitted(self, op):
+    def op_issued(self, op):
         """Observer hook: a copy into a slot is on its stream; pass the slot on after it."""
         if op.kind != "D2H":
             return
@@ -317,7 +318,9 @@ class DiskSink:
 
     @contextlib.contextmanager
     def watching(self):
-        """Observe the operations queued by the calling thread inside the block."""
+        """Observe the operations queued by the calling thread inside the block (and hand the
+        writer threads that thread's timeline recorder, if it records one)."""
+        self._recorder = recording.current()
         observe.add(self)
         try:
             yield self
@@ -340,7 +343,7 @@ class DiskSink:
                 return
             first, n, s, done = item
             try:
-                done.raw.synchronize()        # the copy into the slot has landed
+                done.synchronize()            # the copy into the slot has landed
                 if self._error is None:
                     self._write(first, self.ring.slots[s][:n], lane)
             except BaseException as exc:  # noqa: BLE001 - handed to the solving thread
@@ -359,7 +362,7 @@ class DiskSink:
             self.peak[first:stop] = peak
             self.complete[first:stop] = True       # ... before it is flagged complete
         t0, t1 = timed_write(write)
-        rec = recording.current()
+        rec = self._recorder
         if rec is not None:
             rec.add_interval(lane, "disk write", f"write level {first * self.every}", t0, t1, block.nbytes,
                              first * self.every)

@@ -162,7 +162,8 @@ class Trace:
         once), ``host_wait_ms``, ``total_ms`` (first start to last end) and
         ``overlap_fraction`` = overlap / copy time (how much of the copying
         was hidden behind compute; 0 when nothing was copied), and ``timing``:
-        what timed the device work ("CUPTI", "CUDA events", "host clock").
+        what timed the device work ("CUPTI", "CUDA events", or the modelled GPU, e.g.
+        "modelled H200").
         """
         kern = _union((e.start_ms, e.end_ms) for e in self.kernels)
         copy = _union((e.start_ms, e.end_ms) for e in self.of_kind("D2H", "H2D"))
@@ -177,7 +178,7 @@ class Trace:
 
     @property
     def timing(self):
-        """What timed the device work: "CUPTI", "CUDA events" or "host clock"."""
+        """What timed the device work: "CUPTI", "CUDA events" or "modelled H200" (the CPU backend)."""
         return self.meta.get("timing", "not recorded")
 
     def describe(self):
@@ -185,7 +186,8 @@ class Trace:
         s = self.summary()
         staging = len(self.of_kind("D2D"))
         moved = f"{len(self.of_kind('D2H', 'H2D'))} host copies" + (f", {staging} device copies" if staging else "")
-        return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms: "
+        clock = f" ({self.meta['clock']})" if self.meta.get("clock") else ""
+        return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms{clock}: "
                 f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
                 f"{100 * s['overlap_fraction']:.0f}% of copy time overlapped a kernel, "
                 f"host waited {s['host_wait_ms']:.2f} ms (timing: {s['timing']})")
@@ -264,7 +266,8 @@ class Trace:
         ax.set_ylim(max(len(self.tracks), 1) - 0.5, -0.5)
         if not self.events:
             ax.text(0.5, 0.5, "nothing was recorded", transform=ax.transAxes, ha="center")
-        ax.set_xlabel("time (ms)")
+        clock = self.meta.get("clock")           # e.g. "modelled H200" on the CPU backend
+        ax.set_xlabel(f"time (ms, {clock})" if clock else "time (ms)")
         if title is None:
             title = f"{self.meta.get('strategy', 'timeline')} (timing: {self.timing})"
         ax.set_title(title)

@@ -14,8 +14,8 @@ from importlib import resources
 
 import numpy as np
 
-from . import checks, recording, streams
-from .backend import cupy_module
+from . import checks, observe, runtime, streams
+from .memory import is_device_array
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
            "STENCIL", "stability_limit"]
@@ -204,9 +204,15 @@ def kernel_source() -> str:
     return resources.files("course_helper").joinpath("kernels/wave2d_4o.cu").read_text()
 
 
+def _gpu_kernel():
+    """The compiled ``wave2d_4o`` of the current device (called by the GPU runtime only)."""
+    import cupy          # imported here so that the CPU backend never imports CuPy
+    return _compiled(cupy.cuda.Device().id)
+
+
 @functools.lru_cache(maxsize=None)
-def _gpu_kernel(device_id):
-    cupy = cupy_module()
+def _compiled(device_id):
+    import cupy
     module = cupy.RawModule(code=kernel_source(), options=("--fmad=false",))
     return module.get_function("wave2d_4o")
 
@@ -258,7 +264,6 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     stream : Stream, optional
         Where to queue the kernel (default: the current stream).
     """
-    from .memory import is_device_array
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     n = checks.positive_int("n (step number)", n, minimum=0)
     for label, a in (("U0", U0), ("U1", U1), ("U2", U2), ("V", V)):
@@ -283,19 +288,19 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     p0, p1 = problem.source
     n0, n1 = problem.shape
 
-    def gpu():
-        kernel = _gpu_kernel(cupy_module().cuda.Device().id)
+    def cuda(raw_stream):
+        kernel = _gpu_kernel()
         grid = ((n1 + _BLOCK[0] - 1) // _BLOCK[0], (n0 + _BLOCK[1] - 1) // _BLOCK[1])
-        with stream.raw:
+        with raw_stream:
             kernel(grid, _BLOCK, (U0, U1, U2, V, np.int32(n0), np.int32(n1), dt2, idx0, idx1,
                                   np.int32(p0), np.int32(p1), amp))
 
-    def cpu():
-        _numpy_step(U0.view(np.ndarray), U1.view(np.ndarray), U2.view(np.ndarray), V.view(np.ndarray),
+    def numpy(out):
+        _numpy_step(U0.view(np.ndarray), U1.view(np.ndarray), out, V.view(np.ndarray),
                     dt2, idx0, idx1, p0, p1, amp)
 
-    recording.enqueue(stream, kind="kernel", name=f"wave2d_4o level {n + 2}", level=n + 2, gpu=gpu, cpu=cpu,
-                      reads=(U0, U1, V), writes=(U2,))
+    op = observe.Op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0, (U0, U1, V), (U2,))
+    runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost={"kernel": "wave2d_4o", "bytes": 4 * U2.nbytes})
 
 
 def reference_solution(problem, every=1):

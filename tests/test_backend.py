@@ -65,8 +65,9 @@ def test_auto_falls_back_or_takes_the_gpu():
 def test_device_report_fields(backend, capsys):
     rep = ch.device_report()
     assert rep["backend"] == backend
-    for key in ("device", "cpu", "cores", "numpy", *GPU_ONLY):
+    for key in ("device", "cpu", "cores", "numpy", "times", *GPU_ONLY):
         assert key in rep
+    assert rep["times"].startswith("modelled on NVIDIA H200" if backend == "cpu" else "measured on")
     if backend == "cpu":
         assert all(str(rep[k]).startswith("n/a") for k in GPU_ONLY)
         assert rep["device"].startswith("CPU")

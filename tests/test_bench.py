@@ -40,6 +40,15 @@ def test_bench_cli_writes_json_and_plot(cpu, tmp_path, capsys):
     assert doc["peak_d2h_gbps"] > 0
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "efficiency" in out and "staged" in out
+    assert doc["machine"]["clock"] == "modelled H200" and "modelled H200" in out
+
+
+def test_bench_on_the_cpu_predicts_times_without_computing(cpu, capsys):
+    code = main(["bench", "--backend", "cpu", "--points", "40x30x1", "--repeats", "1",
+                 "--strategies", "sequential,events", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "times only" in captured.err and "modelled H200" in captured.out
 
 
 @pytest.mark.parametrize("points,msg", [("256x640", "NxNTxEVERY"), ("axbxc", "NxNTxEVERY"),

@@ -34,7 +34,7 @@ def test_timing_choice(monkeypatch, backend):
 
 def test_every_trace_names_its_clock(backend, monkeypatch):
     p = ch.WaveProblem(n0=32, n1=32, nt=12)
-    expected = {"cpu": "host clock"}.get(backend, "CUPTI" if cupti_trace.available()[0] else "CUDA events")
+    expected = {"cpu": "modelled H200"}.get(backend, "CUPTI" if cupti_trace.available()[0] else "CUDA events")
     t = ch.solve(p, "events").trace
     assert t.timing == expected == t.summary()["timing"] == t.to_chrome()["otherData"]["timing"]
     assert expected in t.describe()

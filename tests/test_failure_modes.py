@@ -120,8 +120,8 @@ BAD_INPUT = [
     ("plan_memory every=0", lambda: ch.solver.plan_memory(_problem(), every=0), ValueError, "at least 1"),
     ("plan_memory nscratch<0", lambda: ch.solver.plan_memory(_problem(), nscratch=-4), ValueError, "at least 3"),
     ("plan_memory not a problem", lambda: ch.solver.plan_memory("problem"), TypeError, "WaveProblem"),
-    ("create_streams synchronise='no'", lambda: ch.create_streams(1, synchronise="no"), TypeError,
-     "synchronise must be True or False"),
+    ("create_streams blocking='no'", lambda: ch.create_streams(1, blocking="no"), TypeError,
+     "blocking must be True or False"),
     ("create_events timing=1", lambda: ch.create_events(1, timing=1), TypeError, "timing must be True or False"),
     ("device_report print_it='yes'", lambda: ch.device_report(print_it="yes"), TypeError, "True or False"),
     ("Comparison.table timings='no'", lambda: compare.Comparison([], {}, _problem(), 1).table(timings="no"),
@@ -159,8 +159,11 @@ def test_bad_input_leaves_nothing_queued(backend):
     assert s.query()
 
 
-def test_graph_strategy_refusal_names_reason_and_alternative(cpu):
-    with pytest.raises(ch.graphs.GraphsUnsupported, match="GPU backend.*'staged' or 'events'"):
+def test_graph_strategy_refusal_names_reason_and_alternative(cpu, monkeypatch):
+    from course_helper import runtime
+    why = "this CuPy is built for ROCm, where the course does not use graphs; use 'staged' or 'events'"
+    monkeypatch.setattr(runtime.get(), "graphs_supported", lambda: (False, why))
+    with pytest.raises(ch.graphs.GraphsUnsupported, match="ROCm.*'staged' or 'events'"):
         ch.solve(_problem(), "graph")
     with pytest.raises(ch.graphs.GraphsUnsupported):
         with ch.graphs.capture_graph(ch.create_streams(1)[0]):

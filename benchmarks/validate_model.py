@@ -1,0 +1,122 @@
+"""The modelled GPU against the real one, side by side.
+
+    python benchmarks/validate_model.py GPU_BENCH.json --profile PROFILE.json --out benchmarks/
+
+reads a sweep measured on a GPU (``python -m course_helper bench --every-sweep --out ...``, or
+the measured side of an earlier ``model_validation.json``),
+predicts every point and strategy with the CPU backend's model of the given profile (times
+only: no wavefield is computed), and writes ``model_validation.json``, ``model_validation.png``
+(predicted against measured) and ``model_validation.md`` (the table of the README).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+import course_helper as ch  # noqa: E402
+from course_helper import runtime  # noqa: E402
+
+
+def predict(gpu_doc, profile):
+    ch.set_backend("cpu", profile=profile)
+    rt = runtime.get()
+    rows = []
+    with rt.times_only():
+        for point in gpu_doc["points"]:
+            if "strategies" not in point:
+                continue
+            problem = ch.WaveProblem(point["n"], point["n"], nt=point["nt"])
+            for name, measured in point["strategies"].items():
+                modelled = ch.solve(problem, name, every=point["every"], trace=False).elapsed_ms
+                rows.append({"n": point["n"], "nt": point["nt"], "every": point["every"], "strategy": name,
+                             "measured_ms": measured["median_ms"], "modelled_ms": modelled,
+                             "ratio": modelled / measured["median_ms"]})
+    return rt, rows
+
+
+def markdown(rows, label, device):
+    names = list(dict.fromkeys(r["strategy"] for r in rows))
+    points = list(dict.fromkeys((r["n"], r["nt"], r["every"]) for r in rows))
+    cell = {(r["n"], r["nt"], r["every"], r["strategy"]): r for r in rows}
+    lines = [f"| point | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for p in points:
+        cells = []
+        for name in names:
+            r = cell.get((*p, name))
+            cells.append("" if r is None else f"{r['measured_ms']:.1f} / {r['modelled_ms']:.1f} "
+                                              f"({100 * (r['ratio'] - 1):+.0f}%)")
+        lines.append(f"| {p[0]}²×{p[1]} every {p[2]} | " + " | ".join(cells) + " |")
+    worst = max(rows, key=lambda r: abs(r["ratio"] - 1))
+    lines.append("")
+    lines.append(f"Median ms measured on the {device} / {label} (difference). Largest difference: "
+                 f"{100 * (worst['ratio'] - 1):+.0f}% ({worst['strategy']} at {worst['n']}²×{worst['nt']} "
+                 f"every {worst['every']}).")
+    return "\n".join(lines)
+
+
+def plot(rows, label, device, path):
+    fig, ax = plt.subplots(figsize=(5.2, 5))
+    for name in dict.fromkeys(r["strategy"] for r in rows):
+        sel = [r for r in rows if r["strategy"] == name]
+        ax.scatter([r["measured_ms"] for r in sel], [r["modelled_ms"] for r in sel], label=name, s=22)
+    lo = min(min(r["measured_ms"], r["modelled_ms"]) for r in rows) * 0.8
+    hi = max(max(r["measured_ms"], r["modelled_ms"]) for r in rows) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="grey", alpha=0.12,
+                    label="±15%")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"measured on the {device} (ms, median)")
+    ax.set_ylabel(f"{label} (ms)")
+    ax.set_title("the CPU backend's model against the GPU")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _as_bench(validation):
+    """The measured medians of a ``model_validation.json``, shaped like a bench document."""
+    points = {}
+    for r in validation["rows"]:
+        p = points.setdefault((r["n"], r["nt"], r["every"]),
+                              {"n": r["n"], "nt": r["nt"], "every": r["every"], "strategies": {}})
+        p["strategies"][r["strategy"]] = {"median_ms": r["measured_ms"]}
+    m = validation["measured"]
+    return {"machine": m["machine"], "created": m.get("created"), "repeats": m.get("repeats"),
+            "points": list(points.values())}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("gpu_bench", help="bench.json measured on the GPU")
+    ap.add_argument("--profile", default="h200", help="profile name or path (default h200)")
+    ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    args = ap.parse_args(argv)
+    with open(args.gpu_bench) as f:
+        gpu_doc = json.load(f)
+    if "rows" in gpu_doc:                       # an earlier validation: re-predict its measurements
+        gpu_doc = _as_bench(gpu_doc)
+    rt, rows = predict(gpu_doc, args.profile)
+    device = gpu_doc["machine"]["device"]
+    doc = {"measured": {"machine": gpu_doc["machine"], "created": gpu_doc.get("created"),
+                        "repeats": gpu_doc.get("repeats")},
+           "modelled": {"label": rt.device_label, "profile": rt.profile["provenance"]}, "rows": rows}
+    with open(os.path.join(args.out, "model_validation.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    table = markdown(rows, rt.device_label, device)
+    with open(os.path.join(args.out, "model_validation.md"), "w") as f:
+        f.write(table + "\n")
+    plot(rows, rt.device_label, device, os.path.join(args.out, "model_validation.png"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

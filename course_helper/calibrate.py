@@ -1,0 +1,260 @@
+"""Measure a GPU's profile for the modelled device of the CPU backend.
+
+Run it on a GPU::
+
+    python -m course_helper calibrate --out course_helper/profiles/h200.json
+
+Device times are read with CUDA events around work queued *behind a spin
+kernel*: the stream is busy while the host queues the work, so the events
+time the device alone, not the host's calls. Host costs are the wall time of
+the helper's own calls (the course's GPU code path), median over many calls.
+Each figure's method goes into the profile's provenance.
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+import time
+
+import numpy as np
+
+from . import runtime
+from .backend import backend_name, device_report
+from .exercise import bake_layer
+from .graphs import capture_graph
+from .memory import (_queue_copy, copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros,
+                     pinned_zeros, to_device, zero_async)
+from .streams import create_events, create_streams, elapsed_ms, synchronize
+from .wave import WaveProblem, launch_wave2d
+
+__all__ = ["calibrate", "fit_line"]
+
+_SPIN = r"""
+extern "C" __global__ void course_helper_spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+_MIB = 2**20
+
+
+def fit_line(xs, ys):
+    """Least-squares ``(intercept, slope)`` of ys against xs."""
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return float(intercept), float(slope)
+
+
+class _Bench:
+    def __init__(self):
+        import cupy          # calibration runs on the GPU only
+        self.cupy = cupy
+        self.spin = cupy.RawKernel(_SPIN, "course_helper_spin")
+        (self.s,) = create_streams(1, name="calibrate")
+        self.start, self.end = create_events(2, timing=True)
+
+    def hold(self, ms=4.0):
+        """Keep the stream busy for about ``ms`` (clock rate ~1.7 GHz; only needs to outlast the queueing)."""
+        with self.s.raw:
+            self.spin((1,), (1,), (np.int64(ms * 2e6),))
+
+    def device_ms(self, queue, repeat=20):
+        """Device time of one ``queue()``: ``repeat`` of them queued behind a spin, timed by events."""
+        queue()                                    # warm-up (module loads, pool allocations)
+        synchronize()
+        self.hold()
+        self.start.record(self.s)
+        for _ in range(repeat):
+            queue()
+        self.end.record(self.s)
+        self.end.synchronize()
+        return elapsed_ms(self.start, self.end) / repeat
+
+    def host_us(self, call, n=200, busy=True):
+        """Median wall time (µs) of one ``call()`` by the host."""
+        call()
+        synchronize()
+        if busy:
+            self.hold(ms=20.0)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        synchronize()
+        return float(np.median(times)) * 1e6
+
+
+def _link(bench, kind, sizes, repeat=10):
+    """Latency (µs) and bandwidth (GB/s) of pinned copies of ``kind``, fitted over ``sizes``."""
+    pts = []
+    for size in sizes:
+        n = size // 4
+        dev = device_zeros(n)
+        host = pinned_zeros(n)
+        s = bench.s
+        if kind == "D2H":
+            ms = bench.device_ms(lambda: copy_to_host_async(host, dev, s), repeat)
+        elif kind == "H2D":
+            ms = bench.device_ms(lambda: _queue_copy("H2D", dev, host, s, None), repeat)
+        else:
+            other = device_zeros(n)
+            ms = bench.device_ms(lambda: copy_on_device_async(other, dev, s), repeat)
+        pts.append((size, ms * 1e3))
+        del dev, host
+    lat, slope = fit_line(*zip(*pts))
+    return {"gbps": round(1e-3 / slope, 2), "latency_us": round(max(lat, 0.0), 3),
+            "points_us": [[b, round(t, 3)] for b, t in pts]}
+
+
+def _pageable(bench, kind, sizes, overhead_us, count=8):
+    """Latency and bandwidth of staged (pageable) copies, from the host's wall time of
+    blocking copies into successive slices of a stack that has been written once already
+    (as solve() fills its output stack before the sequential loop copies into it), less
+    the calls' own cost. Untouched pages would add a page fault per page to every copy."""
+    pts = []
+    for size in sizes:
+        n = size // 4
+        dev = device_zeros(n)
+        stack = np.empty((count, n), np.float32)
+        stack.fill(np.nan)                            # touched once, like solve()'s output stack
+        times = []
+        for i in range(count):
+            synchronize()
+            t = time.perf_counter()
+            if kind == "D2H":
+                copy_to_host(stack[i], dev, bench.s)
+            else:
+                _queue_copy("H2D", dev, stack[i], bench.s, None, pageable=True)
+                bench.s.synchronize()
+            times.append(time.perf_counter() - t)
+        pts.append((size, float(np.median(times[1:])) * 1e6 - overhead_us))
+        del stack, dev
+    lat, slope = fit_line(*zip(*pts))
+    return {"gbps": round(1e-3 / slope, 2), "latency_us": round(max(lat, 0.0), 3),
+            "points_us": [[b, round(t, 3)] for b, t in pts]}
+
+
+def _kernel_points(bench, sizes, make):
+    pts = []
+    for n in sizes:
+        queue, nbytes = make(n)
+        pts.append([nbytes, round(bench.device_ms(queue) * 1e3, 4)])
+    return {"points": pts}
+
+
+def _wave(n, stream):
+    p = WaveProblem(n, n, nt=3)
+    U = [device_zeros(p.shape) for _ in range(3)]
+    V = to_device(p.velocity)
+    return (lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=stream)), 4 * U[2].nbytes
+
+
+def calibrate(progress=print):
+    """Measure the active GPU and return a profile dict (see :mod:`course_helper.profiles`)."""
+    if backend_name() != "gpu":
+        raise RuntimeError("calibration measures a real GPU: run it on the GPU backend "
+                           "(the CPU backend models a GPU from such a profile)")
+    rep = device_report()
+    bench = _Bench()
+    s = bench.s
+    sizes = [256 * 1024, _MIB, 4 * _MIB, 16 * _MIB, 64 * _MIB]
+    progress("host costs of the helper calls")
+    p = WaveProblem(256, 256, nt=3)
+    U = [device_zeros(p.shape) for _ in range(3)]
+    V = to_device(p.velocity)
+    out = pinned_zeros((200, *p.shape))
+    stage = device_zeros((16, *p.shape))
+    (other,) = create_streams(1, name="other")
+    (ev,) = create_events(1)
+    other.record(ev)
+    k = iter(range(10**9))
+    host = {
+        "launch": bench.host_us(lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)),
+        "copy": bench.host_us(lambda: copy_to_host_async(out[next(k) % 200], U[2], s)),
+        "copy_d2d": bench.host_us(lambda: copy_on_device_async(stage[next(k) % 16], U[2], s)),
+        "record": bench.host_us(lambda: s.record(ev)),
+        "wait_event": bench.host_us(lambda: s.wait_event(ev)),
+        "query": bench.host_us(s.query),
+        "synchronize": bench.host_us(s.synchronize, busy=False),
+        "host_func": bench.host_us(lambda: s.launch_host_func(lambda: None)),
+    }
+    with capture_graph(s) as cap:
+        launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)
+    host["graph_launch"] = bench.host_us(cap.graph.launch)
+    host = {key: round(v, 3) for key, v in host.items()}
+
+    progress("links")
+    links = {"D2H": _link(bench, "D2H", sizes), "H2D": _link(bench, "H2D", sizes),
+             "D2D": _link(bench, "D2D", sizes + [256 * _MIB])}
+    staged_overhead = host["copy"] + host["synchronize"]
+    links["D2H_pageable"] = _pageable(bench, "D2H", sizes, staged_overhead)
+    links["H2D_pageable"] = _pageable(bench, "H2D", sizes, staged_overhead)
+
+    progress("kernels")
+    grids = [64, 128, 256, 512, 1024, 2048, 4096]
+    planes = {}
+
+    def bake(n):
+        plane = planes.setdefault(n, device_zeros((n, n)))
+        return (lambda: bake_layer(plane, 1, s)), plane.nbytes
+
+    def fill(n):
+        a = planes.setdefault(("fill", n), device_zeros((n, n)))
+        return (lambda: zero_async(a, s)), a.nbytes
+
+    kernels = {"wave2d_4o": _kernel_points(bench, grids, lambda n: _wave(n, s)),
+               "bake": _kernel_points(bench, grids, bake),
+               "fill": _kernel_points(bench, grids, fill)}
+
+    progress("graph nodes")
+    kernel_alone = bench.device_ms(lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)) * 1e3
+    copy_alone = bench.device_ms(lambda: copy_to_host_async(out[0], U[2], s)) * 1e3
+    with capture_graph(s) as kcap:
+        for _ in range(100):
+            launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)
+    # Copies as the event loop makes them: each forked onto one of five IO streams by an
+    # event, and joined back at the end.
+    io = create_streams(5, name="io")
+    forks = create_events(5)
+    with capture_graph(s) as ccap:
+        for i in range(100):
+            s.record(forks[i % 5])
+            io[i % 5].wait_event(forks[i % 5])
+            copy_to_host_async(out[i], U[2], io[i % 5])
+        for stream in io:
+            s.wait_stream(stream)
+    graph = {"kernel_node_us": round(max(0.0, bench.device_ms(kcap.graph.launch, 5) * 10 - kernel_alone), 3),
+             "copy_node_us": round(max(0.0, bench.device_ms(ccap.graph.launch, 5) * 10 - copy_alone), 3)}
+
+    import cupy
+    return {
+        "name": rep["device"].replace("NVIDIA ", "").lower().replace(" ", "-"),
+        "device": {"name": rep["device"], "short_name": rep["device"].replace("NVIDIA ", ""),
+                   "async_engine_count": rep["async_engine_count"],
+                   "compute_capability": rep["compute_capability"], "memory_gib": rep["memory_gib"]},
+        "links": links,
+        "kernels": kernels,
+        "host_us": host,
+        "graph": graph,
+        "provenance": {
+            "device": f"{rep['device']} ({rep['multiprocessors']} SMs, {rep['memory_gib']} GiB)",
+            "driver": f"CUDA driver {rep['driver_version']}, runtime {rep['runtime_version']}",
+            "cupy": cupy.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+            "cpu": rep["cpu"],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "method": ("python -m course_helper calibrate. Device times: CUDA events around 10-20 "
+                       "repeats of the operation queued behind a spin kernel (device time only); "
+                       "pinned link latency and bandwidth = least-squares line over 256 KiB..64 MiB "
+                       "(D2D to 256 MiB). Pageable copies: host wall time of a blocking copy into "
+                       "successive slices of a stack written once before (as solve() fills its output "
+                       "stack), less the copy and synchronise calls' cost, "
+                       "fitted the same way. Kernels: device time per launch for grids 64^2..4096^2 "
+                       "(bytes moved = 4 arrays for wave2d_4o, 1 for bake and fill). Host costs: median "
+                       "wall time of 200 calls of the helper's own function at 256^2 with the stream busy "
+                       "(synchronize: on an idle stream). Graph node costs: a replayed graph of 100 "
+                       "kernels on one stream / 100 D2H copies of 256 KiB forked by events onto 5 streams (as the event "
+                       "loop makes them), per node, less the same operation alone."),
+        },
+    }

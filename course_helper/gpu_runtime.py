@@ -1,0 +1,229 @@
+"""The GPU runtime: the course's operations queued on a CUDA device through CuPy.
+
+Raw streams and events are ``cupy.cuda.Stream`` and ``cupy.cuda.Event``, a
+raw graph is CuPy's ``Graph``. Only :func:`course_helper.runtime.get` imports
+this module, and only on the GPU backend.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import cupy
+import cupyx
+import numpy as np
+
+from .runtime_base import GraphsUnsupported, Runtime
+
+_clock = time.perf_counter
+_D2H, _H2D, _D2D = 2, 1, 3      # cudaMemcpyKind values
+_MEMCPY_KIND = {"D2H": _D2H, "H2D": _H2D, "D2D": _D2D}
+
+
+def _ptr(a):
+    return a.ctypes.data if isinstance(a, np.ndarray) else a.data.ptr
+
+
+class GpuRuntime(Runtime):
+    """CuPy on a CUDA device."""
+
+    name = "gpu"
+    modelled = False
+
+    def __init__(self):
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"]
+        self.device_label = name.decode() if isinstance(name, bytes) else str(name)
+        self._rt = cupy.cuda.runtime
+        self._event_pool = []     # raw cudaEvent_t handles for timeline marks, reused between recordings
+        self._capturing = 0       # captures in progress: marks then become graph nodes
+
+    def host_ms(self):
+        return _clock() * 1e3
+
+    # -- streams and events --------------------------------------------------
+    @functools.lru_cache(maxsize=None)
+    def priority_range(self):
+        if hasattr(self._rt, "deviceGetStreamPriorityRange"):
+            return tuple(self._rt.deviceGetStreamPriorityRange())
+        # CUDA clamps a requested priority into the device's range, so asking for
+        # two extreme priorities and reading them back gives the range.
+        lowest = cupy.cuda.Stream(non_blocking=True, priority=1 << 20).priority
+        highest = cupy.cuda.Stream(non_blocking=True, priority=-(1 << 20)).priority
+        return (int(lowest), int(highest))
+
+    def new_stream(self, non_blocking, priority, name):
+        if priority is None:
+            return cupy.cuda.Stream(non_blocking=non_blocking)
+        return cupy.cuda.Stream(non_blocking=non_blocking, priority=priority)
+
+    def default_stream(self):
+        return cupy.cuda.Stream.null
+
+    def enter_stream(self, raw):
+        raw.__enter__()
+
+    def exit_stream(self, raw, exc):
+        raw.__exit__(*exc)
+
+    def new_event(self, timing):
+        return cupy.cuda.Event(disable_timing=not timing)
+
+    def record(self, event, stream):
+        event.record(stream)
+
+    def wait_event(self, stream, event):
+        stream.wait_event(event)
+
+    def stream_done(self, raw):
+        return bool(raw.done)
+
+    def event_done(self, raw):
+        return bool(raw.done)
+
+    def sync_stream(self, raw):
+        raw.synchronize()
+
+    def sync_event(self, raw):
+        raw.synchronize()
+
+    def sync_device(self):
+        cupy.cuda.Device().synchronize()
+
+    def elapsed_ms(self, start, end):
+        return float(cupy.cuda.get_elapsed_time(start, end))
+
+    # -- work ----------------------------------------------------------------
+    def enqueue(self, stream, op, cuda, numpy, cost):
+        if cuda is not None:
+            cuda(stream)
+        elif "copy" in cost:
+            self._rt.memcpyAsync(_ptr(cost["dst"]), _ptr(cost["src"]), cost["src"].nbytes,
+                                 _MEMCPY_KIND[cost["copy"]], stream.ptr)
+        else:
+            self._rt.memsetAsync(_ptr(cost["dst"]), 0, cost["dst"].nbytes, stream.ptr)
+
+    def host_func(self, stream, fn):
+        stream.launch_host_func(lambda _arg: fn(), None)
+
+    # -- graphs ----------------------------------------------------------------
+    def graphs_supported(self):
+        if getattr(self._rt, "is_hip", False):
+            return False, "this CuPy is built for ROCm, where the course does not use graphs; use 'staged' or 'events'"
+        return True, ""
+
+    def begin_capture(self, stream):
+        stream.begin_capture()
+        self._capturing += 1
+
+    def end_capture(self, stream):
+        self._capturing -= 1
+        return stream.end_capture()
+
+    def abort_capture(self, stream):
+        self._capturing -= 1
+        try:
+            stream.end_capture()
+        except Exception:  # noqa: BLE001 - the capture is being abandoned after an error
+            pass
+
+    def launch_graph(self, graph, stream):
+        graph.launch(stream)
+
+    # -- memory -----------------------------------------------------------------
+    def device_array(self, shape, dtype, zero):
+        return (cupy.zeros if zero else cupy.empty)(shape, dtype)
+
+    def is_device_array(self, a):
+        return isinstance(a, cupy.ndarray)
+
+    def to_device(self, host):
+        return cupy.asarray(host)
+
+    def to_host(self, device_array):
+        cupy.cuda.Device().synchronize()
+        return cupy.asnumpy(device_array)
+
+    def pinned_empty(self, shape, dtype):
+        return cupyx.empty_pinned(shape, dtype)
+
+    def pinned_by_driver(self, array):
+        # Pinned by other means (e.g. cupyx.empty_pinned called directly).
+        try:
+            attrs = self._rt.pointerGetAttributes(array.ctypes.data)
+            return int(attrs.type) == 1          # cudaMemoryTypeHost
+        except Exception:  # noqa: BLE001 - not known to the driver: pageable
+            return False
+
+    def device_free_bytes(self):
+        free, _total = self._rt.memGetInfo()
+        return free + cupy.get_default_memory_pool().free_bytes()
+
+    # -- timing marks ----------------------------------------------------------
+    # A CUDA event is recorded just before and just after each operation on its
+    # stream; every timestamp is read relative to one reference event, so all
+    # streams share the device clock. On an idle stream the "before" event fires
+    # as soon as it is recorded, while the host is still preparing the launch, so
+    # a start is never placed earlier than the moment the host queued the
+    # operation (host clock mapped onto the device clock through the reference).
+    # Checked against CUPTI in benchmarks/trace_check.py.
+    def _new_mark(self, used):
+        ev = self._event_pool.pop() if self._event_pool else self._rt.eventCreate()
+        used.append(ev)
+        return ev
+
+    def _mark(self, stream, used):
+        ev = self._new_mark(used)
+        if self._capturing:
+            record_external(ev, stream.ptr)            # a timestamp node of the graph
+        else:
+            self._rt.eventRecord(ev, stream.ptr)
+        return ev
+
+    def trace_begin(self):
+        used = []
+        t0 = self._new_mark(used)
+        self._rt.eventRecord(t0, 0)
+        self._rt.eventSynchronize(t0)
+        return {"t0": t0, "host_t0": _clock(), "used": used}
+
+    def trace_start(self, stream, origin):
+        return (self._mark(stream, origin["used"]), None if self._capturing else _clock())
+
+    def trace_end(self, stream, start, origin):
+        return self._mark(stream, origin["used"])
+
+    def trace_times(self, origin, start, end):
+        ev, queued = start
+        t = self._rt.eventElapsedTime(origin["t0"], ev)
+        if queued is not None:
+            t = max(t, (queued - origin["host_t0"]) * 1e3)
+        stop = self._rt.eventElapsedTime(origin["t0"], end)
+        return min(t, stop), stop
+
+    def trace_host_ms(self, origin, host_ms):
+        """A host clock reading as ms from the recording's origin."""
+        return host_ms - origin["host_t0"] * 1e3
+
+    def trace_release(self, origin):
+        self._event_pool.extend(origin["used"])
+        origin["used"] = []
+
+
+def record_external(event_ptr, stream_ptr):
+    """Record a raw event so that it becomes an event-record *node* of the graph being
+    captured (``cudaEventRecordExternal``): it then timestamps every replay. A plain
+    record during capture only marks a dependency and never completes."""
+    rt = cupy.cuda.runtime
+    if hasattr(rt, "eventRecordWithFlags"):
+        rt.eventRecordWithFlags(event_ptr, stream_ptr, 1)
+        return
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        raise GraphsUnsupported("recording a timeline inside a CUDA graph needs cuda-bindings "
+                                "(pip install cuda-bindings), or run the graph with trace=False") from None
+    err, = cudart.cudaEventRecordWithFlags(cudart.cudaEvent_t(event_ptr), cudart.cudaStream_t(stream_ptr),
+                                           cudart.cudaEventRecordExternal)
+    if err != cudart.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaEventRecordWithFlags failed: {err}")

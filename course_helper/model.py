@@ -1,0 +1,664 @@
+"""The CPU backend: a deterministic, calibrated model of a GPU that runs the work in NumPy.
+
+Nothing runs in a thread. The model is a discrete-event simulation of one
+device with a modelled host in front of it:
+
+* **The host** has a clock. Each call into the runtime costs the host the time
+  the same helper call took on the profiled GPU (a kernel launch, an event
+  record, ``wait_event``, an async-copy call, a synchronise, a query, a graph
+  launch). A host wait moves the host clock to the completion of what it
+  waits for.
+* **The device** has one compute engine (kernels, fills and device-to-device
+  copies run one after another), ``async_engine_count`` copy engines, and
+  two links, device-to-host and host-to-device, each with a bandwidth and a
+  latency; copies sharing a link share its bandwidth. A copy from pageable
+  host memory is staged: it runs at the pageable bandwidth and the host waits
+  for it. A kernel takes the time the profile measured for its shape and size
+  (interpolated in the bytes it moves).
+* **Ordering** is CUDA's: a stream runs its work in order; ``wait_event``
+  waits for the event's record current at call time; a never-recorded event
+  counts as done; the legacy default stream waits for the work queued before
+  on blocking streams and blocking streams wait for it; non-blocking streams
+  skip that.
+* **Data follow modelled time**: an operation reads its inputs when it starts
+  (its results go to temporaries) and writes its outputs when it ends. A
+  missing dependency therefore gives the same wrong answer on every run, and
+  the host reading a pinned buffer before synchronising sees what a GPU would
+  show it: the old contents.
+
+The device is only ever simulated up to the host's current modelled time (an
+operation cannot start before it is queued), so that bandwidth sharing is
+exact. Times are deterministic: two runs give identical times and results.
+
+The model leaves out what the course does not need: concurrent kernels, the
+launch queue's depth, clock boosts, caches beyond what the calibration of
+each kernel shape captures, and host functions' cost (a host function takes
+the wall time its Python code takes).
+"""
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import itertools
+import math
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from .runtime_base import CpuDeviceArray, GraphsUnsupported, Runtime
+
+__all__ = ["ModelRuntime", "kernel_us", "link_ms"]
+
+_PENDING, _RUNNING, _DONE = range(3)
+_EPS = 1e-9      # ms: events closer than a picosecond are simultaneous
+_TICK = 2.0 ** -20   # ms (about 1 ns): every modelled time is a whole number of ticks
+
+
+def _ticks(ms):
+    """``ms`` rounded up to whole ticks. Sums and differences of such times are exact in
+    floating point, so a run gives the same times whenever it starts (determinism)."""
+    return math.ceil(ms / _TICK - 1e-6) * _TICK
+
+
+def kernel_us(profile, shape, nbytes):
+    """Modelled duration (µs) of one kernel of ``shape`` moving ``nbytes``: the
+    profile's measured points, interpolated linearly in bytes (extrapolated
+    with the slope of the last segment; the first point's time below it)."""
+    pts = sorted(profile["kernels"][shape]["points"])
+    xs = [p[0] for p in pts]
+    i = bisect.bisect_left(xs, nbytes)
+    if i == 0:
+        return float(pts[0][1])
+    if i == len(pts):
+        if len(pts) == 1:
+            return float(pts[0][1])
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    else:
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    if x1 == x0:
+        return float(y1)
+    return float(max(pts[0][1], y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0)))
+
+
+def link_ms(profile, link, nbytes):
+    """Modelled time (ms) of one copy of ``nbytes`` alone on ``link``: latency + bytes / bandwidth."""
+    spec = profile["links"][link]
+    return spec["latency_us"] * 1e-3 + nbytes / (spec["gbps"] * 1e6)
+
+
+class _Task:
+    """One item of a stream's queue: an operation, an event record, a wait, a host function."""
+
+    __slots__ = ("seq", "stream", "name", "engine", "link", "peak", "duration", "remaining",
+                 "deps", "queued", "start", "end", "state", "begin", "finish", "error", "skipped")
+
+    def __init__(self, seq, stream, name, queued, deps, begin=None, engine=None, duration=0.0,
+                 link=None, peak=None, nbytes=0):
+        self.seq, self.stream, self.name, self.queued = seq, stream, name, queued
+        self.deps = deps
+        self.begin = begin            # called at the start; returns what to call at the end (or None)
+        self.finish = None
+        self.engine, self.duration = engine, duration
+        self.link, self.peak, self.remaining = link, peak, float(nbytes)
+        self.start = self.end = None
+        self.state = _PENDING
+        self.error = None
+        self.skipped = False
+
+    @property
+    def done(self):
+        return self.state == _DONE
+
+
+class ModelStream:
+    """A stream of the modelled device (the CPU backend's raw stream)."""
+
+    def __init__(self, model, non_blocking, priority, name, legacy_default=False):
+        self.non_blocking = bool(non_blocking)
+        self.priority = priority
+        self.name = name
+        self.legacy_default = legacy_default
+        self.pending = []         # queued, not started (in order)
+        self.running = None       # the task being run, if any
+        self.last = None          # the most recently queued task
+        self.error = None         # exception stored by failed work, raised at the next synchronise
+        self.closed = False
+        self.capture = None       # the graph being captured on this stream, if any
+        self.seq = next(model._stream_seq)   # creation order
+
+
+class ModelEvent:
+    """An event of the modelled device: the marker task of its latest record."""
+
+    def __init__(self, timing):
+        self.timing = bool(timing)
+        self.task = None          # marker task of the latest record (None: never recorded)
+        self.graph = None         # the capture its latest record belongs to, if any
+
+
+class ModelGraph:
+    """A captured graph: the calls made on the captured streams, replayed in order."""
+
+    def __init__(self, stream):
+        self.origin = stream
+        self.nodes = []
+        self.streams = [stream]
+
+    def join(self, stream):
+        if stream not in self.streams:
+            self.streams.append(stream)
+            stream.capture = self
+
+
+class _Node:
+    """One captured call; ``task`` is its task in the latest replay (what timelines read)."""
+
+    __slots__ = ("call", "args", "task")
+
+    def __init__(self, call, args):
+        self.call, self.args, self.task = call, args, None
+
+
+def _serialised(method):
+    """One host thread at a time drives the model (threads share its one modelled host)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return call
+
+
+class ModelRuntime(Runtime):
+    """The modelled GPU of one device profile (see the module's docstring)."""
+
+    name = "cpu"
+    modelled = True
+
+    def __init__(self, profile):
+        self.profile = profile
+        self.device_label = f"modelled {profile['device']['short_name']}" \
+            if "short_name" in profile["device"] else f"modelled {profile['device']['name']}"
+        self.host_t = 0.0                 # modelled host clock (ms)
+        self.t = 0.0                      # device time simulated so far (ms)
+        self.arithmetic = True            # False: model the times only, skip the NumPy work
+        self._seq = itertools.count()
+        self._stream_seq = itertools.count()
+        self._busy = []                   # streams with queued or running work, in first-use order
+        self._running = []
+        self._engines = {"compute": 1, "copy": int(profile["device"]["async_engine_count"])}
+        self._in_use = {"compute": 0, "copy": 0}
+        self._links = {k: v["gbps"] * 1e6 for k, v in profile["links"].items()}   # bytes per ms
+        self._blocking = weakref.WeakSet()
+        self._all = weakref.WeakSet()
+        self._default = None
+        self._inside = None               # the task whose Python code runs now (a host function)
+        self._replaying = None            # the graph being replayed (its calls cost the host nothing)
+        self._lock = threading.RLock()
+
+    @property
+    def computes_data(self):
+        return self.arithmetic
+
+    @contextlib.contextmanager
+    def times_only(self, on=True):
+        """Inside the block (when ``on``), predict times only: the NumPy work is skipped, so
+        results are left unwritten (a sweep of large grids is predicted in seconds)."""
+        before = self.arithmetic
+        self.arithmetic = not on and before
+        try:
+            yield
+        finally:
+            self.arithmetic = before
+
+    # -- the host clock ---------------------------------------------------------
+    def host_ms(self):
+        return self.host_t
+
+    def _call(self, what):
+        """The host makes the API call ``what``: it costs its profiled time and the
+        device catches up with the host."""
+        if self._inside is not None:
+            raise RuntimeError(f"a host function ({self._inside.name}) called the runtime ({what}); "
+                               "a host function must not queue or wait for device work, since it "
+                               "would wait for itself")
+        if self._replaying is None:
+            self.host_t += _ticks(self.profile["host_us"][what] * 1e-3)
+        self._advance(self.host_t)
+
+    # -- streams and events --------------------------------------------------
+    def priority_range(self):
+        return (0, -5)       # CUDA's convention: 0 is the lowest priority; accepted, not scheduled by
+
+    @_serialised
+    def new_stream(self, non_blocking, priority, name):
+        s = ModelStream(self, non_blocking, priority, name)
+        if not non_blocking:
+            self._blocking.add(s)
+        self._all.add(s)
+        return s
+
+    @_serialised
+    def default_stream(self):
+        if self._default is None:
+            self._default = ModelStream(self, False, 0, "default", legacy_default=True)
+            self._all.add(self._default)
+        return self._default
+
+    def close_stream(self, raw):
+        raw.closed = True
+
+    def new_event(self, timing):
+        return ModelEvent(timing)
+
+    def _implicit(self, stream):
+        """Tasks ``stream`` must wait for under the legacy default-stream rules."""
+        if stream.legacy_default:
+            return [s.last for s in list(self._blocking) if s.last is not None and not s.last.done]
+        if not stream.non_blocking:
+            last = self.default_stream().last
+            return [last] if last is not None and not last.done else []
+        return []
+
+    def _queue(self, stream, name, deps=(), **kw):
+        if stream.closed:
+            raise RuntimeError(f"stream {stream.name!r} was closed (its run has finished); "
+                               "queue work on a stream of your own from create_streams()")
+        deps = [d for d in (*deps, *self._implicit(stream)) if not d.done]
+        task = _Task(next(self._seq), stream, name, self.host_t, deps, **kw)
+        stream.pending.append(task)
+        stream.last = task
+        if stream not in self._busy:
+            self._busy.append(stream)
+        return task
+
+    def _captured(self, stream, call, *args):
+        """During a capture, remember the call instead of making it; returns the node or None."""
+        graph = stream.capture
+        if graph is None or self._replaying is not None:
+            return None
+        node = _Node(call, args)
+        graph.nodes.append(node)
+        return node
+
+    @_serialised
+    def record(self, event, stream):
+        if self._captured(stream, "record", event, stream):
+            event.graph = stream.capture
+            return
+        self._call("record")
+        event.task = self._queue(stream, "event record")
+        event.graph = None
+        self._advance(self.host_t)
+
+    @_serialised
+    def wait_event(self, stream, event):
+        if event.graph is not None and stream.capture is None and self._replaying is None:
+            event.graph.join(stream)          # waiting on a captured record forks into the capture
+        if self._captured(stream, "wait_event", stream, event):
+            return
+        self._call("wait_event")
+        if event.task is not None and not event.task.done:
+            self._queue(stream, "wait event", deps=[event.task])
+            self._advance(self.host_t)
+
+    @_serialised
+    def stream_done(self, raw):
+        self._call("query")
+        return raw.last is None or raw.last.done
+
+    @_serialised
+    def event_done(self, raw):
+        self._call("query")
+        return raw.task is None or raw.task.done
+
+    def _no_wait_in_capture(self, what):
+        if any(s.capture is not None for s in self._busy) or self._capturing_streams():
+            raise RuntimeError(f"{what} during a graph capture: nothing runs while a graph is "
+                               "captured, so the host cannot wait for it; wait after the capture block")
+
+    def _capturing_streams(self):
+        return [s for s in list(self._all) if s.capture is not None]
+
+    def _host_wait(self, task, what):
+        """The host waits until ``task`` is done."""
+        self._call("synchronize")
+        if task is None:
+            return
+        self._run_until(lambda: task.done, what)
+        self.host_t = max(self.host_t, task.end)
+        self._advance(self.host_t)
+
+    @_serialised
+    def sync_stream(self, raw):
+        if raw.capture is not None:
+            self._no_wait_in_capture(f"synchronising stream {raw.name!r}")
+        self._host_wait(raw.last, f"stream {raw.name!r}")
+        exc, raw.error = raw.error, None
+        if exc is not None:
+            raise exc.with_traceback(exc.__traceback__)
+
+    @_serialised
+    def sync_event(self, raw):
+        self._host_wait(raw.task, "an event")
+        if raw.task is not None and raw.task.error is not None:
+            err = raw.task.error
+            raise err.with_traceback(err.__traceback__)
+
+    @_serialised
+    def sync_device(self):
+        if self._capturing_streams():
+            self._no_wait_in_capture("synchronising the device")
+        self._call("synchronize")
+        self._run_until(lambda: not self._busy, "the device")
+        self.host_t = max(self.host_t, self.t)
+        self._advance(self.host_t)
+        first = None
+        for s in [self.default_stream(), *sorted(self._all, key=lambda s: s.seq)]:
+            if s.error is not None:
+                first = first or s.error
+                s.error = None
+        if first is not None:
+            raise first.with_traceback(first.__traceback__)
+
+    @_serialised
+    def elapsed_ms(self, start, end):
+        return end.task.end - start.task.end
+
+    # -- work ----------------------------------------------------------------
+    @_serialised
+    def enqueue(self, stream, op, cuda, numpy, cost):
+        if self._captured(stream, "enqueue", stream, op, cuda, numpy, cost):
+            return
+        kw = self._timing(op, cost)
+        if "copy" in cost:
+            self._call("copy_d2d" if cost["copy"] == "D2D" and "copy_d2d" in self.profile["host_us"]
+                       else "copy")
+            src, dst = cost["src"], cost["dst"]
+            begin = self._begin_copy(dst, src)
+        else:
+            self._call("launch")
+            begin = self._begin_op(op.writes, numpy if "fill" not in cost else _zero)
+        task = self._queue(stream, op.name, begin=begin, **kw)
+        if cost.get("pageable") and self._replaying is None:
+            # Staged through the driver's own pinned buffer: the call returns when the copy is done.
+            self._run_until(lambda: task.done, f"a pageable copy on {stream.name!r}")
+            self.host_t = max(self.host_t, task.end)
+        self._advance(self.host_t)
+
+    def _timing(self, op, cost):
+        """The engine, link and duration of an operation, from the profile.
+
+        A copy's latency is link time: it is turned into the bytes the link
+        would have moved meanwhile, so that a copy alone takes latency +
+        bytes / bandwidth, and copies sharing a link share all of it."""
+        graph = self.profile.get("graph", {}) if self._replaying is not None else {}
+        if "copy" in cost:
+            kind = cost["copy"]
+            spec = self.profile["links"][kind + ("_pageable" if cost.get("pageable") else "")]
+            peak = spec["gbps"] * 1e6
+            setup_ms = (spec["latency_us"] + graph.get("copy_node_us", 0.0)) * 1e-3
+            return dict(engine="compute" if kind == "D2D" else "copy", link=kind, peak=peak,
+                        nbytes=op.nbytes + setup_ms * peak)
+        shape = "fill" if "fill" in cost else cost["kernel"]
+        nbytes = op.nbytes if "fill" in cost else cost["bytes"]
+        return dict(engine="compute",
+                    duration=_ticks((kernel_us(self.profile, shape, nbytes) + graph.get("kernel_node_us", 0.0)) * 1e-3))
+
+    def _begin_op(self, writes, numpy):
+        """An operation that reads at its start and writes ``writes`` at its end."""
+        if not self.arithmetic:
+            return None
+
+        def begin():
+            outs = [np.array(w.view(np.ndarray)) for w in writes]
+            numpy(*outs)                               # reads its inputs now
+            return lambda: [np.copyto(w.view(np.ndarray), o) for w, o in zip(writes, outs)]
+        return begin
+
+    def _begin_copy(self, dst, src):
+        if not self.arithmetic:
+            return None
+
+        def begin():
+            data = np.array(src.view(np.ndarray))     # read at the start
+            return lambda: np.copyto(dst.view(np.ndarray), data)
+        return begin
+
+    @_serialised
+    def host_func(self, stream, fn):
+        if self._captured(stream, "host_func", stream, fn):
+            return
+        self._call("host_func")
+        self._queue(stream, getattr(fn, "__name__", "host function"), begin=fn, engine="host")
+        self._advance(self.host_t)
+
+    # -- the simulation ---------------------------------------------------------
+    def _ready(self, task):
+        return task.queued <= self.t + _EPS and all(d.done for d in task.deps)
+
+    def _start_ready(self):
+        """Start every task that can start at time ``self.t`` (in a deterministic order)."""
+        while True:
+            heads = [s.pending[0] for s in self._busy if s.pending and s.running is None]
+            heads = [h for h in heads if self._ready(h)]
+            if not heads:
+                return
+            heads.sort(key=lambda h: (h.queued, h.stream.priority, h.seq))
+            started = False
+            for task in heads:
+                if task.engine in self._engines and self._in_use[task.engine] >= self._engines[task.engine]:
+                    continue
+                self._start(task)
+                started = True
+            if not started:
+                return
+
+    def _start(self, task):
+        s = task.stream
+        s.pending.pop(0)
+        s.running = task
+        task.start = self.t
+        task.state = _RUNNING
+        if task.engine in self._engines:
+            self._in_use[task.engine] += 1
+        self._running.append(task)
+        if s.error is not None:                       # work after a failure is skipped
+            task.skipped = True
+            task.duration, task.link, task.remaining = 0.0, None, 0.0
+        elif task.begin is not None:
+            wall = time.perf_counter()
+            self._inside = task if task.engine == "host" else None
+            try:
+                task.finish = task.begin()
+            except BaseException as exc:  # noqa: BLE001 - stored, raised at the next synchronise
+                s.error = exc
+            finally:
+                self._inside = None
+            if task.engine == "host":
+                task.duration = _ticks((time.perf_counter() - wall) * 1e3)   # a host function takes its own time
+                task.finish = None
+        task.begin = None
+
+    def _rates(self):
+        """Bytes per ms of every copy moving data now: a link's bandwidth shared equally
+        among its copies, each at most at its own peak (pageable copies are slower)."""
+        moving = [t for t in self._running if t.link is not None]
+        count = {}
+        for t in moving:
+            count[t.link] = count.get(t.link, 0) + 1
+        return {t: min(t.peak, self._links[t.link] / count[t.link]) for t in moving}
+
+    def _next(self, rates):
+        """When the next thing happens (a task ends or a phase changes), or None."""
+        times = []
+        for t in self._running:
+            if t.link is not None:
+                times.append(self.t + _ticks(t.remaining / rates[t]))
+            else:
+                times.append(t.start + t.duration)
+        return min(times) if times else None
+
+    def _move_to(self, target, rates):
+        """Let time run to ``target``, moving the bytes of the copies in flight."""
+        dt = target - self.t
+        if dt > 0:
+            for t, r in rates.items():
+                t.remaining -= r * dt
+            self.t = target
+
+    def _complete_due(self):
+        for t in list(self._running):
+            if t.link is not None:
+                if t.remaining <= 1e-3:
+                    self._complete(t)
+            elif t.start + t.duration <= self.t + _EPS:
+                self._complete(t)
+
+    def _complete(self, task):
+        s = task.stream
+        if task.finish is not None and s.error is None:
+            try:
+                task.finish()                          # writes its outputs now
+            except BaseException as exc:  # noqa: BLE001 - stored, raised at the next synchronise
+                s.error = exc
+        task.finish = None
+        task.deps = ()
+        task.end = self.t
+        task.state = _DONE
+        task.error = s.error
+        self._running.remove(task)
+        if task.engine in self._engines:
+            self._in_use[task.engine] -= 1
+        s.running = None
+        if not s.pending:
+            self._busy.remove(s)
+
+    def _advance(self, until):
+        """Simulate the device up to the host's time ``until`` (no further: the host may
+        still queue work that starts before anything later)."""
+        if self._inside is not None:
+            return
+        while True:
+            self._start_ready()
+            rates = self._rates()
+            nxt = self._next(rates)
+            if nxt is None or nxt > until + _EPS:
+                self._move_to(max(until, self.t), rates)
+                return
+            self._move_to(max(nxt, self.t), rates)
+            self._complete_due()
+
+    def _run_until(self, condition, what):
+        """Simulate until ``condition()`` holds (the host is waiting)."""
+        if self._inside is not None:
+            raise RuntimeError(f"a host function waits for {what}, which would wait for itself")
+        while not condition():
+            self._start_ready()
+            rates = self._rates()
+            nxt = self._next(rates)
+            if nxt is None:
+                raise RuntimeError(f"the host waits for {what}, but no queued work can ever finish it")
+            self._move_to(max(nxt, self.t), rates)
+            self._complete_due()
+
+    # -- graphs ----------------------------------------------------------------
+    def graphs_supported(self):
+        return True, ""
+
+    @_serialised
+    def begin_capture(self, stream):
+        if stream.capture is not None:
+            raise RuntimeError(f"stream {stream.name!r} is already being captured")
+        stream.capture = ModelGraph(stream)
+
+    @_serialised
+    def end_capture(self, stream):
+        graph = stream.capture
+        for s in graph.streams:
+            s.capture = None
+        return graph
+
+    @_serialised
+    def abort_capture(self, stream):
+        if stream.capture is not None:
+            self.end_capture(stream)
+
+    @_serialised
+    def launch_graph(self, graph, stream):
+        """One launch on the host; the captured work follows the work queued before on ``stream``."""
+        if any(s.capture is not None for s in graph.streams):
+            raise RuntimeError("this graph is still being captured; launch it after the capture block")
+        self._call("graph_launch")
+        entry = stream.last if stream.last is not None and not stream.last.done else None
+        self._replaying = graph
+        try:
+            for s in graph.streams:
+                if s is not stream and entry is not None:
+                    self._queue(s, "graph start", deps=[entry])
+            for node in graph.nodes:
+                getattr(self, node.call)(*node.args)
+                node.task = node.args[0].last if node.call != "record" else node.args[0].task
+            lasts = [s.last for s in graph.streams if s is not stream and s.last is not None]
+            if lasts:
+                self._queue(stream, "graph end", deps=lasts)
+        finally:
+            self._replaying = None
+        self._advance(self.host_t)
+
+    # -- memory -----------------------------------------------------------------
+    def device_array(self, shape, dtype, zero):
+        return (np.zeros if zero else np.empty)(shape, dtype).view(CpuDeviceArray)
+
+    def is_device_array(self, a):
+        return isinstance(a, CpuDeviceArray)
+
+    @_serialised
+    def to_device(self, host):
+        self.sync_stream(self.default_stream())
+        out = np.array(host, copy=True).view(CpuDeviceArray)
+        self.host_t += _ticks(link_ms(self.profile, "H2D_pageable", out.nbytes))
+        self._advance(self.host_t)
+        return out
+
+    @_serialised
+    def to_host(self, device_array):
+        self.sync_device()
+        out = np.array(device_array.view(np.ndarray), copy=True)
+        self.host_t += _ticks(link_ms(self.profile, "D2H_pageable", out.nbytes))
+        self._advance(self.host_t)
+        return out
+
+    def pinned_empty(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+    # -- timing marks ----------------------------------------------------------
+    @_serialised
+    def trace_begin(self):
+        return {"t0": self.host_t}
+
+    def trace_start(self, stream, origin):
+        return None
+
+    @_serialised
+    def trace_end(self, stream, start, origin):
+        graph = stream.capture
+        if graph is not None and self._replaying is None:
+            return graph.nodes[-1] if graph.nodes else None
+        return stream.last
+
+    @_serialised
+    def trace_times(self, origin, start, end):
+        task = end.task if isinstance(end, _Node) else end
+        if task is None or task.skipped or task.end is None:
+            return None
+        return task.start - origin["t0"], task.end - origin["t0"]
+
+    def trace_host_ms(self, origin, host_ms):
+        return host_ms - origin["t0"]
+
+
+def _zero(out):
+    out.fill(0)

@@ -1,0 +1,269 @@
+"""The modelled GPU of the CPU backend: its rules, its determinism, and that it never hangs."""
+import gc
+import json
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+import course_helper as ch
+from course_helper import model, runtime
+from course_helper.cli import main
+
+MIB = 2**20
+# Modelled times are whole ticks of about 1 ns (so that runs are exactly repeatable):
+# comparisons with the profile's figures allow a tick or two.
+
+
+@pytest.fixture
+def rt(cpu):
+    return runtime.get()
+
+
+def _copy_trace(kinds_streams, nbytes):
+    """Queue one copy per (kind, stream) at once; return the trace's copy events in order."""
+    n = nbytes // 4
+    with ch.tracing() as t:
+        for kind, s in kinds_streams:
+            if kind == "D2H":
+                ch.copy_to_host_async(ch.pinned_empty(n), ch.device_zeros(n), s)
+            else:
+                ch.copy_to_device_async(ch.device_zeros(n), ch.memory.pinned_zeros(n), s)
+    return sorted(t.copies, key=lambda e: e.start_ms)
+
+
+def test_copy_time_is_latency_plus_bytes_over_bandwidth(rt):
+    (s,) = ch.create_streams(1)
+    for mib in (1, 16):
+        (e,) = _copy_trace([("D2H", s)], mib * MIB)
+        link = rt.profile["links"]["D2H"]
+        expected = link["latency_us"] * 1e-3 + mib * MIB / (link["gbps"] * 1e6)
+        assert e.duration_ms == pytest.approx(expected, abs=2e-6)
+        assert e.duration_ms == pytest.approx(model.link_ms(rt.profile, "D2H", mib * MIB), abs=2e-6)
+
+
+def test_two_copies_on_one_link_share_it_and_two_links_do_not(rt):
+    a, b = ch.create_streams(2)
+    alone = model.link_ms(rt.profile, "D2H", 16 * MIB)
+    first, second = _copy_trace([("D2H", a), ("D2H", b)], 16 * MIB)
+    assert second.start_ms < first.end_ms                                # they overlap...
+    assert first.duration_ms > 1.5 * alone                               # ...each at about half speed
+    assert second.end_ms - first.start_ms == pytest.approx(2 * alone, abs=2e-6)   # the link never idles
+    d2h, h2d = _copy_trace([("D2H", a), ("H2D", b)], 16 * MIB)
+    assert d2h.duration_ms == pytest.approx(alone, abs=2e-6)             # opposite directions: own links
+    assert h2d.duration_ms == pytest.approx(model.link_ms(rt.profile, "H2D", 16 * MIB), abs=2e-6)
+
+
+def test_pageable_copies_block_the_host_and_pinned_ones_do_not(rt):
+    (s,) = ch.create_streams(1)
+    src = ch.device_zeros(4 * MIB)
+    t0 = rt.host_ms()
+    ch.copy_to_host_async(ch.pinned_empty(4 * MIB), src, s)
+    assert rt.host_ms() - t0 == pytest.approx(rt.profile["host_us"]["copy"] * 1e-3, abs=2e-6)   # returned at once
+    assert not s.query()
+    s.synchronize()
+    t0 = rt.host_ms()
+    ch.memory._copy_any(np.empty(4 * MIB, np.float32), src, s)            # what the driver does with pageable
+    assert rt.host_ms() - t0 >= model.link_ms(rt.profile, "D2H_pageable", 16 * MIB)
+    assert s.query()                                                     # it returned when the copy was done
+    rows = {r["memory"]: r for r in ch.measure_bandwidth(sizes_mib=(16,), repeats=2)}
+    assert rows["pinned"]["returned_early"] == 1.0 and rows["pageable"]["returned_early"] == 0.0
+    assert rows["pinned"]["gb_per_s"] > 2 * rows["pageable"]["gb_per_s"]
+    assert rows["pinned"]["correct"] and rows["pageable"]["correct"]
+
+
+def test_the_host_sees_old_contents_until_it_synchronises(rt):
+    (s,) = ch.create_streams(1)
+    src = ch.to_device(np.arange(1024, dtype=np.float32))
+    dst = ch.memory.pinned_zeros(1024)
+    dst[...] = -1
+    ch.copy_to_host_async(dst, src, s)
+    assert np.all(dst == -1)                       # the copy has not ended in modelled time
+    s.synchronize()
+    assert np.array_equal(dst, np.arange(1024, dtype=np.float32))
+
+
+def test_a_race_gives_the_same_wrong_answer_every_run(cpu):
+    p = ch.WaveProblem(64, 64, nt=40)
+    good = ch.solve(p, "sequential", trace=False).images
+    runs = [ch.solve(p, "events", nscratch=3, unsafe=True, trace=False).images for _ in range(3)]
+    assert not np.array_equal(runs[0], good)
+    assert all(np.array_equal(r, runs[0]) for r in runs[1:])
+
+
+def test_runs_are_deterministic_times_traces_and_results(cpu):
+    p = ch.WaveProblem(64, 64, nt=40)
+    for strategy in ("sequential", "events", "graph-staged"):
+        a, b = (ch.solve(p, strategy) for _ in range(2))
+        assert a.elapsed_ms == b.elapsed_ms > 0
+        assert np.array_equal(a.images, b.images)
+        key = [(e.track, e.name, e.start_ms, e.end_ms) for e in a.trace.events]
+        assert key == [(e.track, e.name, e.start_ms, e.end_ms) for e in b.trace.events]
+
+
+def test_graph_replay_costs_one_launch_plus_the_device_work(rt):
+    p = ch.WaveProblem(256, 256, nt=3)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    (s,) = ch.create_streams(1)
+    with ch.graphs.capture_graph(s) as cap:
+        for _ in range(50):
+            ch.launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)
+    assert s.query()                                  # capture ran nothing
+    start, end = ch.create_events(2, timing=True)
+    s.record(start)
+    t0 = rt.host_ms()
+    cap.graph.launch()
+    host = rt.host_ms() - t0
+    s.record(end)
+    end.synchronize()
+    assert host == pytest.approx(rt.profile["host_us"]["graph_launch"] * 1e-3, abs=2e-6)
+    kernel_ms = (model.kernel_us(rt.profile, "wave2d_4o", 4 * U[2].nbytes)
+                 + rt.profile["graph"]["kernel_node_us"]) * 1e-3
+    assert ch.elapsed_ms(start, end) == pytest.approx(host + 50 * kernel_ms, abs=60e-6)
+    assert 50 * rt.profile["host_us"]["launch"] * 1e-3 > 10 * host     # what the graph saves the host
+
+
+def test_graph_strategies_run_on_the_cpu_backend(cpu):
+    assert ch.graphs_supported() == (True, "")
+    p = ch.WaveProblem(48, 48, nt=30)
+    ref = ch.reference_solution(p)
+    for name in ("graph", "graph-staged"):
+        assert np.array_equal(ch.solve(p, name).images, ref)
+
+
+def test_legacy_default_stream_waits_for_blocking_streams_only(rt):
+    (blocking,) = ch.create_streams(1, blocking=True, name="blocking")
+    (free,) = ch.create_streams(1, name="non-blocking")
+    big = ch.device_zeros(16 * MIB)
+    small = ch.device_zeros(1024)
+    for stream, waits in ((blocking, True), (free, False)):
+        with ch.tracing() as t:
+            ch.copy_to_host_async(ch.pinned_empty(16 * MIB), big, stream)
+            ch.memory.zero_async(small, ch.default_stream())
+        (copy,) = t.copies
+        (fill,) = t.of_kind("memset")
+        assert (fill.start_ms >= copy.end_ms) == waits, stream.name
+
+
+def test_blocking_streams_wait_for_the_legacy_default_stream(rt):
+    (blocking,) = ch.create_streams(1, blocking=True, name="blocking")
+    with ch.tracing() as t:
+        ch.copy_to_host_async(ch.pinned_empty(16 * MIB), ch.device_zeros(16 * MIB), ch.default_stream())
+        ch.memory.zero_async(ch.device_zeros(1024), blocking)
+    assert t.of_kind("memset")[0].start_ms >= t.copies[0].end_ms
+
+
+def test_work_on_a_closed_stream_is_refused(rt):
+    (s,) = ch.create_streams(1)
+    rt.close_stream(s.raw)
+    with pytest.raises(RuntimeError, match="closed"):
+        ch.memory.zero_async(ch.device_zeros(8), s)
+    ch.synchronize()                                   # and nothing hangs
+
+
+def test_a_host_function_that_waits_for_its_stream_raises_instead_of_hanging(cpu):
+    (s,) = ch.create_streams(1)
+    s.launch_host_func(s.synchronize)
+    with pytest.raises(RuntimeError, match="host function"):
+        s.synchronize()
+    s.launch_host_func(lambda: ch.memory.zero_async(ch.device_zeros(8), s))
+    with pytest.raises(RuntimeError, match="host function"):
+        ch.synchronize()
+    ch.synchronize()                                   # raised once; the device is usable
+
+
+def test_a_trace_belongs_to_the_thread_that_opened_it(cpu):
+    p = ch.WaveProblem(32, 32, nt=20)
+    other = {}
+
+    def elsewhere():
+        ch.solve(p, "events", trace=False)             # untraced: must not land in the main trace
+        other["result"] = ch.solve(p, "streams")       # traced: its own trace, not refused
+
+    with ch.tracing() as t:
+        worker = threading.Thread(target=elsewhere)
+        worker.start()
+        worker.join()
+        ch.memory.zero_async(ch.device_zeros(8))
+    assert [e.kind for e in t.events] == ["memset"]
+    assert len(other["result"].trace.kernels) == p.nt - 2
+
+
+def test_no_output_stack_stays_alive_after_the_result_is_deleted(cpu):
+    r = ch.solve(ch.WaveProblem(64, 64, nt=30), "sequential", trace=False)
+    images = weakref.ref(r.images)
+    del r
+    gc.collect()
+    assert images() is None
+
+
+def test_a_profile_is_chosen_by_set_backend_and_checked(cpu, tmp_path):
+    doc = json.loads(open(model.__file__.replace("model.py", "profiles/h200.json")).read())
+    doc["links"]["D2H"]["gbps"] *= 2
+    doc["device"]["short_name"] = "H200 x2"
+    path = tmp_path / "fast.json"
+    path.write_text(json.dumps(doc))
+    slow = model.link_ms(runtime.get().profile, "D2H", 64 * MIB)
+    try:
+        ch.set_backend("cpu", profile=str(path))
+        assert runtime.time_label() == "modelled H200 x2"
+        (s,) = ch.create_streams(1)
+        (e,) = _copy_trace([("D2H", s)], 64 * MIB)
+        assert e.duration_ms < 0.6 * slow
+    finally:
+        ch.set_backend("cpu", profile="h200")
+    del doc["host_us"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="host_us"):
+        ch.set_backend("cpu", profile=str(path))
+    with pytest.raises(ValueError, match="no device profile named"):
+        ch.set_backend("cpu", profile="tpu9000")
+
+
+def test_times_are_labelled_modelled(cpu, tmp_path):
+    r = ch.solve(ch.WaveProblem(32, 32, nt=20), "events")
+    assert r.time_label == "modelled H200" and "modelled H200" in repr(r)
+    assert "modelled H200" in r.trace.describe()
+    assert "modelled H200" in r.trace.to_chrome()["traceEvents"][0]["args"]["name"]
+    ax = r.trace.plot()
+    assert "modelled H200" in ax.get_xlabel() and "modelled H200" in ax.get_title()
+
+
+def test_calibrate_refuses_the_cpu_backend(cpu, tmp_path, capsys):
+    assert main(["calibrate", "--out", str(tmp_path / "p.json")]) == 2
+    assert "real GPU" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_kernel_times_interpolate_the_profile():
+    prof = {"kernels": {"k": {"points": [[100, 2.0], [300, 4.0]]}}}
+    assert model.kernel_us(prof, "k", 50) == 2.0
+    assert model.kernel_us(prof, "k", 200) == 3.0
+    assert model.kernel_us(prof, "k", 500) == 6.0
+
+
+def test_the_profile_environment_variable_is_read_and_checked(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", COURSE_HELPER_PROFILE="no-such-gpu",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.run([sys.executable, "-c", "import course_helper as ch; ch.backend_name()"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode != 0 and "no device profile named 'no-such-gpu'" in p.stderr
+    env["COURSE_HELPER_PROFILE"] = "h200"
+    p = subprocess.run([sys.executable, "-c", "import course_helper as ch; print(ch.device_report()['times'])"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().endswith("modelled on NVIDIA H200 (profile h200)")
+
+
+def test_modelled_times_do_not_depend_on_computing_the_data(rt):
+    p = ch.WaveProblem(64, 64, nt=40)
+    for strategy in ("sequential", "events", "graph"):
+        computed = ch.solve(p, strategy, trace=False).elapsed_ms
+        with rt.times_only():
+            predicted = ch.solve(p, strategy, trace=False)
+        assert predicted.elapsed_ms == computed
