@@ -144,9 +144,20 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
                "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0, "speedup": t["speedup"]}
         for name, t in time_strategies(problem, order, repeats, every).items()}
+    for name in order:
+        point["strategies"][name].update(_trace_cost(problem, name, every, repeats,
+                                                     point["strategies"][name]["median_ms"]))
     if backend_name() == "gpu":
         point["strategies"]["raw-cupy-events"] = _raw_cupy_row(problem, every, repeats, point)
     return point
+
+
+def _trace_cost(problem, name, every, repeats, untraced_ms):
+    """What recording a timeline costs: the median of a few traced runs over the untraced median
+    of the same point (``trace_overhead``), and the clock that timed the traces."""
+    runs = [solve(problem, name, every=every, trace=True) for _ in range(min(3, repeats))]
+    traced = float(np.median([r.elapsed_ms for r in runs]))
+    return {"traced_ms": traced, "trace_overhead": traced / untraced_ms, "trace_timing": runs[-1].trace.timing}
 
 
 def _raw_cupy_row(problem, every, repeats, point):
@@ -243,17 +254,19 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
 
 
 def table(doc):
-    """The sweep as aligned text, one line per point and strategy."""
-    lines = [f"{'point':<18} {'B ms':>8} {'bound by':<8} {'strategy':<13} {'median ms':>10} {'efficiency':>10} "
-             f"{'speedup':>8} identical"]
+    """The sweep as aligned text, one line per point and strategy ("traced": a traced run's time
+    over the untraced median, what recording the timeline costs)."""
+    lines = [f"{'point':<18} {'B ms':>8} {'bound by':<8} {'strategy':<15} {'median ms':>10} {'efficiency':>10} "
+             f"{'speedup':>8} {'traced':>7} identical"]
     for p in doc["points"]:
         label = f"{p['n']}^2x{p['nt']} e{p['every']}"
         if "skipped" in p:
             lines.append(f"{label:<18} skipped: {p['skipped']}")
             continue
         for name, r in p["strategies"].items():
-            lines.append(f"{label:<18} {p['bound_ms']:8.2f} {p['bound_by']:<8} {name:<13} {r['median_ms']:10.2f} "
-                         f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {_identical(r)}")
+            traced = f"{r['trace_overhead']:6.2f}x" if "trace_overhead" in r else f"{'-':>7}"
+            lines.append(f"{label:<18} {p['bound_ms']:8.2f} {p['bound_by']:<8} {name:<15} {r['median_ms']:10.2f} "
+                         f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {traced} {_identical(r)}")
             label = ""
     return "\n".join(lines)
 

@@ -21,6 +21,9 @@ def test_bench_point_is_well_formed(backend):
         assert len(r["times_ms"]) == 2 and r["min_ms"] <= r["median_ms"] <= r["max_ms"]
         assert r["efficiency"] == pytest.approx(p["bound_ms"] / r["median_ms"])
         assert r["identical_to_sequential"], name
+        if name in strategies:            # what tracing costs, and which clock timed the traces
+            assert r["trace_overhead"] == pytest.approx(r["traced_ms"] / r["median_ms"]) and r["traced_ms"] > 0
+            assert r["trace_timing"] in ("CUPTI", "CUDA events", "modelled H200")
     assert p["strategies"]["sequential"]["speedup"] == 1.0
 
 
