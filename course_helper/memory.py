@@ -138,6 +138,8 @@ def _pinned_at(array, start):
 # Copies
 # --------------------------------------------------------------------------
 def _require_host(label, a):
+    if type(a) is np.ndarray:        # a plain NumPy array, the usual case: a host array for sure
+        return
     if isinstance(a, CpuDeviceArray) or type(a).__module__.startswith("cupy"):
         raise TypeError(f"{label} is a device array but a host (NumPy) array is expected here; "
                         "use to_host() to bring it to the host first")
@@ -177,14 +179,18 @@ def _queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
     """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D"); returns the stream used.
 
     A copy from or to pageable host memory is staged by the driver and
-    returns only when it has finished. ``host_ptr``, when known, is the host
-    array's address (saves reading it again)."""
+    returns only when it has finished. ``pageable=None`` means "pageable unless
+    ``dst`` is pinned", looked up only where something reads it (the model and
+    the observers; CuPy does not need it, and the driver's answer costs a call).
+    ``host_ptr``, when known, is the host array's address (saves reading it again)."""
     stream = streams.resolve(stream)
     cost = {"copy": kind, "dst": dst, "src": src, "pageable": pageable, "host_ptr": host_ptr}
     if not runtime.wants_op(stream):
         # CuPy on a GPU with nobody watching: nothing reads the Op, so none is built.
         stream.runtime.enqueue(stream.raw, None, None, None, cost)
         return stream
+    if pageable is None:
+        cost["pageable"] = not is_pinned(dst)
     op = observe.Op(kind, _label(kind, level), stream, level, src.nbytes, (src,), (dst,))
     runtime.submit(stream, op, cuda=None, numpy=None, cost=cost)
     return stream
@@ -247,7 +253,7 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
     observe.notify("host_access", dst, "w", "copy_to_host")
-    stream = _queue_copy("D2H", dst, src, stream, level, pageable=not is_pinned(dst))
+    stream = _queue_copy("D2H", dst, src, stream, level, pageable=None)
     stream.wait_for_host("blocking copy")
 
 

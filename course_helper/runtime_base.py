@@ -96,7 +96,8 @@ class Runtime:
     def enqueue(self, stream, op, cuda, numpy, cost):
         """Queue ``op`` on ``stream``: ``cuda(raw_stream)`` launches it on a GPU;
         ``numpy(*outs)`` computes it on the CPU, writing its results into
-        ``outs`` (arrays shaped like ``op.writes``)."""
+        ``outs`` (arrays shaped like ``op.writes``). A runtime whose
+        :attr:`needs_op` is False may be given None for ``op`` and ``numpy``."""
         raise NotImplementedError
 
     def host_func(self, stream, fn):

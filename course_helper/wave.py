@@ -279,15 +279,17 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
         # stream= queues on raw_stream without making it current (no ``with raw_stream:``).
         _gpu_kernel()(grid, _BLOCK, (U0, U1, U2, V, *scalars, amp), stream=raw_stream)
 
+    cost = {"kernel": "wave2d_4o", "bytes": 4 * U2.nbytes}
+    if not runtime.wants_op(stream):
+        # CuPy on a GPU with nobody watching: nothing reads the Op (nor runs the NumPy step),
+        # so neither is built.
+        stream.runtime.enqueue(stream.raw, None, cuda, None, cost)
+        return
+
     def numpy(out):
         _numpy_step(U0.view(np.ndarray), U1.view(np.ndarray), out, V.view(np.ndarray),
                     *scalars[2:7], amp)
 
-    cost = {"kernel": "wave2d_4o", "bytes": 4 * U2.nbytes}
-    if not runtime.wants_op(stream):
-        # CuPy on a GPU with nobody watching: nothing reads the Op, so none is built.
-        stream.runtime.enqueue(stream.raw, None, cuda, numpy, cost)
-        return
     op = observe.Op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0, (U0, U1, V), (U2,))
     runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost=cost)
 

@@ -258,6 +258,7 @@ def test_cuda_kernel_uses_the_numpy_coefficients():
     np.testing.assert_array_equal(cuda, ch.wave.STENCIL)
 
 
+@pytest.mark.filterwarnings("ignore:Setting the shape:DeprecationWarning")   # NumPy 2.5; CuPy allows it
 def test_launch_checks_again_what_changed_since_the_last_launch(backend, small):
     """The checks of a buffer set run once and are remembered: whatever changes in place
     afterwards (an array's shape, the problem's numbers) is checked again."""
