@@ -36,7 +36,7 @@ def per_call_us(fn, calls):
 
 def operations(calls, repeats):
     import cupy
-    from course_helper.wave import _gpu_kernel
+    from course_helper.wave import _compiled
 
     p = ch.WaveProblem(n0=64, n1=64, nt=3)
     U = [ch.device_zeros(p.shape) for _ in range(3)]
@@ -44,7 +44,7 @@ def operations(calls, repeats):
     s, io = ch.create_streams(2)
     ev, = ch.create_events(1)
     host = ch.pinned_empty(p.shape)
-    kernel = _gpu_kernel(cupy.cuda.Device().id)
+    kernel = _compiled(cupy.cuda.Device().id)
     n0, n1 = p.shape
     grid = ((n1 + 31) // 32, (n0 + 7) // 8)
     scalars = (np.int32(n0), np.int32(n1), np.float32(p.dt ** 2), np.float32(1 / p.dx0 ** 2),

@@ -29,6 +29,7 @@ class GpuRuntime(Runtime):
 
     name = "gpu"
     modelled = False
+    needs_op = False     # CuPy queues from the cuda function or the cost's arrays alone
 
     def __init__(self):
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
@@ -98,8 +99,13 @@ class GpuRuntime(Runtime):
         if cuda is not None:
             cuda(stream)
         elif "copy" in cost:
-            self._rt.memcpyAsync(_ptr(cost["dst"]), _ptr(cost["src"]), cost["src"].nbytes,
-                                 _MEMCPY_KIND[cost["copy"]], stream.ptr)
+            kind, dst, src = cost["copy"], cost["dst"], cost["src"]
+            host = cost.get("host_ptr")     # the host side's address when the caller already read it
+            if host is None:
+                dst_ptr, src_ptr = _ptr(dst), _ptr(src)
+            else:
+                dst_ptr, src_ptr = (host, src.data.ptr) if kind == "D2H" else (dst.data.ptr, host)
+            self._rt.memcpyAsync(dst_ptr, src_ptr, src.nbytes, _MEMCPY_KIND[kind], stream.ptr)
         else:
             self._rt.memsetAsync(_ptr(cost["dst"]), 0, cost["dst"].nbytes, stream.ptr)
 

@@ -72,6 +72,9 @@ def to_host(device_array):
 # --------------------------------------------------------------------------
 _pinned_ranges = {}          # id(owner) -> (first byte, one past last byte)
 _pinned_lock = threading.Lock()
+# The range the last lookup found: the loops copy into slots of one output array, so looking
+# there first skips the search (reset whenever a range is unregistered).
+_last_pinned = None
 
 
 def _register_pinned(arr):
@@ -83,8 +86,10 @@ def _register_pinned(arr):
 
 
 def _unregister_pinned(key):
+    global _last_pinned
     with _pinned_lock:
         _pinned_ranges.pop(key, None)
+        _last_pinned = None          # its addresses may now belong to pageable memory
 
 
 def pinned_empty(shape, dtype=np.float32):
@@ -111,11 +116,20 @@ def is_pinned(array) -> bool:
     """True when ``array`` (or the allocation it is a view into) is pinned host memory."""
     if not isinstance(array, np.ndarray) or isinstance(array, CpuDeviceArray):
         return False
-    start = array.ctypes.data
+    return _pinned_at(array, array.ctypes.data)
+
+
+def _pinned_at(array, start):
+    """:func:`is_pinned` for a host array whose first byte is at ``start`` (read once by the caller)."""
+    global _last_pinned
     end = start + max(array.nbytes, 1)
+    last = _last_pinned
+    if last is not None and last[0] <= start and end <= last[1]:
+        return True
     with _pinned_lock:
         for lo, hi in _pinned_ranges.values():
             if lo <= start and end <= max(hi, lo + 1):
+                _last_pinned = (lo, max(hi, lo + 1))
                 return True
     return bool(array.nbytes) and runtime.get().pinned_by_driver(array)
 
@@ -124,6 +138,8 @@ def is_pinned(array) -> bool:
 # Copies
 # --------------------------------------------------------------------------
 def _require_host(label, a):
+    if type(a) is np.ndarray:        # a plain NumPy array, the usual case: a host array for sure
+        return
     if isinstance(a, CpuDeviceArray) or type(a).__module__.startswith("cupy"):
         raise TypeError(f"{label} is a device array but a host (NumPy) array is expected here; "
                         "use to_host() to bring it to the host first")
@@ -141,12 +157,15 @@ def _require_device(label, a):
 
 
 def _require_pinned(label, a, direction):
-    if not is_pinned(a):
+    """Refuse pageable ``a``; returns the address of its first byte (read once: it is not free)."""
+    ptr = a.ctypes.data
+    if not _pinned_at(a, ptr):
         raise ValueError(
             f"{label} is pageable host memory: an asynchronous {direction} copy from pageable memory "
             "is silently staged by the driver and returns only when the copy has finished, so "
             "nothing overlaps. Allocate the host buffer with pinned_empty()/pinned_zeros(), or use "
             "copy_to_host() for a deliberate blocking copy.")
+    return ptr
 
 
 def _require_writable(label, a):
@@ -156,15 +175,24 @@ def _require_writable(label, a):
                          "array (a new pinned_empty() buffer, or one whose flags.writeable is True)")
 
 
-def _queue_copy(kind, dst, src, stream, level, pageable=False):
+def _queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
     """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D"); returns the stream used.
 
     A copy from or to pageable host memory is staged by the driver and
-    returns only when it has finished."""
+    returns only when it has finished. ``pageable=None`` means "pageable unless
+    ``dst`` is pinned", looked up only where something reads it (the model and
+    the observers; CuPy does not need it, and the driver's answer costs a call).
+    ``host_ptr``, when known, is the host array's address (saves reading it again)."""
     stream = streams.resolve(stream)
+    cost = {"copy": kind, "dst": dst, "src": src, "pageable": pageable, "host_ptr": host_ptr}
+    if not runtime.wants_op(stream):
+        # CuPy on a GPU with nobody watching: nothing reads the Op, so none is built.
+        stream.runtime.enqueue(stream.raw, None, None, None, cost)
+        return stream
+    if pageable is None:
+        cost["pageable"] = not is_pinned(dst)
     op = observe.Op(kind, _label(kind, level), stream, level, src.nbytes, (src,), (dst,))
-    runtime.submit(stream, op, cuda=None, numpy=None,
-                   cost={"copy": kind, "dst": dst, "src": src, "pageable": pageable})
+    runtime.submit(stream, op, cuda=None, numpy=None, cost=cost)
     return stream
 
 
@@ -179,9 +207,9 @@ def copy_to_host_async(dst, src, stream=None, *, level=None):
     _require_host("dst", dst)
     _require_device("src", src)
     checks.same_layout(dst, src)
-    _require_pinned("dst", dst, "device-to-host")
+    ptr = _require_pinned("dst", dst, "device-to-host")
     _require_writable("dst", dst)
-    _queue_copy("D2H", dst, src, stream, level)
+    _queue_copy("D2H", dst, src, stream, level, host_ptr=ptr)
 
 
 def copy_to_device_async(dst, src, stream=None, *, level=None):
@@ -189,9 +217,9 @@ def copy_to_device_async(dst, src, stream=None, *, level=None):
     _require_device("dst", dst)
     _require_host("src", src)
     checks.same_layout(dst, src)
-    _require_pinned("src", src, "host-to-device")
+    ptr = _require_pinned("src", src, "host-to-device")
     _require_writable("dst", dst)
-    _queue_copy("H2D", dst, src, stream, level)
+    _queue_copy("H2D", dst, src, stream, level, host_ptr=ptr)
 
 
 def copy_on_device_async(dst, src, stream=None, *, level=None):
@@ -225,7 +253,7 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
     observe.notify("host_access", dst, "w", "copy_to_host")
-    stream = _queue_copy("D2H", dst, src, stream, level, pageable=not is_pinned(dst))
+    stream = _queue_copy("D2H", dst, src, stream, level, pageable=None)
     stream.wait_for_host("blocking copy")
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["Op", "add", "remove", "active", "notify"]
+__all__ = ["Op", "add", "remove", "active", "notify", "watching"]
 
 
 @dataclass(eq=False)
@@ -90,6 +90,11 @@ def remove(observer):
 def active():
     """The observers of the calling thread (a copy)."""
     return list(_observers())
+
+
+def watching():
+    """True when the calling thread has observers (cheap: the helper asks before describing work)."""
+    return bool(getattr(_local, "observers", None))
 
 
 def notify(what, *args):

@@ -30,7 +30,8 @@ from .backend import backend_name, generation, profile_name
 from .model import ModelRuntime
 from .runtime_base import CpuDeviceArray, GraphsUnsupported, Runtime
 
-__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "get", "submit", "host_ms", "time_label"]
+__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "get", "submit", "wants_op", "host_ms",
+           "time_label"]
 
 _lock = threading.Lock()
 _runtimes = {}
@@ -77,6 +78,13 @@ def time_label():
     """How times of the active backend are to be read: ``""`` on a GPU, ``"modelled H200"`` on the model."""
     rt = get()
     return rt.device_label if rt.modelled else ""
+
+
+def wants_op(stream):
+    """Whether work queued on ``stream`` needs an :class:`~course_helper.observe.Op` description:
+    the model runs from it and observers read it. CuPy on a GPU with nobody watching needs none,
+    so callers may skip building one and call ``stream.runtime.enqueue(stream.raw, None, ...)``."""
+    return stream.runtime.needs_op or observe.watching()
 
 
 def submit(stream, op, *, cuda, numpy, cost):

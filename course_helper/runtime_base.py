@@ -32,6 +32,7 @@ class Runtime:
     modelled = False     #: True when times are modelled, not measured
     device_label = ""    #: the device the times belong to, e.g. "NVIDIA H200" or "modelled H200"
     computes_data = True  #: False when a model predicts times only and skips the arithmetic
+    needs_op = True      #: False when ``enqueue`` never reads its ``op`` (then None may be passed)
 
     @contextlib.contextmanager
     def times_only(self, on=True):
@@ -95,7 +96,8 @@ class Runtime:
     def enqueue(self, stream, op, cuda, numpy, cost):
         """Queue ``op`` on ``stream``: ``cuda(raw_stream)`` launches it on a GPU;
         ``numpy(*outs)`` computes it on the CPU, writing its results into
-        ``outs`` (arrays shaped like ``op.writes``)."""
+        ``outs`` (arrays shaped like ``op.writes``). A runtime whose
+        :attr:`needs_op` is False may be given None for ``op`` and ``numpy``."""
         raise NotImplementedError
 
     def host_func(self, stream, fn):

@@ -41,6 +41,9 @@ def host_wait(name):
 
 def _host_wait(name, wait, target):
     """Make the host wait (``wait()``), then tell the observers how long it took and for what."""
+    if not observe.watching():       # nobody to tell: no clock readings, no context manager
+        wait()
+        return
     with host_wait(name):
         wait()
     observe.notify("host_synced", target)
@@ -95,8 +98,10 @@ class Stream:
 
     def wait_event(self, event):
         """Make later work on this stream wait until ``event`` completes (the host does not wait)."""
-        checks.instance("event", event, Event, "an Event from create_events()")
-        _same_backend(self, event)
+        # Exact type and same runtime, the usual case, cost two identity tests; else the full checks.
+        if type(event) is not Event or event.runtime is not self.runtime:
+            checks.instance("event", event, Event, "an Event from create_events()")
+            _same_backend(self, event)
         if not event.recorded:
             return      # as in CUDA, a never-recorded event counts as complete: nothing to wait for
         self.runtime.wait_event(self.raw, event.raw)
@@ -111,7 +116,8 @@ class Stream:
         """Record ``event`` (a new one if None) at this point of the stream and return it."""
         if event is None:
             event = create_events(1)[0]
-        checks.instance("event", event, Event, "an Event from create_events()")
+        elif type(event) is not Event:      # the exact type needs no further check
+            checks.instance("event", event, Event, "an Event from create_events()")
         event.record(self)
         return event
 
@@ -170,8 +176,10 @@ class Event:
     def record(self, stream=None):
         """Mark the current end of ``stream`` (the current stream if None); returns the event."""
         stream = current_stream() if stream is None else stream
-        checks.instance("stream", stream, Stream, "a Stream from create_streams()")
-        _same_backend(stream, self)
+        # Exact type and same runtime, the usual case, cost two identity tests; else the full checks.
+        if type(stream) is not Stream or stream.runtime is not self.runtime:
+            checks.instance("stream", stream, Stream, "a Stream from create_streams()")
+            _same_backend(stream, self)
         self.runtime.record(self.raw, stream.raw)
         self.recorded = True
         observe.notify("event_recorded", stream, self)
@@ -312,7 +320,8 @@ def resolve(stream):
     """``stream`` checked, or the current stream when None."""
     if stream is None:
         return current_stream()
-    checks.instance("stream", stream, Stream, "a Stream from create_streams() (or None)")
+    if type(stream) is not Stream:          # the exact type needs no further check
+        checks.instance("stream", stream, Stream, "a Stream from create_streams() (or None)")
     if stream.runtime is not runtime.get():
         raise ValueError(f"this stream belongs to the {stream.backend} backend (or another device "
                          f"profile) but the {backend_name()} backend is active; create a new stream")
