@@ -4,6 +4,7 @@
 #   bash tools/gpu_results.sh measure OUT     # profile, benchmark sweep, model check, timelines, host cost
 #   bash tools/gpu_results.sh tests OUT       # the unit tests on the GPU backend
 #   bash tools/gpu_results.sh notebooks OUT   # every notebook executed in place
+#   bash tools/gpu_results.sh timelines OUT   # the CUPTI check of the timelines and the host cost
 #
 # "measure" writes OUT/results.tar: the calibrated profile (h200.json), bench.json/png,
 # model_validation.{json,md,png}, trace_check.json and host_cost.json, each with its log.
@@ -21,8 +22,8 @@ measure)
     python3 -m course_helper bench --every-sweep --repeats 5 --no-progress --out "$w" 2>&1 | tee "$w/bench.log"
     COURSE_HELPER_BACKEND=cpu python3 benchmarks/validate_model.py "$w/bench.json" --profile "$w/h200.json" \
         --out "$w" 2>&1 | tee "$w/validate.log"
-    python3 benchmarks/trace_check.py --out "$w" 2>&1 | tail -n 40 | tee "$w/trace_check.log"
-    python3 benchmarks/host_cost.py --out "$w" 2>&1 | tail -n 20 | tee "$w/host_cost.log"
+    python3 benchmarks/trace_check.py --out "$w/trace_check.json" 2>&1 | tail -n 40 | tee "$w/trace_check.log"
+    python3 benchmarks/host_cost.py --out "$w/host_cost.json" 2>&1 | tail -n 20 | tee "$w/host_cost.log"
     tar -C "$w" -cf "$out/results.tar" .
     ;;
 tests)
@@ -33,8 +34,12 @@ notebooks)
     python3 tools/execute_notebooks.py 2>&1 | tee "$out/notebooks.log"
     tar -cf "$out/notebooks.tar" notebooks
     ;;
+timelines)       # the CUPTI check of the timelines and the host cost alone
+    python3 benchmarks/trace_check.py --out "$out/trace_check.json" 2>&1 | tail -n 40 > "$out/trace_check.log"
+    python3 benchmarks/host_cost.py --out "$out/host_cost.json" 2>&1 | tail -n 20 | tee "$out/host_cost.log"
+    ;;
 *)
-    echo "usage: $0 measure|tests|notebooks OUT" >&2
+    echo "usage: $0 measure|tests|notebooks|timelines OUT" >&2
     exit 2
     ;;
 esac
