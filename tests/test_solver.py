@@ -244,11 +244,9 @@ def test_default_batch_aims_at_4_mib_copies():
 
 
 def test_graph_replays_are_identical_only_with_the_reset(backend, small):
-    if backend != "gpu":
-        pytest.skip("CUDA graphs need the GPU backend")
     base = ch.solve(small, "sequential", trace=False).images
     r = ch.solve(small, "graph", trace=False)
-    assert np.array_equal(r.images, base) and r.capture_ms > 0
+    assert np.array_equal(r.images, base) and r.capture_ms is not None   # (the model charges no capture time)
     # Capture the same loop by hand, with and without resetting levels 0 and 1.
     with ch.prepare(small, "graph") as run:
         g = strategies.capture_loop(strategies.with_events, run)   # with the reset

@@ -204,7 +204,10 @@ _MEMORY_CHILD = textwrap.dedent("""
     def status(key):    # from /proc/self/status (ru_maxrss would include the parent's at fork time)
         return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
 
-    before = status("VmRSS:")                  # the interpreter and its libraries, already loaded
+    # A tiny streamed run first loads what the pipeline loads on first use (codecs, threads), so
+    # that what is measured below is what a run's size costs, on any machine's libraries.
+    ch.solve(ch.WaveProblem(n0=16, n1=16, nt=8), sys.argv[2], trace=False, store=sys.argv[1] + ".warm")
+    before = status("VmRSS:")
     tracemalloc.start()
     r = ch.solve(p, sys.argv[2], trace=False, store=sys.argv[1])
     peak = tracemalloc.get_traced_memory()[1]
@@ -219,8 +222,8 @@ def test_a_500_mib_run_streams_in_bounded_host_memory(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["nbytes"] == 500 * 2**20
     assert got["traced_peak"] < 96 * 2**20       # ring, staging, scratch and chunks in flight (~60 MiB)
-    # what the run itself adds to the process's peak resident memory (the libraries it loads
-    # on first use included), whatever the machine's libraries weigh at start
+    # what the 500 MiB run adds to the process's peak resident memory, whatever the machine's
+    # libraries weigh (storing the whole stack would add over 500 MiB)
     assert got["rss_growth"] < 160 * 2**20
     assert disk.open_store(tmp_path / "m.zarr").complete.all()
 
