@@ -158,7 +158,7 @@ def test_the_api_refuses_bad_input_before_starting_ranks():
 
 
 _SNAPSHOT_SCRIPT = """
-import json, numpy as np, course_helper as ch
+import json, pathlib, sys, numpy as np, course_helper as ch
 from course_helper import halo
 team = halo.Team()
 seen = []
@@ -167,15 +167,18 @@ def on_snapshot(level, rows, data):
 p = ch.WaveProblem(n0=40, n1=32, nt=30)
 res = halo.run_rank(team, p, "overlap", every=4, on_snapshot=on_snapshot, repeats=2)
 sums = [float(np.abs(res.images[k]).sum()) for k in range(len(res.levels))]
-print(json.dumps({"rank": team.rank, "seen": seen, "sums": sums, "first": res.slab.first, "stop": res.slab.stop}))
+# one file per rank: the ranks' prints share one stdout, where long lines can interleave
+out = pathlib.Path(sys.argv[1]) / f"rank{team.rank}.json"
+out.write_text(json.dumps({"rank": team.rank, "seen": seen, "sums": sums, "first": res.slab.first,
+                           "stop": res.slab.stop}))
 """
 
 
-def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order():
-    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT],
+def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_path):
+    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT, str(tmp_path)],
                        capture_output=True, text=True, timeout=240, env=halo.ranks_env("cpu"))
     assert p.returncode == 0, p.stderr
-    ranks = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    ranks = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     for r in ranks:
         levels = [s[0] for s in r["seen"]]
