@@ -14,8 +14,15 @@ status 1 if the strategies do not give identical images.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+
+import numpy as np
+
+from . import backend, bench, calibrate, checks, compare, halo, observe, profiles, runtime, solver, store, wave
+from .strategies import STRATEGIES
+from .timeline import write_atomically
 
 
 #: What each strategy does (the loops are in course_helper/strategies.py).
@@ -40,7 +47,6 @@ columns: median/min/max ms = host wall time of the untraced runs' loops, the dev
 def _strategies_text():
     """Every registered strategy, each with a line on what it does (its loop's docstring where
     the table above has no entry, so a new strategy is listed too)."""
-    from .strategies import STRATEGIES
     lines = []
     for name, entry in STRATEGIES.items():
         what = STRATEGY_HELP.get(name) or (entry.loop.__doc__ or "").strip().split("\n")[0]
@@ -125,8 +131,6 @@ def _add_run_parser(sub):
 
 
 def run_main(args):
-    from . import backend, observe, solver, store, wave
-
     if args.backend:
         backend.set_backend(args.backend)
     problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
@@ -189,8 +193,6 @@ def _parse_points(text):
 
 
 def bench_main(args):
-    from . import backend, bench, runtime
-
     if args.backend or args.profile:
         backend.set_backend(args.backend or os.environ.get(backend.ENV_VAR, "auto"), profile=args.profile)
     else:
@@ -249,7 +251,6 @@ def bench_main(args):
 
 
 def _disk_bench(args):
-    from . import bench
     points = _parse_points(args.points) if args.points else bench.DISK_POINTS
     if args.out:
         _check_out(args.out)
@@ -286,9 +287,6 @@ def _check_out(folder):
 
 
 def compare_main(args):
-    from . import backend, compare, runtime, wave
-    from .timeline import write_atomically
-
     if args.backend:
         backend.set_backend(args.backend)
     else:
@@ -337,16 +335,8 @@ def compare_main(args):
 
 def halo_main(args):
     """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks."""
-    import json
-
-    import numpy as np
-
-    from . import halo, wave
-    from .timeline import write_atomically
-
     if args.backend:
         os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
-    from . import checks
     problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
     checks.positive_int("every", args.every)
     if args.trace and not args.out:
@@ -362,8 +352,7 @@ def halo_main(args):
         rank_ms = team.comm.gather(res.elapsed_ms, root=0)
         identical = None
         if args.check and team.rank == 0:
-            from .solver import solve
-            single = solve(problem, strategy="events", every=args.every, trace=False)
+            single = solver.solve(problem, strategy="events", every=args.every, trace=False)
             identical = bool(np.array_equal(images.view(np.uint32), single.images.view(np.uint32)))
     except Exception as exc:
         if team.size > 1:      # the other ranks would wait for this one for ever
@@ -393,11 +382,6 @@ def halo_main(args):
 
 
 def calibrate_main(args):
-    import json
-
-    from . import backend, calibrate, profiles
-    from .timeline import write_atomically
-
     if backend.backend_name() != "gpu":
         raise RuntimeError("calibrate measures a real GPU, and this process runs on the CPU backend "
                            f"({backend.device_report()['device']}); run it on a machine with a CUDA GPU")

@@ -29,6 +29,7 @@ import warnings
 
 from . import observe
 from .backend import backend_name, cupy_module
+from .timeline import TraceEvent
 
 __all__ = ["available", "wanted", "ActivitySession", "CuptiTimer", "TIMING_ENV"]
 
@@ -210,7 +211,6 @@ class CuptiTimer:
     def events(self):
         """``(events, tracks, info)``: TraceEvents in ms from :meth:`start`, the
         lanes in the order they were first used, and counts for the trace's meta."""
-        from .timeline import TraceEvent
         ops_by_key, recs_by_key, tracks = {}, {}, []
         stream_ids = {}
         for op, captured in self.ops:

@@ -53,9 +53,8 @@ import numpy as np
 
 from . import checks, observe, recording, runtime, streams
 from .backend import backend_name, cupy_module
-from .streams import synchronize
-from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device, zero_async
-from .streams import create_events, create_streams, stream_priority_range
+from .memory import copy_to_host_async, device_zeros, measure_bandwidth, pinned_empty, to_device, zero_async
+from .streams import create_events, create_streams, stream_priority_range, synchronize
 from .timeline import Trace, TraceEvent
 from .wave import PAD, WaveProblem, launch_wave2d
 
@@ -511,7 +510,6 @@ def measure_parts(team, problem, every, repeats=3):
     ``compute_ms`` (the slab's kernels back to back), ``exchange_ms`` (the halo exchanges back to
     back) and ``io_ms`` (the saved bytes at the peak pinned device-to-host bandwidth), with
     ``bound_ms`` = :func:`halo_bound` of the three."""
-    from .memory import measure_bandwidth
     run = _RankRun(team, problem, "blocking", every, None)
     steps = range(2, problem.nt)
 

@@ -40,6 +40,7 @@ import contextlib
 import numpy as np
 
 from . import observe
+from .streams import synchronize
 
 __all__ = ["RaceError", "Sanitizer", "sanitize"]
 
@@ -460,7 +461,6 @@ def sanitize(names=None):
         yield san
     except BaseException:
         san.close()
-        from .streams import synchronize
         with contextlib.suppress(Exception):      # the original error matters more
             synchronize()
         raise

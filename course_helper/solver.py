@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import checks, observe, recording, runtime, sanitizer
+from . import store as disk
 from .backend import backend_name
 from .graphs import GraphsUnsupported
 from .memory import device_zeros, pinned_empty, to_device
@@ -391,7 +392,6 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         raise ValueError(f"strategy {strategy!r} replays a captured loop without the host, which must hand "
                          "each filled slot to the disk; stream with 'events' or 'staged' instead")
     if store is not None:          # path, free space and codec, before anything is allocated
-        from . import store as disk
         need = plan_memory(problem, strategy, every, nscratch, unsafe=unsafe, nstaging=nstaging, batch=batch)
         disk.check_target(store, need["host"], compress)
     run = prepare(problem, strategy, every, nscratch, unsafe=unsafe, nstaging=nstaging, batch=batch,

@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checks, observe, recording, runtime, streams
+from .memory import pinned_empty
 
 __all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "check_target", "free_bytes",
            "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "timed_write"]
@@ -213,7 +214,6 @@ class Ring:
     """
 
     def __init__(self, sink, nsaved, chunk, shape, nslots, pinned):
-        from .memory import pinned_empty
         self.sink = sink
         self.chunk = chunk
         self.shape = (nsaved, *shape)
@@ -307,8 +307,7 @@ class DiskSink:
         s = self.ring.slot_of(op.writes[0]) if op.writes else None
         if s is None:
             return
-        from .streams import create_events
-        done = create_events(1)[0]
+        done = streams.create_events(1)[0]
         done.record(op.stream)
         self._queue.put((self.ring.first[s], len(op.writes[0]) if op.writes[0].ndim == 3 else 1, s, done))
 

@@ -5,13 +5,15 @@ import os
 
 import numpy as np
 
+from .memory import CpuDeviceArray
+from .store import open_store
+
 __all__ = ["plot_slices", "compare_slices", "animate", "Animation", "SliceViewer", "colour_limit", "show_code"]
 
 
 def _opened(source):
     """A store path opened lazily (:func:`course_helper.store.open_store`); anything else as it is."""
     if isinstance(source, (str, os.PathLike)):
-        from .store import open_store
         return open_store(source)
     return source
 
@@ -22,7 +24,6 @@ def _stack_of(result_or_images, lazy=False):
     With ``lazy`` a store's images stay on disk (indexing reads one slice)."""
     result_or_images = _opened(result_or_images)
     images = getattr(result_or_images, "images", result_or_images)
-    from .memory import CpuDeviceArray
     if type(images).__module__.startswith("cupy") or isinstance(images, CpuDeviceArray):
         raise TypeError("plot a host array: bring device data back with to_host() first")
     if not (lazy and hasattr(result_or_images, "peak_amplitude")):
