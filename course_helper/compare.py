@@ -31,7 +31,7 @@ def _nscratch_for(name, nscratch):
     return nscratch if STRATEGIES[name].max_nscratch is None else None
 
 
-def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None):
+def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None, keep_reference=False):
     """Time each strategy on ``problem``: one untimed warm-up solve (kernel loading, pinned
     pool), then ``repeats`` timed solves, untraced.
 
@@ -42,7 +42,8 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
     "max_diff"}}``: ``speedup`` is the sequential median over this median,
     ``max_diff`` the largest difference of the last run's images from the
     sequential ones (0.0: identical; None where a modelled GPU predicted the
-    times only and computed no images).
+    times only and computed no images). With ``keep_reference`` the sequential
+    row also holds those reference images, under ``"images"``.
     """
     order = baseline_first(strategies)
     repeats = checks.positive_int("repeats", repeats)
@@ -65,6 +66,8 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
     base = rows["sequential"]["median_ms"]
     for r in rows.values():
         r["speedup"] = base / r["median_ms"]
+    if keep_reference:
+        rows["sequential"]["images"] = reference
     return rows
 
 

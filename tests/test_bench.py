@@ -2,6 +2,7 @@ import json
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 import course_helper as ch
@@ -83,3 +84,11 @@ def test_bench_plot_labels_are_readable(cpu):
              if t.get_text() and lo <= t.get_position()[1] <= hi]
     assert len(shown) >= 2 and all(re.fullmatch(r"[0-9.]+x", s) for s in shown), shown
     plt.close(fig)
+
+
+def test_timing_can_hand_back_the_sequential_reference(backend):
+    from course_helper.compare import time_strategies
+    p = ch.WaveProblem(24, 24, nt=12)
+    rows = time_strategies(p, ["events"], repeats=1, keep_reference=True)
+    assert np.array_equal(rows["sequential"]["images"], ch.solve(p, "sequential", trace=False).images)
+    assert "images" not in time_strategies(p, ["events"], repeats=1)["sequential"]
