@@ -9,6 +9,10 @@
 2. Per loop: the sequential, streams and events strategies at 256² x 640
    through ``solve(trace=False)`` against the plain-CuPy loops with the same
    dependencies (:mod:`course_helper.raw_cupy`), in the same process.
+3. Tracing: the events loop at 256² x 640, helper and plain CuPy, untraced and with
+   CUPTI's activity records on (the helper through ``solve(trace=True)``, the plain loop
+   inside a bare CUPTI session), then both untraced again: what CUPTI itself costs, what
+   the helper's recording adds, and whether anything lingers after a recording.
 The problem of part 1 is tiny (64²), so that the device never holds the host back.
 """
 import argparse
@@ -102,6 +106,41 @@ def loops(n, nt, repeats):
     return rows
 
 
+def tracing(n, nt, repeats):
+    from course_helper import cupti_trace
+
+    p = ch.WaveProblem(n0=n, n1=n, nt=nt)
+    if not cupti_trace.available()[0]:
+        return {"skipped": cupti_trace.available()[1]}
+
+    def helper(trace):
+        return ch.solve(p, "events", trace=trace).elapsed_ms
+
+    def raw():
+        return raw_cupy.events_loop(p)[1]
+
+    def raw_under_cupti():
+        session = cupti_trace.ActivitySession().start()
+        try:
+            return raw()
+        finally:
+            session.stop()
+
+    rows = {}
+    for label, fn in (("helper untraced", lambda: helper(False)), ("raw CuPy", raw),
+                      ("helper traced (CUPTI)", lambda: helper(True)), ("raw CuPy under CUPTI", raw_under_cupti),
+                      ("helper untraced, after", lambda: helper(False)), ("raw CuPy, after", raw)):
+        fn()                                        # warm-up
+        times = [fn() for _ in range(repeats)]
+        rows[label] = {"median_ms": statistics.median(times), "times_ms": times}
+        print(f"{n}^2x{nt} events {label:<24} {rows[label]['median_ms']:7.2f} ms", flush=True)
+    helper_x = rows["helper traced (CUPTI)"]["median_ms"] / rows["helper untraced"]["median_ms"]
+    cupti_x = rows["raw CuPy under CUPTI"]["median_ms"] / rows["raw CuPy"]["median_ms"]
+    rows["helper_trace_overhead"], rows["cupti_overhead_on_plain_cupy"] = helper_x, cupti_x
+    print(f"trace overhead: helper {helper_x:.2f}x, plain CuPy under CUPTI {cupti_x:.2f}x", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -113,7 +152,8 @@ def main():
         return 1
     doc = {"machine": ch.device_report(), "calls": args.calls, "repeats": args.repeats,
            "per_operation": operations(args.calls, args.repeats),
-           "loops_256x640": loops(256, 640, args.repeats)}
+           "loops_256x640": loops(256, 640, args.repeats),
+           "tracing_256x640": tracing(256, 640, args.repeats)}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     return 0

@@ -30,6 +30,7 @@ class GpuRuntime(Runtime):
     name = "gpu"
     modelled = False
     needs_op = False     # CuPy queues from the cuda function or the cost's arrays alone
+    device_array_type = cupy.ndarray
 
     def __init__(self):
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)

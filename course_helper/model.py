@@ -176,6 +176,7 @@ class ModelRuntime(Runtime):
 
     name = "cpu"
     modelled = True
+    device_array_type = CpuDeviceArray
 
     def __init__(self, profile):
         self.profile = profile

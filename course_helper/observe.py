@@ -39,12 +39,12 @@ method of the same name (all are optional):
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["Op", "add", "remove", "active", "notify", "watching"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Op:
     """One queued operation, as the observers see it.
 
@@ -59,10 +59,14 @@ class Op:
     nbytes: int = 0                # bytes moved (copies, fills)
     reads: tuple = ()
     writes: tuple = ()
-    info: dict = field(default_factory=dict)   # anything else an observer may use
 
 
 _local = threading.local()
+# Observers of all threads together. Most runs have none at all; then watching() and notify()
+# answer from this one number, without reaching into the thread-local list (the GPU loop's
+# host cost is counted in microseconds per level).
+_lock = threading.Lock()
+_count = 0
 
 
 def _observers():
@@ -72,19 +76,32 @@ def _observers():
     return obs
 
 
+def _changed(obs):
+    """This thread's observers changed: forget the methods :func:`notify` looked up for them."""
+    _local.methods = {} if obs else None
+
+
 def add(observer):
     """Start sending this thread's runtime notifications to ``observer``."""
+    global _count
     obs = _observers()
     if observer not in obs:
-        obs.append(observer)
+        with _lock:
+            obs.append(observer)
+            _count += 1
+        _changed(obs)
     return observer
 
 
 def remove(observer):
     """Stop sending notifications to ``observer`` (no error if it was not added)."""
+    global _count
     obs = _observers()
     if observer in obs:
-        obs.remove(observer)
+        with _lock:
+            obs.remove(observer)
+            _count -= 1
+        _changed(obs)
 
 
 def active():
@@ -94,15 +111,19 @@ def active():
 
 def watching():
     """True when the calling thread has observers (cheap: the helper asks before describing work)."""
-    return bool(getattr(_local, "observers", None))
+    return _count != 0 and bool(getattr(_local, "observers", None))
 
 
 def notify(what, *args):
     """Call ``observer.<what>(*args)`` on every observer of this thread that has it."""
-    obs = getattr(_local, "observers", None)
-    if not obs:                    # the common case: nobody watches, nothing to do
+    if not _count:                 # the common case: nobody watches anywhere, nothing to do
         return
-    for o in list(obs):
-        method = getattr(o, what, None)
-        if method is not None:
-            method(*args)
+    methods = getattr(_local, "methods", None)      # notification -> the observers' bound methods
+    if methods is None:            # this thread has no observers
+        return
+    called = methods.get(what)
+    if called is None:             # looked up once per notification while the observers stay the same
+        called = methods[what] = tuple(m for m in (getattr(o, what, None) for o in _local.observers)
+                                       if m is not None)
+    for method in called:          # a tuple: an observer may remove itself while being called
+        method(*args)

@@ -26,6 +26,7 @@ import os
 import threading
 
 from . import observe, profiles
+from .backend import _state as _backend_state
 from .backend import backend_name, generation, profile_name
 from .model import ModelRuntime
 from .runtime_base import CpuDeviceArray, GraphsUnsupported, Runtime
@@ -42,7 +43,7 @@ def get() -> Runtime:
     """The runtime of the active backend (and, on the CPU, of the active profile)."""
     global _active
     gen, rt = _active
-    if rt is not None and gen == generation():
+    if gen == _backend_state.generation and rt is not None:     # an attribute read: get() is on every call
         return rt
     rt = _choose()
     _active = (generation(), rt)

@@ -33,6 +33,7 @@ class Runtime:
     device_label = ""    #: the device the times belong to, e.g. "NVIDIA H200" or "modelled H200"
     computes_data = True  #: False when a model predicts times only and skips the arithmetic
     needs_op = True      #: False when ``enqueue`` never reads its ``op`` (then None may be passed)
+    device_array_type = None   #: the exact type of this runtime's device arrays
 
     @contextlib.contextmanager
     def times_only(self, on=True):

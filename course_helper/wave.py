@@ -205,11 +205,14 @@ def kernel_source() -> str:
     return resources.files("course_helper").joinpath("kernels/wave2d_4o.cu").read_text()
 
 
-def _gpu_kernel():
-    """The compiled ``wave2d_4o`` of the current device (called by the GPU runtime only)."""
-    import cupy          # imported here so that the CPU backend never imports CuPy
-    # getDevice() is one driver call; cupy.cuda.Device() would build an object every launch.
-    return _compiled(cupy.cuda.runtime.getDevice())
+def _gpu_kernel(raw_stream):
+    """The compiled ``wave2d_4o`` for the device of the CuPy stream ``raw_stream`` (called by
+    the GPU runtime only)."""
+    device = raw_stream.device_id        # set when CuPy made the stream; -1 for the legacy default
+    if device < 0:
+        import cupy      # imported here so that the CPU backend never imports CuPy
+        device = cupy.cuda.runtime.getDevice()
+    return _compiled(device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -273,48 +276,48 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
         n = checks.positive_int("n (step number)", n, minimum=0)
     scalars, grid = _checked(U0, U1, U2, V, problem)
     stream = streams.resolve(stream)
-    amp = problem.source_amplitude(n)
+    args = (U0, U1, U2, V, *scalars, problem.source_amplitude(n))
 
     def cuda(raw_stream):
         # stream= queues on raw_stream without making it current (no ``with raw_stream:``).
-        _gpu_kernel()(grid, _BLOCK, (U0, U1, U2, V, *scalars, amp), stream=raw_stream)
+        _gpu_kernel(raw_stream)(grid, _BLOCK, args, stream=raw_stream)
 
-    cost = {"kernel": "wave2d_4o", "bytes": 4 * U2.nbytes}
     if not runtime.wants_op(stream):
-        # CuPy on a GPU with nobody watching: nothing reads the Op (nor runs the NumPy step),
-        # so neither is built.
-        stream.runtime.enqueue(stream.raw, None, cuda, None, cost)
+        # CuPy on a GPU with nobody watching: it launches from ``cuda`` alone, so neither the Op
+        # nor the NumPy step nor the cost is built.
+        stream.runtime.enqueue(stream.raw, None, cuda, None, None)
         return
 
+    cost = {"kernel": "wave2d_4o", "bytes": 4 * U2.nbytes}
+
     def numpy(out):
-        _numpy_step(U0.view(np.ndarray), U1.view(np.ndarray), out, V.view(np.ndarray),
-                    *scalars[2:7], amp)
+        _numpy_step(U0.view(np.ndarray), U1.view(np.ndarray), out, V.view(np.ndarray), *args[6:])
 
     op = observe.Op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0, (U0, U1, V), (U2,))
     runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost=cost)
 
 
-#: Argument sets of launch_wave2d already checked: (ids) -> (weak references, kernel scalars, grid).
+#: Argument sets of launch_wave2d already checked: (ids) -> (weak references, what may change in
+#: place, the kernel's scalar arguments but the source amplitude, grid).
 #: The strategies launch with the same few buffers every level, so the checks run once per set
 #: and buffer ring, not once per level. Weak references: a cached set keeps no memory alive, and
-#: an id reused by a new object after the old one died never matches.
+#: the death of any of its objects removes the set (the references' callback) before the
+#: object's memory is freed, so an id found here always belongs to the object checked.
 _CHECKED = {}
 _CHECKED_MAX = 64
 
 
 def _checked(U0, U1, U2, V, problem):
-    """The kernel's scalar arguments and grid for these arrays, checking them on first sight."""
+    """The kernel's scalar arguments (all but the source amplitude) and grid for these arrays,
+    checking them on first sight."""
     key = (id(problem), id(U0), id(U1), id(U2), id(V))
     # What may change in place on the same objects: an array's shape (``a.shape = ...``) and the
     # problem's numbers (a notebook may set ``p.dt`` to explore stability).
     now = (U0.shape, U1.shape, U2.shape, V.shape, problem.n0, problem.n1, problem.dt, problem.dx0,
            problem.dx1, problem.source)
     hit = _CHECKED.get(key)
-    if hit is not None:
-        refs, then, scalars, grid = hit
-        if (refs[0]() is problem and refs[1]() is U0 and refs[2]() is U1 and refs[3]() is U2
-                and refs[4]() is V and then == now):
-            return scalars, grid
+    if hit is not None and hit[1] == now:
+        return hit[2], hit[3]
     _check_launch(U0, U1, U2, V, problem)
     n0, n1 = problem.shape
     p0, p1 = problem.source
@@ -322,7 +325,11 @@ def _checked(U0, U1, U2, V, problem):
     grid = ((n1 + _BLOCK[0] - 1) // _BLOCK[0], (n0 + _BLOCK[1] - 1) // _BLOCK[1])
     if len(_CHECKED) >= _CHECKED_MAX:
         _CHECKED.clear()
-    _CHECKED[key] = (tuple(weakref.ref(o) for o in (problem, U0, U1, U2, V)), now, scalars, grid)
+
+    def forget(_ref):
+        _CHECKED.pop(key, None)
+
+    _CHECKED[key] = (tuple(weakref.ref(o, forget) for o in (problem, U0, U1, U2, V)), now, scalars, grid)
     return scalars, grid
 
 
