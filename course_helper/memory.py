@@ -223,7 +223,9 @@ def _usual_host_target(dst, src, stream):
     if (type(dst) is np.ndarray and type(src) is stream.runtime.device_array_type
             and dst.shape == src.shape and dst.dtype == src.dtype):
         flags = dst.flags
-        if flags.c_contiguous and flags.writeable and src.flags.c_contiguous:
+        # Equal strides to a C-contiguous dst of the same shape and dtype make src C-contiguous
+        # too, and cost less than CuPy's flags object.
+        if flags.c_contiguous and flags.writeable and src.strides == dst.strides:
             ptr = dst.ctypes.data
             if _pinned_at(dst, ptr):
                 return ptr

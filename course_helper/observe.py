@@ -41,7 +41,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-__all__ = ["Op", "add", "remove", "active", "notify", "watching"]
+__all__ = ["Op", "add", "remove", "active", "notify", "watching", "observer_count"]
 
 
 @dataclass(eq=False, slots=True)
@@ -62,11 +62,12 @@ class Op:
 
 
 _local = threading.local()
-# Observers of all threads together. Most runs have none at all; then watching() and notify()
-# answer from this one number, without reaching into the thread-local list (the GPU loop's
-# host cost is counted in microseconds per level).
 _lock = threading.Lock()
-_count = 0
+#: Observers of all threads together. Most runs have none at all; then watching() and notify()
+#: answer from this one number without reaching into the thread-local list, and the helper's
+#: most frequent calls (an event record, a wait) read it themselves before calling notify():
+#: a GPU loop's host cost is counted in microseconds per level.
+observer_count = 0
 
 
 def _observers():
@@ -83,24 +84,24 @@ def _changed(obs):
 
 def add(observer):
     """Start sending this thread's runtime notifications to ``observer``."""
-    global _count
+    global observer_count
     obs = _observers()
     if observer not in obs:
         with _lock:
             obs.append(observer)
-            _count += 1
+            observer_count += 1
         _changed(obs)
     return observer
 
 
 def remove(observer):
     """Stop sending notifications to ``observer`` (no error if it was not added)."""
-    global _count
+    global observer_count
     obs = _observers()
     if observer in obs:
         with _lock:
             obs.remove(observer)
-            _count -= 1
+            observer_count -= 1
         _changed(obs)
 
 
@@ -111,12 +112,12 @@ def active():
 
 def watching():
     """True when the calling thread has observers (cheap: the helper asks before describing work)."""
-    return _count != 0 and bool(getattr(_local, "observers", None))
+    return observer_count != 0 and bool(getattr(_local, "observers", None))
 
 
 def notify(what, *args):
     """Call ``observer.<what>(*args)`` on every observer of this thread that has it."""
-    if not _count:                 # the common case: nobody watches anywhere, nothing to do
+    if not observer_count:                 # the common case: nobody watches anywhere, nothing to do
         return
     methods = getattr(_local, "methods", None)      # notification -> the observers' bound methods
     if methods is None:            # this thread has no observers

@@ -48,7 +48,6 @@ class Recorder:
         self.hosts = []
         self.intervals = []      # host-clock work on extra lanes (add_interval), e.g. disk writes
         self.tracks = []
-        self._open = {}
         synchronize()
         self.cupti = None
         if self.runtime.modelled:
@@ -58,8 +57,14 @@ class Recorder:
         else:
             self.timing = "CUDA events"
         self._origin = self.runtime.trace_begin()
+        # Who times the operations: CUPTI's records, or marks the runtime places around each one
+        # (CUDA events on a GPU, the model's own clock on the CPU). Each is an observer of its own,
+        # so a CUPTI recording pays nothing per operation for the marks it does not use.
+        self.marks = None
         if self.timing == "CUPTI":
             self.cupti = cupti_trace.CuptiTimer().start()
+        else:
+            self.marks = _MarkTimer(self.runtime, self._origin, self.items, self.tracks)
 
     def activate(self):
         """Make this the recorder that the calling thread's operations report to."""
@@ -67,11 +72,15 @@ class Recorder:
             raise RuntimeError("a trace is already being recorded; nested tracing() blocks are not supported")
         _local.recorder = self
         observe.add(self)
+        if self.marks is not None:
+            observe.add(self.marks)
         return self
 
     def deactivate(self):
         """Stop receiving operations (safe to call more than once)."""
         observe.remove(self)
+        if self.marks is not None:
+            observe.remove(self.marks)
         if current() is self:
             _local.recorder = None
         if self.cupti is not None and self.cupti.running:
@@ -82,20 +91,6 @@ class Recorder:
             self.cupti.stop()
 
     # -- what the runtime announces -------------------------------------------
-    def op_queued(self, op):
-        if self.cupti is None and op.stream.runtime is self.runtime:   # CUPTI times its own
-            self._open[id(op)] = self.runtime.trace_start(op.stream.raw, self._origin)
-
-    def op_issued(self, op):
-        if id(op) not in self._open:
-            return
-        start = self._open.pop(id(op))
-        name = op.stream.name
-        if name not in self.tracks:
-            self.tracks.append(name)
-        end = self.runtime.trace_end(op.stream.raw, start, self._origin)
-        self.items.append((name, op.kind, op.name, start, end, op.nbytes, op.level))
-
     def host_waited(self, name, t_start, t_end):
         self.hosts.append((name, t_start, t_end))
 
@@ -142,6 +137,30 @@ class Recorder:
         if rt.modelled:
             meta["clock"] = rt.device_label         # "modelled H200": these times are modelled
         return Trace(events, tracks, meta)
+
+
+class _MarkTimer:
+    """Times each queued operation with marks the runtime places just before and just after
+    it on its stream (:meth:`~course_helper.runtime_base.Runtime.trace_start`); fills the
+    recorder's ``items`` and ``tracks``."""
+
+    def __init__(self, rt, origin, items, tracks):
+        self.runtime, self.origin, self.items, self.tracks = rt, origin, items, tracks
+        self._open = {}
+
+    def op_queued(self, op):
+        if op.stream.runtime is self.runtime:
+            self._open[id(op)] = self.runtime.trace_start(op.stream.raw, self.origin)
+
+    def op_issued(self, op):
+        if id(op) not in self._open:      # queued on another runtime's stream
+            return
+        start = self._open.pop(id(op))
+        name = op.stream.name
+        if name not in self.tracks:
+            self.tracks.append(name)
+        end = self.runtime.trace_end(op.stream.raw, start, self.origin)
+        self.items.append((name, op.kind, op.name, start, end, op.nbytes, op.level))
 
 
 def _track_order(name):

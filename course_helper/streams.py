@@ -105,7 +105,8 @@ class Stream:
         if not event.recorded:
             return      # as in CUDA, a never-recorded event counts as complete: nothing to wait for
         self.runtime.wait_event(self.raw, event.raw)
-        observe.notify("event_waited", self, event)
+        if observe.observer_count:
+            observe.notify("event_waited", self, event)
 
     def wait_stream(self, other):
         """Make later work on this stream wait for the work queued so far on ``other``."""
@@ -182,7 +183,8 @@ class Event:
             _same_backend(stream, self)
         self.runtime.record(self.raw, stream.raw)
         self.recorded = True
-        observe.notify("event_recorded", stream, self)
+        if observe.observer_count:
+            observe.notify("event_recorded", stream, self)
         return self
 
     def synchronize(self):

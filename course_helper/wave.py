@@ -140,6 +140,12 @@ class WaveProblem:
                              f"[{PAD}, {self.n1 - PAD - 1}]; padding cells are walls and never updated")
         self.source = (p0, p1)
 
+    def __setattr__(self, name, value):
+        # Every change of the problem's numbers (a notebook may set ``p.dt`` to explore
+        # stability) gives it a new version: launch_wave2d then checks its arguments again.
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_version", self.__dict__.get("_version", 0) + 1)
+
     def _velocity_model(self, velocity):
         """``(array, None)`` for a heterogeneous medium, ``(None, speed)`` for a uniform one: a
         uniform medium stays one number until an array is asked for, so that a problem too
@@ -312,9 +318,8 @@ def _checked(U0, U1, U2, V, problem):
     checking them on first sight."""
     key = (id(problem), id(U0), id(U1), id(U2), id(V))
     # What may change in place on the same objects: an array's shape (``a.shape = ...``) and the
-    # problem's numbers (a notebook may set ``p.dt`` to explore stability).
-    now = (U0.shape, U1.shape, U2.shape, V.shape, problem.n0, problem.n1, problem.dt, problem.dx0,
-           problem.dx1, problem.source)
+    # problem's numbers (each change gives the problem a new version).
+    now = (problem._version, U0.shape, U1.shape, U2.shape, V.shape)
     hit = _CHECKED.get(key)
     if hit is not None and hit[1] == now:
         return hit[2], hit[3]

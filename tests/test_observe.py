@@ -77,4 +77,4 @@ def test_observers_of_another_thread_hear_nothing_of_this_one(stream):
         done.set()
         t.join(10)
     assert log.heard == []
-    assert observe._count == 0
+    assert observe.observer_count == 0
