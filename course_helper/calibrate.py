@@ -27,7 +27,7 @@ from .memory import (_queue_copy, copy_on_device_async, copy_to_host, copy_to_ho
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["calibrate", "fit_line"]
+__all__ = ["calibrate", "fit_line", "wake_us"]
 
 _SPIN = r"""
 extern "C" __global__ void course_helper_spin(long long cycles) {
@@ -36,6 +36,9 @@ extern "C" __global__ void course_helper_spin(long long cycles) {
 }
 """
 _MIB = 2**20
+#: Loop turns (launch + record) timed after a blocking wait: enough for the host to be back
+#: at its usual pace (the first calls after a wait are the slow ones).
+WAKE_TURNS = 4
 
 
 def fit_line(xs, ys):
@@ -134,6 +137,57 @@ def _pageable(bench, kind, sizes, overhead_us, count=8):
             "points_us": [[b, round(t, 3)] for b, t in pts]}
 
 
+def wake_us(after_wait_ms, unhurried_ms):
+    """The host's wake-up (µs) from two samples of the same turns' device time: started by
+    a host that has just come back from a blocking wait, and by one that has not waited
+    (median against median, never below zero)."""
+    if not len(after_wait_ms) or not len(unhurried_ms):
+        raise ValueError("wake_us needs at least one sample of each kind")
+    return max(0.0, float(np.median(after_wait_ms) - np.median(unhurried_ms)) * 1e3)
+
+
+def _wake(bench, turns=WAKE_TURNS, wait_ms=0.3, n=200):
+    """How much later the host's next work reaches an idle device after a blocking wait
+    than after calls made without waiting: the wake-up (µs) charged to every host wait
+    that blocks.
+
+    Each sample is ``turns`` turns of the course's loops (launch the 256^2 kernel on a
+    second stream, record an event there), timed by events from a mark on the device.
+    After a wait: the mark ends a spin of ``wait_ms`` on an idle stream that the host
+    synchronises (it blocks), and the turns follow at once. Without: the host records the
+    mark on the idle stream after ``turns`` untimed turns, and the same turns follow. The
+    device keeps up with the host (the kernel is shorter than a launch call), so both time
+    the host; the difference is the wake-up: the host coming back from the wait, its first
+    calls' extra cost, and the idle device taking up the next command."""
+    p = WaveProblem(256, 256, nt=3)
+    U = [device_zeros(p.shape) for _ in range(3)]
+    V = to_device(p.velocity)
+    (other,) = create_streams(1, name="after the wait")
+    mark, done = create_events(2, timing=True)
+
+    def run_turns():
+        for _ in range(turns):
+            launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=other)
+            other.record(done)
+
+    after, unhurried = [], []
+    run_turns()
+    for _ in range(n):
+        synchronize()
+        bench.hold(wait_ms)
+        bench.s.record(mark)
+        bench.s.synchronize()                 # blocks until the spin has ended
+        run_turns()
+        done.synchronize()
+        after.append(elapsed_ms(mark, done))
+        run_turns()                           # the host is busy with calls, not back from a wait
+        bench.s.record(mark)                  # on the idle stream: not behind the last turn's kernel
+        run_turns()
+        done.synchronize()
+        unhurried.append(elapsed_ms(mark, done))
+    return wake_us(after, unhurried), after, unhurried
+
+
 def _kernel_points(bench, sizes, make):
     pts = []
     for n in sizes:
@@ -181,6 +235,7 @@ def calibrate(progress=print):
     with capture_graph(s) as cap:
         launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)
     host["graph_launch"] = bench.host_us(cap.graph.launch)
+    host["wake"] = _wake(bench)[0]
     host = {key: round(v, 3) for key, v in host.items()}
 
     progress("links")
@@ -253,7 +308,11 @@ def calibrate(progress=print):
                        "fitted the same way. Kernels: device time per launch for grids 64^2..4096^2 "
                        "(bytes moved = 4 arrays for wave2d_4o, 1 for bake and fill). Host costs: median "
                        "wall time of 200 calls of the helper's own function at 256^2 with the stream busy "
-                       "(synchronize: on an idle stream). Graph node costs: a replayed graph of 100 "
+                       "(synchronize: on an idle stream). Wake-up (host_us.wake, charged to a host wait "
+                       "that blocks): device time by events of 4 turns (a 256^2 launch and an event record "
+                       "on a second stream) from the end of a 0.3 ms spin the host was blocked on, less the "
+                       "same turns from an event the host recorded without waiting, median of 200 each. "
+                       "Graph node costs: a replayed graph of 100 "
                        "kernels on one stream / 100 D2H copies of 256 KiB forked by events onto 5 streams (as the event "
                        "loop makes them), per node, less the same operation alone."),
         },

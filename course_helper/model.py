@@ -7,7 +7,9 @@ device with a modelled host in front of it:
   the same helper call took on the profiled GPU (a kernel launch, an event
   record, ``wait_event``, an async-copy call, a synchronise, a query, a graph
   launch). A host wait moves the host clock to the completion of what it
-  waits for.
+  waits for; a wait that blocked then costs the host its measured wake-up
+  (coming back from the wait, its first calls' extra cost, and the idle
+  device taking up the next command).
 * **The device** has one compute engine (kernels, fills and device-to-device
   copies run one after another), ``async_engine_count`` copy engines, and
   two links, device-to-host and host-to-device, each with a bandwidth and a
@@ -326,10 +328,17 @@ class ModelRuntime(Runtime):
     def _host_wait(self, task, what):
         """The host waits until ``task`` is done."""
         self._call("synchronize")
-        if task is None:
+        if task is not None:
+            self._block_until(lambda: task.done, what, lambda: task.end)
+
+    def _block_until(self, condition, what, done_at):
+        """After a synchronise call: if ``condition()`` does not hold yet, the host blocks
+        until it does (``done_at()``: when that was), then takes its wake-up to get going
+        again. A wait whose work is already done costs the call only."""
+        if condition():
             return
-        self._run_until(lambda: task.done, what)
-        self.host_t = max(self.host_t, task.end)
+        self._run_until(condition, what)
+        self.host_t = max(self.host_t, done_at()) + _ticks(self.profile["host_us"]["wake"] * 1e-3)
         self._advance(self.host_t)
 
     @_serialised
@@ -353,9 +362,7 @@ class ModelRuntime(Runtime):
         if self._capturing_streams():
             self._no_wait_in_capture("synchronising the device")
         self._call("synchronize")
-        self._run_until(lambda: not self._busy, "the device")
-        self.host_t = max(self.host_t, self.t)
-        self._advance(self.host_t)
+        self._block_until(lambda: not self._busy, "the device", lambda: self.t)
         first = None
         for s in [self.default_stream(), *sorted(self._all, key=lambda s: s.seq)]:
             if s.error is not None:
@@ -385,6 +392,8 @@ class ModelRuntime(Runtime):
         task = self._queue(stream, op.name, begin=begin, **kw)
         if cost.get("pageable") and self._replaying is None:
             # Staged through the driver's own pinned buffer: the call returns when the copy is done.
+            # No wake-up: the host thread is not asleep but copying the staged chunks itself (and
+            # the pageable link is fitted to the sequential loop, which would absorb one).
             self._run_until(lambda: task.done, f"a pageable copy on {stream.name!r}")
             self.host_t = max(self.host_t, task.end)
         self._advance(self.host_t)

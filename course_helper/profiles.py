@@ -26,7 +26,7 @@ REQUIRED = {
     "links": ("D2H", "H2D", "D2H_pageable", "H2D_pageable", "D2D"),
     "kernels": ("wave2d_4o", "bake", "fill"),
     "host_us": ("launch", "copy", "record", "wait_event", "synchronize", "query", "graph_launch",
-                "host_func"),
+                "host_func", "wake"),
     "provenance": ("device", "driver", "cupy", "date", "method"),
 }
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper import model, runtime
+from course_helper import calibrate, model, runtime
 from course_helper.cli import main
 
 MIB = 2**20
@@ -73,6 +73,62 @@ def test_pageable_copies_block_the_host_and_pinned_ones_do_not(rt):
     assert rows["pinned"]["correct"] and rows["pageable"]["correct"]
 
 
+def test_a_host_wait_that_blocks_costs_the_wake_up_and_one_that_does_not_costs_the_call(rt):
+    host = rt.profile["host_us"]
+    wake, sync = host["wake"] * 1e-3, host["synchronize"] * 1e-3
+    (s,) = ch.create_streams(1)
+    src, dst = ch.device_zeros(4 * MIB), ch.pinned_empty(4 * MIB)
+    copy_ms = model.link_ms(rt.profile, "D2H", 16 * MIB)
+    waits = {"stream": s.synchronize, "event": lambda: s.record().synchronize(), "device": ch.synchronize}
+    for name, wait in waits.items():
+        t0 = rt.host_ms()
+        ch.copy_to_host_async(dst, src, s)
+        queued = rt.host_ms()
+        wait()                                                    # blocks until the copy's end
+        assert rt.host_ms() - queued == pytest.approx(copy_ms + wake, abs=4e-6), name
+        t1 = rt.host_ms()
+        wait()                                                    # nothing left to wait for
+        assert rt.host_ms() - t1 == pytest.approx(sync + (name == "event") * host["record"] * 1e-3,
+                                                  abs=2e-6), name
+        assert queued - t0 == pytest.approx(host["copy"] * 1e-3, abs=2e-6)
+
+
+def test_the_model_gives_back_the_wake_up_that_calibration_measures(rt):
+    """calibrate's measurement, run on the model: the same turns take ``host_us.wake``
+    longer after a blocking wait than after calls made without waiting."""
+    p = ch.WaveProblem(256, 256, nt=3)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    hold, other = ch.create_streams(2)
+    mark, done = ch.create_events(2, timing=True)
+    src, dst = ch.device_zeros(4 * MIB), ch.pinned_empty(4 * MIB)
+
+    def turns():
+        for _ in range(calibrate.WAKE_TURNS):
+            ch.launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=other)
+            other.record(done)
+
+    ch.copy_to_host_async(dst, src, hold)      # something long for the host to block on
+    hold.record(mark)
+    hold.synchronize()
+    turns()
+    done.synchronize()
+    after = ch.elapsed_ms(mark, done)
+    turns()
+    hold.record(mark)
+    turns()
+    done.synchronize()
+    unhurried = ch.elapsed_ms(mark, done)
+    assert calibrate.wake_us([after], [unhurried]) == pytest.approx(rt.profile["host_us"]["wake"], abs=4e-3)
+
+
+def test_the_wake_up_is_the_difference_of_medians_and_never_negative():
+    assert calibrate.wake_us([0.020, 0.030, 0.050], [0.015, 0.016, 0.100]) == pytest.approx(14.0)
+    assert calibrate.wake_us([0.010], [0.012]) == 0.0          # no faster than a host that did not wait
+    with pytest.raises(ValueError, match="sample"):
+        calibrate.wake_us([], [0.01])
+
+
 def test_the_host_sees_old_contents_until_it_synchronises(rt):
     (s,) = ch.create_streams(1)
     src = ch.to_device(np.arange(1024, dtype=np.float32))
@@ -94,7 +150,7 @@ def test_a_race_gives_the_same_wrong_answer_every_run(cpu):
 
 def test_runs_are_deterministic_times_traces_and_results(cpu):
     p = ch.WaveProblem(64, 64, nt=40)
-    for strategy in ("sequential", "events", "graph-staged"):
+    for strategy in ("sequential", "streams", "events", "graph-staged"):
         a, b = (ch.solve(p, strategy) for _ in range(2))
         assert a.elapsed_ms == b.elapsed_ms > 0
         assert np.array_equal(a.images, b.images)
