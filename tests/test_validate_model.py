@@ -1,0 +1,53 @@
+"""The model check's fit of the pageable device-to-host link (benchmarks/validate_model.py)."""
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+import course_helper as ch
+from course_helper import profiles
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _validate_model():
+    spec = importlib.util.spec_from_file_location("validate_model", ROOT / "benchmarks" / "validate_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def restore_backend():
+    yield
+    ch.set_backend("cpu")
+
+
+def _profile_with_link(tmp_path, name, latency_us, gbps):
+    profile = profiles.load("h200")
+    profile["links"]["D2H_pageable"] = {"gbps": gbps, "latency_us": latency_us}
+    path = tmp_path / name
+    path.write_text(json.dumps(profile))
+    return path
+
+
+def test_the_fit_finds_the_link_that_made_the_times(tmp_path, restore_backend):
+    """Sequential times modelled with a known pageable link (30 us, 9 GB/s) are fitted back to it,
+    starting from a profile whose link is far off; the direct measurement is kept beside it."""
+    vm = _validate_model()
+    truth = _profile_with_link(tmp_path, "truth.json", 30.0, 9.0)
+    points = [(48, 40, 1), (96, 30, 2), (160, 24, 1)]
+    doc = {"points": [{"n": n, "nt": nt, "every": every, "strategies": {"sequential": {"median_ms": 1.0}}}
+                      for n, nt, every in points]}
+    _, rows = vm.predict(doc, str(truth))
+    for point, row in zip(doc["points"], rows):
+        point["strategies"]["sequential"]["median_ms"] = row["modelled_ms"]
+    start = _profile_with_link(tmp_path, "start.json", 70.0, 16.0)
+    worst = vm.fit_pageable(doc, str(start))
+    link = json.loads(start.read_text())["links"]["D2H_pageable"]
+    assert link["latency_us"] == pytest.approx(30.0, abs=0.5)
+    assert link["gbps"] == pytest.approx(9.0, abs=0.05)
+    assert worst < 0.01
+    assert link["direct_measurement"] == {"gbps": 16.0, "latency_us": 70.0}
+    assert "fitted_to" in link
