@@ -147,11 +147,11 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
                "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0, "speedup": t["speedup"]}
         for name, t in timed.items()}
+    if raw_row:      # next to the untraced runs, before this point's traced (CUPTI) ones
+        point["strategies"]["raw-cupy-events"] = _raw_cupy_row(problem, every, repeats, point, reference)
     for name in order:
         point["strategies"][name].update(_trace_cost(problem, name, every, repeats,
                                                      point["strategies"][name]["median_ms"]))
-    if raw_row:
-        point["strategies"]["raw-cupy-events"] = _raw_cupy_row(problem, every, repeats, point, reference)
     return point
 
 
