@@ -203,6 +203,10 @@ def _wave(n, stream):
     return (lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=stream)), 4 * U[2].nbytes
 
 
+#: Rounds of the host-cost measurements; each figure of the profile is their median.
+HOST_ROUNDS = 5
+
+
 def calibrate(progress=print):
     """Measure the active GPU and return a profile dict (see :mod:`course_helper.profiles`)."""
     if backend_name() != "gpu":
@@ -222,21 +226,24 @@ def calibrate(progress=print):
     (ev,) = create_events(1)
     other.record(ev)
     k = iter(range(10**9))
-    host = {
-        "launch": bench.host_us(lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)),
-        "copy": bench.host_us(lambda: copy_to_host_async(out[next(k) % 200], U[2], s)),
-        "copy_d2d": bench.host_us(lambda: copy_on_device_async(stage[next(k) % 16], U[2], s)),
-        "record": bench.host_us(lambda: s.record(ev)),
-        "wait_event": bench.host_us(lambda: s.wait_event(ev)),
-        "query": bench.host_us(s.query),
-        "synchronize": bench.host_us(s.synchronize, busy=False),
-        "host_func": bench.host_us(lambda: s.launch_host_func(lambda: None)),
-    }
     with capture_graph(s) as cap:
         launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)
-    host["graph_launch"] = bench.host_us(cap.graph.launch)
-    host["wake"] = _wake(bench)[0]
-    host = {key: round(v, 3) for key, v in host.items()}
+    calls = {
+        "launch": (lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s), True),
+        "copy": (lambda: copy_to_host_async(out[next(k) % 200], U[2], s), True),
+        "copy_d2d": (lambda: copy_on_device_async(stage[next(k) % 16], U[2], s), True),
+        "record": (lambda: s.record(ev), True),
+        "wait_event": (lambda: s.wait_event(ev), True),
+        "query": (s.query, True),
+        "synchronize": (s.synchronize, False),
+        "host_func": (lambda: s.launch_host_func(lambda: None), True),
+        "graph_launch": (cap.graph.launch, True),
+    }
+    # A host's speed drifts (clock ramps, the first calls of a process): every figure is the
+    # median of HOST_ROUNDS rounds taken one after another over the whole set.
+    rounds = [{key: bench.host_us(call, busy=busy) for key, (call, busy) in calls.items()}
+              | {"wake": _wake(bench)[0]} for _ in range(HOST_ROUNDS)]
+    host = {key: round(float(np.median([r[key] for r in rounds])), 3) for key in rounds[0]}
 
     progress("links")
     links = {"D2H": _link(bench, "D2H", sizes), "H2D": _link(bench, "H2D", sizes),
@@ -308,7 +315,7 @@ def calibrate(progress=print):
                        "fitted the same way. Kernels: device time per launch for grids 64^2..4096^2 "
                        "(bytes moved = 4 arrays for wave2d_4o, 1 for bake and fill). Host costs: median "
                        "wall time of 200 calls of the helper's own function at 256^2 with the stream busy "
-                       "(synchronize: on an idle stream). Wake-up (host_us.wake, charged to a host wait "
+                       f"(synchronize: on an idle stream), median of {HOST_ROUNDS} rounds over the whole set. Wake-up (host_us.wake, charged to a host wait "
                        "that blocks): device time by events of 4 turns (a 256^2 launch and an event record "
                        "on a second stream) from the end of a 0.3 ms spin the host was blocked on, less the "
                        "same turns from an event the host recorded without waiting, median of 200 each. "
