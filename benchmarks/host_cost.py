@@ -11,8 +11,8 @@
    dependencies (:mod:`course_helper.raw_cupy`), in the same process.
 3. Tracing: the events loop at 256² x 640, helper and plain CuPy, untraced and with
    CUPTI's activity records on (the helper through ``solve(trace=True)``, the plain loop
-   inside a bare CUPTI session), then both untraced again: what CUPTI itself costs, what
-   the helper's recording adds, and whether anything lingers after a recording.
+   inside a bare CUPTI session), taking turns: what CUPTI itself costs, and what the
+   helper's recording adds.
 The problem of part 1 is tiny (64²), so that the device never holds the host back.
 """
 import argparse
@@ -99,45 +99,49 @@ def loops(n, nt, repeats):
             r.append(ms)
         same = bool(np.array_equal(res.images, images))
         rows[name] = {"helper_ms": statistics.median(h), "raw_cupy_ms": statistics.median(r),
-                      "ratio": statistics.median(h) / statistics.median(r), "identical": same,
-                      "helper_times_ms": h, "raw_cupy_times_ms": r}
+                      "ratio": statistics.median(h) / statistics.median(r), "ratio_of_minima": min(h) / min(r),
+                      "identical": same, "helper_times_ms": h, "raw_cupy_times_ms": r}
         print(f"{n}^2x{nt} {name:<11} helper {rows[name]['helper_ms']:7.2f} ms   raw CuPy "
-              f"{rows[name]['raw_cupy_ms']:7.2f} ms   ratio {rows[name]['ratio']:.2f}   identical {same}", flush=True)
+              f"{rows[name]['raw_cupy_ms']:7.2f} ms   ratio {rows[name]['ratio']:.2f} (of the minima "
+              f"{rows[name]['ratio_of_minima']:.2f})   identical {same}", flush=True)
     return rows
 
 
 def tracing(n, nt, repeats):
+    """The four runs take turns, repeat after repeat, so that a drift of the host's speed
+    during the measurement touches all of them alike."""
     from course_helper import cupti_trace
 
     p = ch.WaveProblem(n0=n, n1=n, nt=nt)
-    if not cupti_trace.available()[0]:
-        return {"skipped": cupti_trace.available()[1]}
-
-    def helper(trace):
-        return ch.solve(p, "events", trace=trace).elapsed_ms
-
-    def raw():
-        return raw_cupy.events_loop(p)[1]
+    ok, why = cupti_trace.available()
+    if not ok:
+        return {"skipped": why}
 
     def raw_under_cupti():
         session = cupti_trace.ActivitySession().start()
         try:
-            return raw()
+            return raw_cupy.events_loop(p)[1]
         finally:
             session.stop()
 
-    rows = {}
-    for label, fn in (("helper untraced", lambda: helper(False)), ("raw CuPy", raw),
-                      ("helper traced (CUPTI)", lambda: helper(True)), ("raw CuPy under CUPTI", raw_under_cupti),
-                      ("helper untraced, after", lambda: helper(False)), ("raw CuPy, after", raw)):
+    runs = {"helper untraced": lambda: ch.solve(p, "events", trace=False).elapsed_ms,
+            "raw CuPy": lambda: raw_cupy.events_loop(p)[1],
+            "helper traced (CUPTI)": lambda: ch.solve(p, "events", trace=True).elapsed_ms,
+            "raw CuPy under CUPTI": raw_under_cupti}
+    times = {label: [] for label in runs}
+    for label, fn in runs.items():
         fn()                                        # warm-up
-        times = [fn() for _ in range(repeats)]
-        rows[label] = {"median_ms": statistics.median(times), "times_ms": times}
-        print(f"{n}^2x{nt} events {label:<24} {rows[label]['median_ms']:7.2f} ms", flush=True)
+    for _ in range(repeats):
+        for label, fn in runs.items():
+            times[label].append(fn())
+    rows = {label: {"median_ms": statistics.median(t), "min_ms": min(t), "times_ms": t} for label, t in times.items()}
+    for label, row in rows.items():
+        print(f"{n}^2x{nt} events {label:<22} median {row['median_ms']:7.2f} ms   min {row['min_ms']:7.2f} ms",
+              flush=True)
     helper_x = rows["helper traced (CUPTI)"]["median_ms"] / rows["helper untraced"]["median_ms"]
     cupti_x = rows["raw CuPy under CUPTI"]["median_ms"] / rows["raw CuPy"]["median_ms"]
     rows["helper_trace_overhead"], rows["cupti_overhead_on_plain_cupy"] = helper_x, cupti_x
-    print(f"trace overhead: helper {helper_x:.2f}x, plain CuPy under CUPTI {cupti_x:.2f}x", flush=True)
+    print(f"trace overhead (medians): helper {helper_x:.2f}x, plain CuPy under CUPTI {cupti_x:.2f}x", flush=True)
     return rows
 
 
