@@ -78,3 +78,13 @@ def test_observers_of_another_thread_hear_nothing_of_this_one(stream):
         t.join(10)
     assert log.heard == []
     assert observe.observer_count == 0
+
+
+def test_nothing_stays_observing_after_a_traced_or_checked_solve(backend):
+    """A traced solve (CUPTI or marks) and a sanitised one leave no observer behind: otherwise
+    every later untraced call would pay for describing its work."""
+    p = ch.WaveProblem(n0=40, n1=40, nt=12)
+    for kwargs in ({"trace": True}, {"trace": True, "sanitize": True}, {"trace": False}):
+        ch.solve(p, "events", **kwargs)
+        assert observe.observer_count == 0, kwargs
+        assert not observe.active()
