@@ -13,6 +13,8 @@
    CUPTI's activity records on (the helper through ``solve(trace=True)``, the plain loop
    inside a bare CUPTI session), taking turns: what CUPTI itself costs, and what the
    helper's recording adds.
+4. The loops of part 2 (events) once more, after part 3: what a CUPTI recording leaves behind
+   in the process.
 The problem of part 1 is tiny (64²), so that the device never holds the host back.
 """
 import argparse
@@ -83,12 +85,13 @@ def operations(calls, repeats):
     return rows
 
 
-def loops(n, nt, repeats):
+def loops(n, nt, repeats, names=("sequential", "streams", "events")):
     p = ch.WaveProblem(n0=n, n1=n, nt=nt)
     pairs = {"sequential": raw_cupy.sequential_loop, "streams": raw_cupy.streams_loop,
              "events": raw_cupy.events_loop}
     rows = {}
-    for name, raw in pairs.items():
+    for name in names:
+        raw = pairs[name]
         ch.solve(p, name, trace=False)
         raw(p)
         h, r = [], []
@@ -158,6 +161,14 @@ def main():
            "per_operation": operations(args.calls, args.repeats),
            "loops_256x640": loops(256, 640, args.repeats),
            "tracing_256x640": tracing(256, 640, args.repeats)}
+    if "skipped" not in doc["tracing_256x640"]:
+        after = loops(256, 640, args.repeats, names=("events",))["events"]
+        before = doc["loops_256x640"]["events"]
+        doc["after_cupti_256x640"] = {
+            "events": after, "helper_slowdown": after["helper_ms"] / before["helper_ms"],
+            "raw_cupy_slowdown": after["raw_cupy_ms"] / before["raw_cupy_ms"]}
+        print(f"after a CUPTI recording, untraced: helper {doc['after_cupti_256x640']['helper_slowdown']:.2f}x, "
+              f"plain CuPy {doc['after_cupti_256x640']['raw_cupy_slowdown']:.2f}x of before", flush=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     return 0

@@ -127,8 +127,9 @@ def _fits(output_bytes, strategies):
     return None
 
 
-def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
-    """Measure one (n, nt, every) point: B's two parts and each strategy's times."""
+def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=True):
+    """Measure one (n, nt, every) point: B's two parts and each strategy's times (and, with
+    ``trace_cost``, what tracing costs: see :func:`add_trace_cost`)."""
     problem = WaveProblem(n0=n, n1=n, nt=nt)
     output_bytes = plan_memory(problem, "sequential", every)["host"]   # refuses bad input before measuring
     order = baseline_first(strategies)
@@ -147,11 +148,27 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None):
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
                "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0, "speedup": t["speedup"]}
         for name, t in timed.items()}
-    if raw_row:      # next to the untraced runs, before this point's traced (CUPTI) ones
+    if raw_row:      # next to the untraced runs, before any traced (CUPTI) one
         point["strategies"]["raw-cupy-events"] = _raw_cupy_row(problem, every, repeats, point, reference)
-    for name in order:
-        point["strategies"][name].update(_trace_cost(problem, name, every, repeats,
-                                                     point["strategies"][name]["median_ms"]))
+    if trace_cost:
+        add_trace_cost(point, order, repeats)
+    return point
+
+
+def add_trace_cost(point, strategies, repeats=5):
+    """Add to each strategy of a measured ``point`` what recording its timeline costs: the median
+    of a few traced runs over the untraced median (``trace_overhead``), and the clock that timed
+    the traces.
+
+    Run it after every untraced measurement of the process: on the H200, plain CuPy and the
+    helper alike ran about 10% slower at 256² for the rest of the process once a CUPTI
+    recording had been made (``benchmarks/host_cost.json``)."""
+    if "strategies" not in point:
+        return point
+    problem = WaveProblem(n0=point["n"], n1=point["n"], nt=point["nt"])
+    for name in strategies:
+        row = point["strategies"][name]
+        row.update(_trace_cost(problem, name, point["every"], repeats, row["median_ms"]))
     return point
 
 
@@ -246,9 +263,12 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
            "machine": _machine(), "repeats": repeats, "peak_d2h_gbps": peak,
            "definition": "B = max(compute-only ms, output bytes / peak pinned D2H bandwidth); "
                          "efficiency = B / median time", "points": []}
+    # Every untraced run of the sweep first, then the traced ones: a CUPTI recording leaves the
+    # process slower (see add_trace_cost).
     for n, nt, every in points:
-        point = bench_point(n, nt, every, strategies, repeats, peak_gbps=peak)
-        doc["points"].append(point)
+        doc["points"].append(bench_point(n, nt, every, strategies, repeats, peak_gbps=peak, trace_cost=False))
+    for point in doc["points"]:
+        add_trace_cost(point, strategies, repeats)
         if progress is not None:
             progress(point)
     return doc
