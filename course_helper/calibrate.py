@@ -23,11 +23,11 @@ from .backend import backend_name, device_report
 from .exercise import bake_layer
 from .graphs import capture_graph
 from .memory import (_queue_copy, copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros,
-                     pinned_zeros, to_device, zero_async)
+                     pinned_empty, pinned_zeros, to_device, zero_async)
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["calibrate", "fit_line", "wake_us"]
+__all__ = ["calibrate", "fit_line", "wake_us", "copies_per_link"]
 
 _SPIN = r"""
 extern "C" __global__ void course_helper_spin(long long cycles) {
@@ -203,6 +203,34 @@ def _wave(n, stream):
     return (lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=stream)), 4 * U[2].nbytes
 
 
+def copies_per_link(first_ms, second_ms):
+    """1 when two equal copies queued together in one direction ran one after the other (the
+    first ended by three quarters of the time the second took), 0 when they shared the link
+    (both ended together). The model then runs one copy per link at a time, or shares it."""
+    return 1 if first_ms < 0.75 * second_ms else 0
+
+
+def _copies_together(bench, nbytes=16 * _MIB, trials=5):
+    """End times (ms, medians of ``trials``) of two device-to-host copies of ``nbytes`` queued
+    at once on two streams, from the moment both may start."""
+    a, b = create_streams(2, name="copy")
+    n = nbytes // 4
+    src, dst = [device_zeros(n) for _ in range(2)], [pinned_empty(n) for _ in range(2)]
+    go, end_a, end_b = create_events(3, timing=True)
+    ends = []
+    for _ in range(trials + 1):                    # the first is a warm-up
+        bench.hold()
+        bench.s.record(go)
+        for s, d, x, end in ((a, dst[0], src[0], end_a), (b, dst[1], src[1], end_b)):
+            s.wait_event(go)
+            copy_to_host_async(d, x, s)
+            s.record(end)
+        synchronize()
+        ends.append(sorted((elapsed_ms(go, end_a), elapsed_ms(go, end_b))))
+    first, second = np.median(np.array(ends[1:]), axis=0)
+    return float(first), float(second)
+
+
 #: Rounds of the host-cost measurements; each figure of the profile is their median.
 HOST_ROUNDS = 5
 
@@ -249,6 +277,9 @@ def calibrate(progress=print):
     links = {"D2H": _link(bench, "D2H", sizes), "H2D": _link(bench, "H2D", sizes),
              "D2D": _link(bench, "D2D", sizes + [256 * _MIB])}
     staged_overhead = host["copy"] + host["synchronize"]
+    first, second = _copies_together(bench)
+    together = {"copies_per_link": copies_per_link(first, second),
+                "two_16MiB_copies_end_ms": [round(first, 4), round(second, 4)]}
     links["D2H_pageable"] = _pageable(bench, "D2H", sizes, staged_overhead)
     links["H2D_pageable"] = _pageable(bench, "H2D", sizes, staged_overhead)
 
@@ -293,7 +324,8 @@ def calibrate(progress=print):
         "name": rep["device"].replace("NVIDIA ", "").lower().replace(" ", "-"),
         "device": {"name": rep["device"], "short_name": rep["device"].replace("NVIDIA ", ""),
                    "async_engine_count": rep["async_engine_count"],
-                   "compute_capability": rep["compute_capability"], "memory_gib": rep["memory_gib"]},
+                   "compute_capability": rep["compute_capability"], "memory_gib": rep["memory_gib"],
+                   **together},
         "links": links,
         "kernels": kernels,
         "host_us": host,
@@ -319,6 +351,9 @@ def calibrate(progress=print):
                        "that blocks): device time by events of 4 turns (a 256^2 launch and an event record "
                        "on a second stream) from the end of a 0.3 ms spin the host was blocked on, less the "
                        "same turns from an event the host recorded without waiting, median of 200 each. "
+                       "Copies per link (device.copies_per_link): two 16 MiB device-to-host copies queued "
+                       "at once on two streams; 1 when the first ended by 3/4 of the second's time (one "
+                       "copy at a time per direction), 0 when they ended together (shared), median of 5. "
                        "Graph node costs: a replayed graph of 100 "
                        "kernels on one stream / 100 D2H copies of 256 KiB forked by events onto 5 streams (as the event "
                        "loop makes them), per node, less the same operation alone."),

@@ -13,7 +13,9 @@ device with a modelled host in front of it:
 * **The device** has one compute engine (kernels, fills and device-to-device
   copies run one after another), ``async_engine_count`` copy engines, and
   two links, device-to-host and host-to-device, each with a bandwidth and a
-  latency; copies sharing a link share its bandwidth. A copy from pageable
+  latency; a link runs the profile's ``copies_per_link`` copies at a time (1 on
+  the H200: copies queued together in one direction run one after the other),
+  or, where that is 0, any number sharing its bandwidth. A copy from pageable
   host memory is staged: it runs at the pageable bandwidth and the host waits
   for it. A kernel takes the time the profile measured for its shape and size
   (interpolated in the bytes it moves).
@@ -192,6 +194,11 @@ class ModelRuntime(Runtime):
         self._busy = []                   # streams with queued or running work, in first-use order
         self._running = []
         self._engines = {"compute": 1, "copy": int(profile["device"]["async_engine_count"])}
+        # Copies one link (direction) runs at a time: 1 on the H200, where two copies queued
+        # together in one direction run one after the other; 0 (or absent): any number, sharing
+        # the link's bandwidth.
+        self._per_link = int(profile["device"].get("copies_per_link", 0))
+        self._on_link = {}
         self._in_use = {"compute": 0, "copy": 0}
         self._links = {k: v["gbps"] * 1e6 for k, v in profile["links"].items()}   # bytes per ms
         self._blocking = weakref.WeakSet()
@@ -461,6 +468,8 @@ class ModelRuntime(Runtime):
             for task in heads:
                 if task.engine in self._engines and self._in_use[task.engine] >= self._engines[task.engine]:
                     continue
+                if self._per_link and task.engine == "copy" and self._on_link.get(task.link, 0) >= self._per_link:
+                    continue                           # its link is busy: it waits its turn
                 self._start(task)
                 started = True
             if not started:
@@ -475,6 +484,8 @@ class ModelRuntime(Runtime):
         if task.engine in self._engines:
             self._in_use[task.engine] += 1
         self._running.append(task)
+        if task.engine == "copy" and s.error is None:
+            self._on_link[task.link] = self._on_link.get(task.link, 0) + 1
         if s.error is not None:                       # work after a failure is skipped
             task.skipped = True
             task.duration, task.link, task.remaining = 0.0, None, 0.0
@@ -542,6 +553,8 @@ class ModelRuntime(Runtime):
         self._running.remove(task)
         if task.engine in self._engines:
             self._in_use[task.engine] -= 1
+        if task.engine == "copy" and task.link is not None:
+            self._on_link[task.link] -= 1
         s.running = None
         if not s.pending:
             self._busy.remove(s)

@@ -43,16 +43,43 @@ def test_copy_time_is_latency_plus_bytes_over_bandwidth(rt):
         assert e.duration_ms == pytest.approx(model.link_ms(rt.profile, "D2H", mib * MIB), abs=2e-6)
 
 
-def test_two_copies_on_one_link_share_it_and_two_links_do_not(rt):
+def test_two_copies_on_one_link_take_turns_and_two_links_do_not(rt):
+    """The H200 profile runs one copy per direction at a time (device.copies_per_link = 1, as
+    measured): the second copy starts when the first ends. Opposite directions have own links."""
+    assert rt.profile["device"]["copies_per_link"] == 1
     a, b = ch.create_streams(2)
     alone = model.link_ms(rt.profile, "D2H", 16 * MIB)
     first, second = _copy_trace([("D2H", a), ("D2H", b)], 16 * MIB)
-    assert second.start_ms < first.end_ms                                # they overlap...
-    assert first.duration_ms > 1.5 * alone                               # ...each at about half speed
-    assert second.end_ms - first.start_ms == pytest.approx(2 * alone, abs=2e-6)   # the link never idles
+    assert first.duration_ms == pytest.approx(alone, abs=2e-6)           # the first at full speed
+    assert second.start_ms == pytest.approx(first.end_ms, abs=2e-6)      # the second after it
+    assert second.duration_ms == pytest.approx(alone, abs=2e-6)
     d2h, h2d = _copy_trace([("D2H", a), ("H2D", b)], 16 * MIB)
-    assert d2h.duration_ms == pytest.approx(alone, abs=2e-6)             # opposite directions: own links
+    assert h2d.start_ms < d2h.end_ms                                     # opposite directions: together,
+    assert d2h.duration_ms == pytest.approx(alone, abs=2e-6)             # each on its own link
     assert h2d.duration_ms == pytest.approx(model.link_ms(rt.profile, "H2D", 16 * MIB), abs=2e-6)
+
+
+def test_a_profile_that_shares_links_runs_copies_together(cpu, tmp_path):
+    """With copies_per_link 0 two copies in one direction share the link's bandwidth."""
+    profile = ch.profiles.load("h200")
+    profile["device"]["copies_per_link"] = 0
+    path = tmp_path / "shared.json"
+    path.write_text(json.dumps(profile))
+    ch.set_backend("cpu", profile=str(path))
+    try:
+        a, b = ch.create_streams(2)
+        alone = model.link_ms(profile, "D2H", 16 * MIB)
+        first, second = _copy_trace([("D2H", a), ("D2H", b)], 16 * MIB)
+        assert second.start_ms < first.end_ms                            # they overlap...
+        assert first.duration_ms > 1.5 * alone                           # ...each at about half speed
+        assert second.end_ms - first.start_ms == pytest.approx(2 * alone, abs=2e-6)   # the link never idles
+    finally:
+        ch.set_backend("cpu")
+
+
+def test_copies_per_link_reads_two_copies_end_times():
+    assert calibrate.copies_per_link(0.311, 0.616) == 1        # the H200: one after the other
+    assert calibrate.copies_per_link(0.60, 0.616) == 0         # together: shared
 
 
 def test_pageable_copies_block_the_host_and_pinned_ones_do_not(rt):
