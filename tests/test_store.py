@@ -98,6 +98,10 @@ def test_not_enough_free_space_is_refused_before_the_run(tmp_path, monkeypatch):
     assert not (tmp_path / "full.zarr").exists()
     monkeypatch.setattr(disk, "free_bytes", lambda folder: need)
     ch.solve(p, "events", store=tmp_path / "fits.zarr", trace=False)
+    monkeypatch.setattr(disk, "free_bytes", lambda folder: need - 1)
+    with pytest.raises(OSError, match="counted uncompressed"):     # conservative, and says so
+        ch.solve(p, "events", store=tmp_path / "zstd.zarr", compress="zstd")
+    assert not (tmp_path / "zstd.zarr").exists()
 
 
 def _batch(strategy):
@@ -232,6 +236,14 @@ def test_a_500_mib_run_streams_in_bounded_host_memory(tmp_path):
 def test_disk_bandwidth_is_measured_and_cleaned_up(tmp_path):
     gbps = disk.measure_disk_bandwidth(tmp_path, mib=8, chunk_mib=1)
     assert gbps > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_profile_disk_section_is_measured_and_cleaned_up(tmp_path):
+    from course_helper import calibrate
+    spec = calibrate.measure_disk(tmp_path, mib=8, chunk_mib=1, writers=2)
+    assert spec["gbps"] > 0 and spec["latency_us"] > 0 and spec["writers"] == 2
+    assert "fsync" in spec["provenance"]
     assert list(tmp_path.iterdir()) == []
 
 
