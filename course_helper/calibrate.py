@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import datetime
 import platform
+import tempfile
 import time
 
 import numpy as np
 
-from . import runtime
+from . import runtime, store
 from .backend import backend_name, device_report
 from .exercise import bake_layer
 from .graphs import capture_graph
@@ -27,7 +28,7 @@ from .memory import (_queue_copy, copy_on_device_async, copy_to_host, copy_to_ho
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["calibrate", "fit_line", "wake_us", "copies_per_link"]
+__all__ = ["calibrate", "fit_line", "wake_us", "copies_per_link", "measure_disk"]
 
 _SPIN = r"""
 extern "C" __global__ void course_helper_spin(long long cycles) {
@@ -203,6 +204,24 @@ def _wave(n, stream):
     return (lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=stream)), 4 * U[2].nbytes
 
 
+def measure_disk(folder=None, mib=1024, chunk_mib=4, writers=None):
+    """The profile's ``disk`` section: the disk holding ``folder`` (default: the temporary
+    folder) measured as a streamed run uses it, in a temporary folder that is removed after.
+
+    Bandwidth: ``mib`` MiB of ``chunk_mib`` MiB files from ``writers`` threads (default: the
+    store's writer count), each written, fsync'ed and renamed (the data really on the disk).
+    Latency: the time per file of 64 files of 4 KiB from one thread, the same way.
+    """
+    writers = store.DEFAULT_WRITERS if writers is None else writers
+    with tempfile.TemporaryDirectory(dir=folder, prefix="course-helper-disk-") as work:
+        gbps = store.measure_disk_bandwidth(work, mib=mib, chunk_mib=chunk_mib, writers=writers)
+        small = store.measure_disk_bandwidth(work, mib=64 * 4 / 1024, chunk_mib=4 / 1024, writers=1)
+    return {"gbps": round(gbps, 4), "latency_us": round(4096 / (small * 1e9) * 1e6, 1), "writers": writers,
+            "provenance": (f"calibrate.measure_disk on {platform.node() or 'this machine'}'s temporary folder: "
+                           f"{mib} MiB in {chunk_mib} MiB files from {writers} writer threads, each fsync'ed "
+                           "then renamed; latency = time per fsync'ed 4 KiB file from one thread")}
+
+
 def copies_per_link(first_ms, second_ms):
     """1 when two equal copies queued together in one direction ran one after the other (the
     first ended by three quarters of the time the second took), 0 when they shared the link
@@ -330,6 +349,7 @@ def calibrate(progress=print):
         "kernels": kernels,
         "host_us": host,
         "graph": graph,
+        "disk": measure_disk(),
         "provenance": {
             "device": f"{rep['device']} ({rep['multiprocessors']} SMs, {rep['memory_gib']} GiB)",
             "driver": f"CUDA driver {rep['driver_version']}, runtime {rep['runtime_version']}",

@@ -30,6 +30,15 @@ device with a modelled host in front of it:
   the host reading a pinned buffer before synchronising sees what a GPU would
   show it: the old contents.
 
+**The disk** (for runs streamed to a store) is a stage of its own: a chunk's
+write is queued on a writer lane when the copy into its host slot is queued,
+starts when that copy has completed and the lane's previous write has ended,
+and takes latency + bytes / bandwidth (the profile's ``disk`` section): the
+writers' latencies overlap, and their bytes share the disk's bandwidth as
+copies share a link. The host waits
+for a write only where it needs the write's slot, or at the end of the run;
+a device synchronise does not wait for the disk.
+
 The device is only ever simulated up to the host's current modelled time (an
 operation cannot start before it is queued), so that bandwidth sharing is
 exact. Times are deterministic: two runs give identical times and results.
@@ -54,7 +63,7 @@ import numpy as np
 
 from .runtime_base import CpuDeviceArray, GraphsUnsupported, Runtime
 
-__all__ = ["ModelRuntime", "kernel_us", "link_ms"]
+__all__ = ["ModelRuntime", "DiskWrite", "kernel_us", "link_ms"]
 
 _PENDING, _RUNNING, _DONE = range(3)
 _EPS = 1e-9      # ms: events closer than a picosecond are simultaneous
@@ -131,6 +140,7 @@ class ModelStream:
         self.error = None         # exception stored by failed work, raised at the next synchronise
         self.closed = False
         self.capture = None       # the graph being captured on this stream, if any
+        self.disk = False         # a writer lane of the modelled disk (not device work)
         self.seq = next(model._stream_seq)   # creation order
 
 
@@ -206,6 +216,7 @@ class ModelRuntime(Runtime):
         self._default = None
         self._inside = None               # the task whose Python code runs now (a host function)
         self._replaying = None            # the graph being replayed (its calls cost the host nothing)
+        self._disk_lanes = {}             # name -> the stream of one writer lane of the modelled disk
         self._lock = threading.RLock()
 
     @property
@@ -369,7 +380,7 @@ class ModelRuntime(Runtime):
         if self._capturing_streams():
             self._no_wait_in_capture("synchronising the device")
         self._call("synchronize")
-        self._block_until(lambda: not self._busy, "the device", lambda: self.t)
+        self._block_until(lambda: all(s.disk for s in self._busy), "the device", lambda: self.t)   # not the disk
         first = None
         for s in [self.default_stream(), *sorted(self._all, key=lambda s: s.seq)]:
             if s.error is not None:
@@ -587,6 +598,57 @@ class ModelRuntime(Runtime):
             self._move_to(max(nxt, self.t), rates)
             self._complete_due()
 
+    # -- the disk ----------------------------------------------------------------
+    @_serialised
+    def disk_write(self, lane, after, encode):
+        """Queue one chunk's write to the modelled disk on the writer lane ``lane`` (a name):
+        it starts when the event ``after`` (recorded after the copy into the chunk's slot) has
+        completed and the lane's previous write has ended, and takes the profile's disk latency
+        (the lane's own: the lanes' latencies overlap) + bytes / bandwidth (shared with the other
+        lanes' writes, as copies share a link).
+
+        ``encode()`` is called when the write begins (the copy has landed) and returns a tuple
+        whose first item is the bytes to write; a writer thread gets the tuple from the returned
+        :class:`DiskWrite`'s ``result()`` and writes the real file. Nothing that thread does
+        moves the model's clocks. Queuing costs the host nothing (no GPU API call)."""
+        spec = self.profile.get("disk")
+        if spec is None:
+            raise RuntimeError(f"the profile {self.profile.get('name', '')!r} has no 'disk' section (the "
+                               "disk's write bandwidth and latency), so a run streamed to disk cannot be "
+                               "modelled; calibrate it again with `python -m course_helper calibrate`")
+        bandwidth = spec["gbps"] * 1e6                              # bytes per ms
+        self._links["disk"] = bandwidth
+        stream = self._disk_lanes.get(lane)
+        if stream is None:
+            stream = self._disk_lanes[lane] = ModelStream(self, True, 0, lane)
+            stream.disk = True
+        write = DiskWrite(lane)
+
+        def begin():
+            try:
+                if after.task is not None and after.task.error is not None:
+                    raise after.task.error                          # the copy failed: nothing to write
+                write._result = encode()
+                write.task.remaining = float(memoryview(write._result[0]).nbytes)   # the bytes the file holds
+            except BaseException as exc:  # noqa: BLE001 - handed to the writer thread
+                write._error = exc
+            finally:
+                write._ready.set()
+
+        deps = [after.task] if after.task is not None else []
+        write.first = self._queue(stream, "disk latency", deps=deps, begin=begin,
+                                  duration=_ticks(spec["latency_us"] * 1e-3))
+        write.task = self._queue(stream, "disk write", link="disk", peak=bandwidth)
+        self._advance(self.host_t)
+        return write
+
+    @_serialised
+    def disk_wait(self, write):
+        """The host waits until ``write`` is on the modelled disk: its clock moves to the write's end."""
+        self._run_until(lambda: write.task.done, f"a write on {write.lane!r}")
+        self.host_t = max(self.host_t, write.task.end)
+        self._advance(self.host_t)
+
     # -- graphs ----------------------------------------------------------------
     def graphs_supported(self):
         return True, ""
@@ -681,6 +743,33 @@ class ModelRuntime(Runtime):
 
     def trace_host_ms(self, origin, host_ms):
         return host_ms - origin["t0"]
+
+
+class DiskWrite:
+    """One chunk's write to the modelled disk (see :meth:`ModelRuntime.disk_write`)."""
+
+    def __init__(self, lane):
+        self.lane = lane
+        self.first = self.task = None     # its latency, then its bytes (tasks of the lane's stream)
+        self._result = self._error = None
+        self._ready = threading.Event()
+
+    @property
+    def done(self):
+        """Whether the write has ended, in modelled time (the host's clock has passed its end)."""
+        return self.task.done
+
+    def interval(self):
+        """The write's (start, end) in modelled ms, on the host clock's axis (once done)."""
+        return self.first.start, self.task.end
+
+    def result(self):
+        """What ``encode()`` returned, once the write has begun in modelled time (waits in real
+        time, moving no clock); raises what ``encode`` raised."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 def _zero(out):

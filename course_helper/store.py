@@ -11,9 +11,11 @@ sends every saved level through a three-stage pipeline::
   there only when every slot is still waiting for the disk), and when the copy
   into that slot has been queued, an event is recorded after it and the slot
   is passed to a writer thread.
-* A writer thread waits for that event, writes the slot as one chunk (one
-  level, or one staging batch) of the Zarr array ``u``, then marks those
-  levels in the boolean array ``complete`` and frees the slot.
+* A writer thread waits for that event, encodes the slot as one chunk (one
+  level, or one staging batch) of the Zarr array ``u`` with the array's codecs,
+  writes the chunk's file and frees the slot. A flags thread then marks those
+  levels in the boolean array ``complete`` (and their ``peak``), a few times a
+  second: the writers' per-chunk work is the chunk alone.
 * Host memory is the ring, whatever ``nt`` is: ``nslots`` slots of one chunk.
 
 Ring size. In steady state the pipeline runs at its slowest stage: a slot is
@@ -29,13 +31,25 @@ Nothing half-written. Each chunk file is written under a temporary name,
 flushed to the disk (``fsync``) and then renamed; a rename is atomic, so a
 killed run leaves each chunk either complete or absent (read as NaN, the fill
 value). (Zarr's own LocalStore also writes through a temporary name, but does
-not fsync, so the disk time would hide in the page cache.) The ``complete`` flags are written only after their chunk has landed,
-so a level flagged complete is never torn (a kill between the two writes
-leaves a complete level that is not flagged: the flags err on the safe side).
+not fsync, so the disk time would hide in the page cache.) The writers put
+the chunk files themselves, with the bytes Zarr's codecs make (the Zarr v3
+encoding: raw little-endian bytes, or a zstd or blosc frame through numcodecs,
+the library Zarr's codecs wrap): going through the Zarr array for every chunk
+cost about 3 ms of Python per chunk on the H200 machine, a third of a 4 MiB
+chunk's write. The ``complete`` flags are written only after their chunks have
+landed, so a level flagged complete is never torn (a kill before the next
+flags write leaves complete levels that are not flagged: the flags err on the
+safe side).
 
-Timing. Writer ``i`` reports each chunk's write as a host-clock interval on
-the timeline's lane "disk i"; :func:`timed_write` is the one place those times come
-from, so a modelled backend can replace it with modelled times.
+Timing. On a GPU, writer ``i`` times each chunk's write on the host clock
+(lane "disk i" of the timeline). On the CPU backend the disk is a stage of
+the modelled machine (:meth:`course_helper.model.ModelRuntime.disk_write`):
+a chunk's modelled write starts when the copy into its slot has completed
+and takes latency + bytes / bandwidth from the profile's ``disk`` section,
+the writers sharing the disk's bandwidth; the host waits for a slot until
+its modelled write has ended. The files are still written by the writer
+threads, but nothing they do moves the model's clocks, so a streamed run's
+modelled time and timeline are the same on every run.
 """
 from __future__ import annotations
 
@@ -58,21 +72,32 @@ from . import checks, observe, recording, runtime, streams
 from .memory import pinned_empty
 
 __all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "check_target", "free_bytes",
-           "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "timed_write"]
+           "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "FLAGS_EVERY_S"]
 
 DATA = "u"                      # the wavefield array inside the store
-DEFAULT_WRITERS = 2
+DEFAULT_WRITERS = 4             # enough chunks in flight that one writer's own work leaves the disk busy
+FLAGS_EVERY_S = 0.1             # the flags thread writes ``complete`` and ``peak`` at most this often
 #: compression choices: name -> a function making the Zarr codec list (None: raw bytes)
 CODECS = {
     None: lambda: None,
     "zstd": lambda: [_zarr().codecs.ZstdCodec(level=1)],
     "blosc": lambda: [_zarr().codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
 }
+#: the same codecs as numcodecs objects, which encode one chunk's bytes exactly as Zarr's codecs do
+_NUMCODECS = {
+    "zstd": lambda: _numcodecs().Zstd(level=1),
+    "blosc": lambda: _numcodecs().Blosc(cname="lz4", clevel=5, shuffle=_numcodecs().Blosc.SHUFFLE),
+}
 
 
 def _zarr():
     import zarr
     return zarr
+
+
+def _numcodecs():
+    import numcodecs
+    return numcodecs
 
 
 def ring_slots(writers=DEFAULT_WRITERS):
@@ -104,10 +129,12 @@ def check_target(path, need_bytes, compress=None):
         raise PermissionError(f"cannot create the store {path}: the folder {parent} is not writable")
     free = free_bytes(parent)
     if need_bytes > free:
+        compressed = (f" (counted uncompressed: how well {compress} will compress is not known before the "
+                      "run)") if compress is not None else ""
         raise OSError(errno.ENOSPC,
-                      f"the store {path} needs {need_bytes / 2**20:,.0f} MiB but only {free / 2**20:,.0f} MiB "
-                      "are free there; save fewer levels (a larger every), use a smaller grid, or write "
-                      "to another disk", str(path))
+                      f"the store {path} needs {need_bytes / 2**20:,.0f} MiB{compressed} but only "
+                      f"{free / 2**20:,.0f} MiB are free there; save fewer levels (a larger every), use a "
+                      "smaller grid, or write to another disk", str(path))
 
 
 # --------------------------------------------------------------------------
@@ -137,7 +164,7 @@ def _durable_store(root, read_only=False):
     from zarr.storage import LocalStore
 
     def put(root, key, value):
-        _put_durable(root / key, value.as_buffer_like(), fsync=key.startswith(f"{DATA}/c/"))
+        _put_durable(root / key, value.as_buffer_like(), fsync=key.startswith(f"{DATA}/c"))
 
     class DurableStore(LocalStore):
         async def set(self, key, value):
@@ -172,6 +199,7 @@ def create_store(path, problem, every, chunk, compress=None):
     group.create_array(DATA, shape=(nsaved, *problem.shape), chunks=(chunk, *problem.shape),
                        dtype="float32", fill_value=np.nan, dimension_names=("time", "x0", "x1"),
                        compressors=CODECS[compress](), config={"write_empty_chunks": True},
+                       chunk_key_encoding={"name": "default", "separator": "."},   # u/c.K.0.0: one folder
                        attributes={"long_name": "wavefield", "coordinates": "level"})
     for name, values in (("time", levels * problem.dt), ("level", levels),
                          ("x0", np.arange(problem.n0) * problem.dx0),
@@ -180,9 +208,10 @@ def create_store(path, problem, every, chunk, compress=None):
         a = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=(dim,),
                                attributes={"units": {"time": "s", "level": "1"}.get(name, "m")})
         a[:] = values
-    group.create_array("complete", shape=(nsaved,), chunks=(chunk,), dtype="bool", fill_value=False,
+    # The flags are one chunk each (one small file, rewritten whole by the flags thread).
+    group.create_array("complete", shape=(nsaved,), chunks=(nsaved,), dtype="bool", fill_value=False,
                        dimension_names=("time",), compressors=None)
-    group.create_array("peak", shape=(nsaved,), chunks=(chunk,), dtype="float32", fill_value=np.nan,
+    group.create_array("peak", shape=(nsaved,), chunks=(nsaved,), dtype="float32", fill_value=np.nan,
                        dimension_names=("time",), compressors=None,
                        attributes={"long_name": "largest |u| of the level (for colour scales)"})
     with warnings.catch_warnings():
@@ -194,15 +223,18 @@ def create_store(path, problem, every, chunk, compress=None):
 # --------------------------------------------------------------------------
 # The pipeline
 # --------------------------------------------------------------------------
-def timed_write(write):
-    """Run one chunk write; return its (start, end) on the host clock.
+def _encoder(compress):
+    """The function turning one chunk (a C-ordered float32 block) into the bytes of its file,
+    as the store's codecs encode it: raw little-endian bytes, or a zstd or blosc frame."""
+    if compress is None:
+        return lambda block: memoryview(block).cast("B")       # no copy: the slot itself is written
+    codec = _NUMCODECS[compress]()
+    return codec.encode
 
-    The timeline's disk lane takes its times from here alone (the writes are
-    host-timed on both backends); a modelled backend can replace this function.
-    """
-    t0 = runtime.host_ms()
-    write()
-    return t0, runtime.host_ms()
+
+def _peaks(block):
+    """The largest |u| of each level of ``block`` (for the viewer's colour scale; no temporary copy)."""
+    return np.maximum(block.max(axis=(1, 2)), -block.min(axis=(1, 2)))
 
 
 class Ring:
@@ -223,6 +255,7 @@ class Ring:
         for f in self.free:
             f.set()
         self.first = [None] * nslots       # first level index held by each slot
+        self.modelled = [None] * nslots    # CPU backend: the modelled disk write of each slot's chunk
 
     @property
     def nbytes(self):
@@ -248,13 +281,7 @@ class Ring:
     def __getitem__(self, key):
         first, stop = self._span(key)
         s = (first // self.chunk) % len(self.slots)       # chunks take the slots in turn
-        if not self.free[s].is_set():
-            # The slot's previous chunk is not on the disk yet: the host waits here, and the
-            # device runs on through the work already queued. Nothing is dropped.
-            with streams.host_wait("wait for disk (ring full)"):
-                while not self.free[s].wait(0.05):
-                    self.sink.raise_error()           # a writer failed: stop instead of waiting forever
-        self.sink.raise_error()
+        self.sink.wait_for_slot(s)
         self.free[s].clear()                              # taken until a writer has written it
         self.first[s] = first
         j = first % self.chunk
@@ -277,12 +304,12 @@ class DiskSink:
 
     It observes the solving thread's queued operations (:mod:`observe`): when
     a copy into a slot has been queued, it records an event after it and
-    hands the slot to a writer thread.
+    hands the slot to a writer thread (on the CPU backend, it also queues the
+    chunk's write on the modelled disk).
     """
 
-    def __init__(self, path, problem, every, chunk, *, compress=None, writers=DEFAULT_WRITERS,
-                 pinned=True):
-        writers = checks.positive_int("writers", writers)
+    def __init__(self, path, problem, every, chunk, *, compress=None, writers=None, pinned=True):
+        writers = checks.positive_int("writers", DEFAULT_WRITERS if writers is None else writers)
         self.path = Path(path)
         self.nsaved = len(range(0, problem.nt, every))
         check_target(self.path, self.nsaved * problem.nbytes_level, compress)
@@ -290,13 +317,22 @@ class DiskSink:
         self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
         self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)
         self.every = every
+        self.writers = writers
+        self._encode = _encoder(compress)
+        rt = runtime.get()
+        self._model = rt if rt.modelled else None     # the CPU backend: the disk is modelled
         self._error = None
-        self._recorder = None          # the solving thread's recorder (writers add the disk lanes to it)
+        self._recorder = None          # the solving thread's recorder (the disk lanes go into it)
+        self._intervals = []           # (first level index, lane, nbytes, times) of each chunk written
         self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._landed = np.zeros(self.nsaved, bool)                 # what the flags thread writes
+        self._peak = np.full(self.nsaved, np.nan, np.float32)
+        self._dirty, self._stop = threading.Event(), threading.Event()
         self._threads = [threading.Thread(target=self.writer, args=(f"disk {i}",), name=f"disk writer {i}",
                                           daemon=True) for i in range(writers)]
-        for t in self._threads:
+        self._flagger = threading.Thread(target=self.flagger, name="disk flags", daemon=True)
+        for t in (*self._threads, self._flagger):
             t.start()
 
     # -- the solving thread ------------------------------------------------
@@ -309,7 +345,32 @@ class DiskSink:
             return
         done = streams.create_events(1)[0]
         done.record(op.stream)
-        self._queue.put((self.ring.first[s], len(op.writes[0]) if op.writes[0].ndim == 3 else 1, s, done))
+        first, n = self.ring.first[s], len(op.writes[0]) if op.writes[0].ndim == 3 else 1
+        modelled = None
+        if self._model is not None:
+            # The write's place on the modelled disk: after the copy, on writer lane k mod writers.
+            # The chunk is encoded when that write begins (the copy has landed by then), so the
+            # modelled disk writes the bytes the file will hold.
+            modelled = self._model.disk_write(f"disk {(first // self.ring.chunk) % self.writers}", done.raw,
+                                              lambda: self._encoded(s, n))
+            self.ring.modelled[s] = modelled
+        self._queue.put((first, n, s, done, modelled))
+
+    def wait_for_slot(self, s):
+        """The host waits until slot ``s`` is free (its previous chunk is on the disk)."""
+        free, modelled = self.ring.free[s], self.ring.modelled[s]
+        if modelled is not None and not modelled.done:
+            # Modelled time: the host clock moves to the end of the slot's modelled write.
+            with streams.host_wait("wait for disk (ring full)"):
+                self._model.disk_wait(modelled)
+        if not free.is_set():
+            # The slot's previous chunk is not on the disk yet: the host waits here, and the
+            # device runs on through the work already queued. Nothing is dropped. (On the CPU
+            # backend the modelled write is over; this waits for the real file, in real time only.)
+            with streams.host_wait("wait for disk (ring full)") if modelled is None else contextlib.nullcontext():
+                while not free.wait(0.05):
+                    self.raise_error()           # a writer failed: stop instead of waiting forever
+        self.raise_error()
 
     def raise_error(self):
         if self._error is not None:
@@ -327,12 +388,31 @@ class DiskSink:
             observe.remove(self)
 
     def finish(self):
-        """Wait until every handed-over chunk is on the disk; raise a writer's error."""
+        """Wait until every handed-over chunk is on the disk (on the CPU backend: the host clock
+        moves to the end of the last modelled write), write the flags, put the disk lanes on the
+        timeline, and raise a writer's error."""
+        if self._model is not None:        # first: the writer threads wait for the modelled writes to begin
+            for write in (w for w in self.ring.modelled if w is not None):
+                self._model.disk_wait(write)
         for _ in self._threads:
             self._queue.put(None)
         for t in self._threads:
             t.join()
+        self._stop.set()
+        self._dirty.set()
+        self._flagger.join()
+        self._write_flags()
+        self._add_lanes()
         self.raise_error()
+
+    def _add_lanes(self):
+        rec = self._recorder
+        if rec is None:
+            return
+        for first, lane, nbytes, times in sorted(self._intervals, key=lambda i: i[0]):
+            t0, t1 = times() if callable(times) else times
+            rec.add_interval(lane, "disk write", f"write level {first * self.every}", t0, t1, nbytes,
+                             first * self.every)
 
     # -- the writer threads --------------------------------------------------
     def writer(self, lane):
@@ -340,11 +420,23 @@ class DiskSink:
             item = self._queue.get()
             if item is None:
                 return
-            first, n, s, done = item
+            first, n, s, done, modelled = item
             try:
-                done.synchronize()            # the copy into the slot has landed
+                if modelled is None:
+                    done.synchronize()            # the copy into the slot has landed
+                    payload, peak = self._encoded(s, n)
+                else:
+                    payload, peak = modelled.result()    # encoded when its modelled write began
                 if self._error is None:
-                    self._write(first, self.ring.slots[s][:n], lane)
+                    t0 = runtime.host_ms() if modelled is None else None
+                    self._write_chunk(first, payload)
+                    times = (t0, runtime.host_ms()) if modelled is None else modelled.interval
+                    with self._lock:
+                        self._intervals.append((first, lane if modelled is None else modelled.lane,
+                                                n * self.ring.slots[s][0].nbytes, times))
+                        self._landed[first:first + n] = True
+                        self._peak[first:first + n] = peak
+                    self._dirty.set()
             except BaseException as exc:  # noqa: BLE001 - handed to the solving thread
                 with self._lock:
                     if self._error is None:
@@ -352,31 +444,58 @@ class DiskSink:
             finally:
                 self.ring.free[s].set()
 
-    def _write(self, first, block, lane):
-        stop = first + len(block)
-        peak = np.maximum(block.max(axis=(1, 2)), -block.min(axis=(1, 2)))     # no temporary copy
+    def _encoded(self, s, n):
+        """The file's bytes of the chunk in slot ``s`` (its first ``n`` levels) and their peaks.
+        The array's last chunk may hold fewer levels: its file holds a whole chunk all the same
+        (Zarr's rule), the levels past the end being the fill value."""
+        block = self.ring.slots[s][:n]
+        if n < self.ring.chunk:
+            block = np.concatenate([block, np.full((self.ring.chunk - n, *block.shape[1:]), np.nan, np.float32)])
+        return self._encode(block), _peaks(block[:n])
 
-        def write():
-            self.data[first:stop] = block          # the chunk lands whole (fsync + rename) ...
-            self.peak[first:stop] = peak
-            self.complete[first:stop] = True       # ... before it is flagged complete
-        t0, t1 = timed_write(write)
-        rec = self._recorder
-        if rec is not None:
-            rec.add_interval(lane, "disk write", f"write level {first * self.every}", t0, t1, block.nbytes,
-                             first * self.every)
+    def _write_chunk(self, first, payload):
+        """The chunk's file, whole or absent: written under a temporary name, fsync'ed, renamed."""
+        key = self.data.metadata.encode_chunk_key((first // self.ring.chunk, 0, 0))
+        _put_durable(self.path / DATA / key, payload)
+
+    # -- the flags thread ---------------------------------------------------
+    def flagger(self):
+        """Write ``peak`` and ``complete`` (for the levels whose chunks have landed) whenever
+        chunks have landed since the last write, at most every :data:`FLAGS_EVERY_S`."""
+        while not self._stop.is_set():
+            self._dirty.wait()
+            if self._stop.wait(FLAGS_EVERY_S):
+                return                                   # finish() writes the last flags
+            self._dirty.clear()
+            if not self._write_flags():
+                return
+
+    def _write_flags(self):
+        """Write the flags of the chunks landed so far; False (the error kept for the solving
+        thread) if that failed."""
+        with self._lock:
+            landed, peak = self._landed.copy(), self._peak.copy()
+        try:
+            self.peak[:] = peak
+            self.complete[:] = landed      # after the chunks and their peaks: never ahead of the data
+        except OSError as exc:
+            with self._lock:
+                self._error = self._error or _disk_error(exc, self.path, 0, self.every, "its flags")
+            return False
+        return True
 
     def open_result(self):
         """The finished store's wavefield array, opened for reading (lazy)."""
         return open_store(self.path).images
 
 
-def _disk_error(exc, path, first, every):
+def _disk_error(exc, path, first, every, what=None):
+    what = what or f"level {first * every}"
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return OSError(errno.ENOSPC, f"the disk holding the store {path} is full (writing level "
-                       f"{first * every}); earlier levels are complete and flagged in 'complete'", str(path))
+        return OSError(errno.ENOSPC, f"the disk holding the store {path} is full (writing {what}); "
+                       "earlier levels are complete and flagged in 'complete'", str(path))
     if isinstance(exc, OSError):
-        return OSError(exc.errno, f"writing level {first * every} to the store {path} failed: {exc}", str(path))
+        return OSError(exc.errno, f"writing {what} to the store {path} failed: {exc}", str(path))
     return exc
 
 
@@ -419,7 +538,7 @@ class StoredRun:
 
     def stored_nbytes(self):
         """Bytes the wavefield's chunk files take on disk (compare with ``images.nbytes``)."""
-        return sum(f.stat().st_size for f in (self.path / DATA / "c").rglob("*") if f.is_file())
+        return sum(f.stat().st_size for f in (self.path / DATA).glob("c.*") if f.is_file())
 
     def __repr__(self):
         return (f"<StoredRun {str(self.path)!r}: {int(self.complete.sum())}/{len(self.complete)} levels "
@@ -487,12 +606,9 @@ def measure_disk_bandwidth(folder, mib=256, chunk_mib=4, writers=DEFAULT_WRITERS
 def codec_speed(images, compress, repeats=3):
     """Single-thread compression speed (GB/s of raw input) and ratio of ``compress`` on ``images``
     (a stack of levels), with the same codec settings the store uses."""
-    import numcodecs
-    codec = {"zstd": lambda: numcodecs.Zstd(level=1),
-             "blosc": lambda: numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)}
-    if compress not in codec:
-        raise ValueError(f"compress must be one of {tuple(codec)}, got {compress!r}")
-    c = codec[compress]()
+    if compress not in _NUMCODECS:
+        raise ValueError(f"compress must be one of {tuple(_NUMCODECS)}, got {compress!r}")
+    c = _NUMCODECS[compress]()
     levels = [np.ascontiguousarray(level) for level in images]
     best, size = float("inf"), 0
     for _ in range(checks.positive_int("repeats", repeats)):
