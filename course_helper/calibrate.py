@@ -25,10 +25,11 @@ from .exercise import bake_layer
 from .graphs import capture_graph
 from .memory import (_queue_copy, copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros,
                      pinned_empty, pinned_zeros, to_device, zero_async)
+from .solver import solve
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["calibrate", "fit_line", "wake_us", "copies_per_link", "measure_disk"]
+__all__ = ["calibrate", "fit_line", "wake_us", "copies_per_link", "loop_turn_us", "measure_disk"]
 
 _SPIN = r"""
 extern "C" __global__ void course_helper_spin(long long cycles) {
@@ -250,6 +251,23 @@ def _copies_together(bench, nbytes=16 * _MIB, trials=5):
     return float(first), float(second)
 
 
+def loop_turn_us(ms_per_level, host):
+    """The host time (µs) a strategy's loop spends per turn outside the helper's calls: the
+    events loop's time per level where the device never holds the host back (``ms_per_level``),
+    less the six calls of one of its turns (two waits, a launch, two records, a copy) as
+    ``host`` gives them; never below 0."""
+    calls = host["launch"] + host["copy"] + 2 * host["record"] + 2 * host["wait_event"]
+    return max(0.0, ms_per_level * 1e3 - calls)
+
+
+def _events_ms_per_level(n=64, nt=640, repeats=9):
+    """The events loop's host time per level on an ``n``² grid, so small that the device never
+    holds the host back (median of ``repeats`` untraced solves)."""
+    p = WaveProblem(n, n, nt=nt)
+    solve(p, "events", trace=False)                  # warm-up
+    return float(np.median([solve(p, "events", trace=False).elapsed_ms for _ in range(repeats)])) / nt
+
+
 #: Rounds of the host-cost measurements; each figure of the profile is their median.
 HOST_ROUNDS = 5
 
@@ -288,8 +306,12 @@ def calibrate(progress=print):
     }
     # A host's speed drifts (clock ramps, the first calls of a process): every figure is the
     # median of HOST_ROUNDS rounds taken one after another over the whole set.
-    rounds = [{key: bench.host_us(call, busy=busy) for key, (call, busy) in calls.items()}
-              | {"wake": _wake(bench)[0]} for _ in range(HOST_ROUNDS)]
+    rounds = []
+    for _ in range(HOST_ROUNDS):
+        r = {key: bench.host_us(call, busy=busy) for key, (call, busy) in calls.items()}
+        r["wake"] = _wake(bench)[0]
+        r["loop_turn"] = loop_turn_us(_events_ms_per_level(), r)
+        rounds.append(r)
     host = {key: round(float(np.median([r[key] for r in rounds])), 3) for key in rounds[0]}
 
     progress("links")
@@ -371,6 +393,9 @@ def calibrate(progress=print):
                        "that blocks): device time by events of 4 turns (a 256^2 launch and an event record "
                        "on a second stream) from the end of a 0.3 ms spin the host was blocked on, less the "
                        "same turns from an event the host recorded without waiting, median of 200 each. "
+                       "Loop turn (host_us.loop_turn, charged once per kernel): the events loop's host "
+                       "time per level at 64^2 x 640 (median of 9 untraced solves; the device never "
+                       "holds the host back there) less one turn's six calls as measured above. "
                        "Copies per link (device.copies_per_link): two 16 MiB device-to-host copies queued "
                        "at once on two streams; 1 when the first ended by 3/4 of the second's time (one "
                        "copy at a time per direction), 0 when they ended together (shared), median of 5. "

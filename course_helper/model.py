@@ -6,7 +6,8 @@ device with a modelled host in front of it:
 * **The host** has a clock. Each call into the runtime costs the host the time
   the same helper call took on the profiled GPU (a kernel launch, an event
   record, ``wait_event``, an async-copy call, a synchronise, a query, a graph
-  launch). A host wait moves the host clock to the completion of what it
+  launch); each kernel also costs the profile's ``loop_turn``, the Python a
+  strategy's loop runs per turn between those calls. A host wait moves the host clock to the completion of what it
   waits for; a wait that blocked then costs the host its measured wake-up
   (coming back from the wait, its first calls' extra cost, and the idle
   device taking up the next command).
@@ -406,6 +407,10 @@ class ModelRuntime(Runtime):
             begin = self._begin_copy(dst, src)
         else:
             self._call("launch")
+            if "kernel" in cost and self._replaying is None:
+                # One kernel per turn of a strategy's loop: the loop's own Python between the
+                # helper's calls (slots, indexing) is charged here, once per turn.
+                self.host_t += _ticks(self.profile["host_us"].get("loop_turn", 0.0) * 1e-3)
             begin = self._begin_op(op.writes, numpy if "fill" not in cost else _zero)
         task = self._queue(stream, op.name, begin=begin, **kw)
         if cost.get("pageable") and self._replaying is None:

@@ -350,3 +350,33 @@ def test_modelled_times_do_not_depend_on_computing_the_data(rt):
         with rt.times_only():
             predicted = ch.solve(p, strategy, trace=False)
         assert predicted.elapsed_ms == computed
+
+
+def test_each_kernel_costs_the_loop_turn_and_a_copy_does_not(cpu, tmp_path):
+    """The profile's host_us.loop_turn (the strategy loop's own Python per turn) is charged with
+    every kernel launch, on top of the launch call, and never with a copy."""
+    profile = ch.profiles.load("h200")
+    profile["host_us"]["loop_turn"] = 5.0
+    path = tmp_path / "turn.json"
+    path.write_text(json.dumps(profile))
+    ch.set_backend("cpu", profile=str(path))
+    try:
+        rt = runtime.get()
+        p = ch.WaveProblem(n0=48, n1=48, nt=3)
+        U = [ch.device_zeros(p.shape) for _ in range(3)]
+        V = ch.to_device(p.velocity)
+        (s,) = ch.create_streams(1)
+        t0 = rt.host_ms()
+        ch.launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)
+        assert rt.host_ms() - t0 == pytest.approx((profile["host_us"]["launch"] + 5.0) * 1e-3, abs=2e-6)
+        t0 = rt.host_ms()
+        ch.copy_to_host_async(ch.pinned_empty(p.shape), U[2], s)
+        assert rt.host_ms() - t0 == pytest.approx(profile["host_us"]["copy"] * 1e-3, abs=2e-6)
+    finally:
+        ch.set_backend("cpu")
+
+
+def test_loop_turn_is_the_turn_less_its_six_calls():
+    host = {"launch": 9.0, "copy": 5.0, "record": 0.5, "wait_event": 0.5}
+    assert calibrate.loop_turn_us(0.0196, host) == pytest.approx(19.6 - 16.0)
+    assert calibrate.loop_turn_us(0.010, host) == 0.0                  # never below zero
