@@ -285,7 +285,11 @@ def _machine():
 
 
 def run_bench(points=None, strategies=None, repeats=5, progress=None):
-    """Run the sweep and return ``{"machine": ..., "points": [...]}``."""
+    """Run the sweep and return ``{"machine": ..., "points": [...]}``.
+
+    Every point's untraced runs come first, then every point's traced ones (see
+    :func:`add_trace_cost`); ``progress(point, stage)`` is called after each point of each
+    pass, ``stage`` being ``"untraced"`` or ``"traced"``."""
     if points is None:
         points = DEFAULT_POINTS if backend_name() == "gpu" else QUICK_POINTS
     strategies = baseline_first(available_strategies() if strategies is None else strategies)
@@ -299,10 +303,12 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
     # process slower (see add_trace_cost).
     for n, nt, every in points:
         doc["points"].append(bench_point(n, nt, every, strategies, repeats, peak_gbps=peak, trace_cost=False))
+        if progress is not None:
+            progress(doc["points"][-1], "untraced")
     for point in doc["points"]:
         add_trace_cost(point, strategies, repeats)
         if progress is not None:
-            progress(point)
+            progress(point, "traced")
     return doc
 
 

@@ -216,10 +216,11 @@ def bench_main(args):
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(points), desc="points", unit="point", file=sys.stderr, leave=False)
+        bar = tqdm(total=2 * len(points), desc="points (untraced, then traced)", unit="pass",
+                   file=sys.stderr, leave=False)
 
-    def progress(point):
-        if "skipped" in point:
+    def progress(point, stage):
+        if "skipped" in point and stage == "untraced":
             print(f"skipped {point['n']}^2x{point['nt']} every {point['every']}: {point['skipped']}",
                   file=sys.stderr)
         if bar is not None:

@@ -92,3 +92,26 @@ def test_timing_can_hand_back_the_sequential_reference(backend):
     rows = time_strategies(p, ["events"], repeats=1, keep_reference=True)
     assert np.array_equal(rows["sequential"]["images"], ch.solve(p, "sequential", trace=False).images)
     assert "images" not in time_strategies(p, ["events"], repeats=1)["sequential"]
+
+
+def test_the_sweep_times_every_untraced_run_before_any_traced_one(backend, monkeypatch):
+    """A CUPTI recording leaves the process slower, so no point's untraced runs may follow a
+    traced run: the sweep reports both passes, untraced first for every point."""
+    traced = []
+    real_solve = bench.solve
+
+    def solve(*args, **kwargs):
+        traced.append(bool(kwargs.get("trace", True)))
+        return real_solve(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "solve", solve)                 # the traced runs
+    monkeypatch.setattr(ch.compare, "solve", solve)            # the timed, untraced ones
+    seen = []
+    doc = bench.run_bench([(32, 20, 1), (40, 20, 2)], ["events"], repeats=1,
+                          progress=lambda point, stage: seen.append((point["n"], stage, len(traced))))
+    assert [(n, stage) for n, stage, _ in seen] == [(32, "untraced"), (40, "untraced"), (32, "traced"), (40, "traced")]
+    untraced_done = seen[1][2]                    # solves made when the last point's untraced pass ended
+    assert untraced_done and not any(traced[:untraced_done])
+    assert traced[untraced_done:] and all(traced[untraced_done:])
+    assert all("trace_overhead" in r for p in doc["points"] for name, r in p["strategies"].items()
+               if name in ch.STRATEGIES)
