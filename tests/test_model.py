@@ -1,4 +1,5 @@
 """The modelled GPU of the CPU backend: its rules, its determinism, and that it never hangs."""
+import contextlib
 import gc
 import json
 import threading
@@ -19,6 +20,21 @@ MIB = 2**20
 @pytest.fixture
 def rt(cpu):
     return runtime.get()
+
+
+@contextlib.contextmanager
+def _modelled_with(tmp_path, section, key, value):
+    """The CPU backend on the H200 profile with ``profile[section][key] = value``; yields that
+    profile, and goes back to the shipped profile after."""
+    profile = ch.profiles.load("h200")
+    profile[section][key] = value
+    path = tmp_path / f"{section}-{key}.json"
+    path.write_text(json.dumps(profile))
+    ch.set_backend("cpu", profile=str(path))
+    try:
+        yield profile
+    finally:
+        ch.set_backend("cpu")
 
 
 def _copy_trace(kinds_streams, nbytes):
@@ -61,20 +77,13 @@ def test_two_copies_on_one_link_take_turns_and_two_links_do_not(rt):
 
 def test_a_profile_that_shares_links_runs_copies_together(cpu, tmp_path):
     """With copies_per_link 0 two copies in one direction share the link's bandwidth."""
-    profile = ch.profiles.load("h200")
-    profile["device"]["copies_per_link"] = 0
-    path = tmp_path / "shared.json"
-    path.write_text(json.dumps(profile))
-    ch.set_backend("cpu", profile=str(path))
-    try:
+    with _modelled_with(tmp_path, "device", "copies_per_link", 0) as profile:
         a, b = ch.create_streams(2)
         alone = model.link_ms(profile, "D2H", 16 * MIB)
         first, second = _copy_trace([("D2H", a), ("D2H", b)], 16 * MIB)
         assert second.start_ms < first.end_ms                            # they overlap...
         assert first.duration_ms > 1.5 * alone                           # ...each at about half speed
         assert second.end_ms - first.start_ms == pytest.approx(2 * alone, abs=2e-6)   # the link never idles
-    finally:
-        ch.set_backend("cpu")
 
 
 def test_copies_per_link_reads_two_copies_end_times():
@@ -355,12 +364,7 @@ def test_modelled_times_do_not_depend_on_computing_the_data(rt):
 def test_each_kernel_costs_the_loop_turn_and_a_copy_does_not(cpu, tmp_path):
     """The profile's host_us.loop_turn (the strategy loop's own Python per turn) is charged with
     every kernel launch, on top of the launch call, and never with a copy."""
-    profile = ch.profiles.load("h200")
-    profile["host_us"]["loop_turn"] = 5.0
-    path = tmp_path / "turn.json"
-    path.write_text(json.dumps(profile))
-    ch.set_backend("cpu", profile=str(path))
-    try:
+    with _modelled_with(tmp_path, "host_us", "loop_turn", 5.0) as profile:
         rt = runtime.get()
         p = ch.WaveProblem(n0=48, n1=48, nt=3)
         U = [ch.device_zeros(p.shape) for _ in range(3)]
@@ -372,8 +376,6 @@ def test_each_kernel_costs_the_loop_turn_and_a_copy_does_not(cpu, tmp_path):
         t0 = rt.host_ms()
         ch.copy_to_host_async(ch.pinned_empty(p.shape), U[2], s)
         assert rt.host_ms() - t0 == pytest.approx(profile["host_us"]["copy"] * 1e-3, abs=2e-6)
-    finally:
-        ch.set_backend("cpu")
 
 
 def test_loop_turn_is_the_turn_less_its_six_calls():
