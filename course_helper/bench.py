@@ -27,7 +27,8 @@ from .backend import backend_name, device_report
 from .compare import baseline_first, time_strategies
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
-from .solver import available_strategies, plan_memory, saved_levels, solve
+from .solver import available_strategies, default_batch, plan_memory, saved_levels, solve
+from .strategies import STRATEGIES
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
@@ -198,49 +199,62 @@ def _raw_cupy_row(problem, every, repeats, point, reference):
 DISK_POINTS = [(1024, 320, 1), (2048, 320, 4)]
 
 
+def _settle():
+    # Flush what earlier deletions left to the disk (a file system mounted with `discard` trims
+    # freed blocks at its next commit), so that neither a run nor a measurement pays for what
+    # came before it.
+    if hasattr(os, "sync"):
+        os.sync()
+
+
+def disk_bandwidth(where, mib, chunk_mib):
+    """The disk's sustained write bandwidth in GB/s under ``where``, as a streamed run uses it
+    (``mib`` MiB in files of ``chunk_mib``, :data:`store.DEFAULT_WRITERS` threads, fsync'ed);
+    on the CPU backend the modelled disk's."""
+    rt = runtime.get()
+    if rt.modelled:
+        return rt.profile["disk"]["gbps"]
+    _settle()
+    return store.measure_disk_bandwidth(where, mib=mib, chunk_mib=chunk_mib, writers=store.DEFAULT_WRITERS)
+
+
 def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(None, "zstd", "blosc"),
                repeats=3, peak_gbps=None):
     """One run streamed to a store under ``folder``, against the bound with the disk in it:
     B = max(compute-only, bytes / peak D2H, bytes / sustained disk bandwidth).
 
-    The disk is measured the way the run uses it: right after each uncompressed run, the
-    same bytes in files of the run's chunk size from the same number of writer threads, each
-    fsync'ed (``disk_gbps`` of each run; B takes the median of all of them, the point's
-    ``disk_gbps``). A short burst (256 MiB) measured first is reported as ``disk_burst_gbps``:
-    a disk may take a burst faster than it sustains, and a burst would make B too optimistic.
-    On the CPU backend the disk is the modelled one (the profile's ``disk`` section)."""
+    The disk is measured the way the run uses it: the same bytes in files of the run's chunk
+    size from the same number of writer threads, each fsync'ed, right before the first
+    uncompressed run of a strategy and right after each one (``disk_gbps`` of each run
+    entry: one more measurement than runs). A disk's speed drifts from one second to the
+    next, so each run is held against the disk as it was on both sides of it: its own B
+    takes the mean of the measurements just before and just after it, and the run's
+    ``efficiency`` is the median over its repeats of that B / its time. The point's
+    ``disk_gbps`` and ``bound_ms`` (the median of all measurements) are what the table shows,
+    and what the compressed runs are held against. A short burst (256 MiB) measured first is
+    reported as ``disk_burst_gbps``: a disk may take a burst faster than it sustains, and a
+    burst would make B too optimistic. On the CPU backend the disk is the modelled one (the
+    profile's ``disk`` section)."""
     import shutil
     import tempfile
     problem = WaveProblem(n0=n, n1=n, nt=nt)
     nbytes = plan_memory(problem, "sequential", every)["host"]
     level_mib = problem.nbytes_level / 2**20
-    rt = runtime.get()
-
-    def settle():
-        # Flush what earlier deletions left to the disk (a file system mounted with `discard`
-        # trims freed blocks at its next commit), so that neither a run nor a measurement
-        # pays for what came before it.
-        if hasattr(os, "sync"):
-            os.sync()
-
-    def disk_gbps(where, mib, chunk_mib):
-        if rt.modelled:
-            return rt.profile["disk"]["gbps"]
-        settle()
-        return store.measure_disk_bandwidth(where, mib=mib, chunk_mib=chunk_mib, writers=store.DEFAULT_WRITERS)
-
     point = {"n": n, "nt": nt, "every": every, "output_bytes": nbytes, "writers": store.DEFAULT_WRITERS,
-             "disk_burst_gbps": disk_gbps(folder, min(256, nbytes / 2**20), level_mib),
+             "disk_burst_gbps": disk_bandwidth(folder, min(256, nbytes / 2**20), level_mib),
              "peak_d2h_gbps": peak_gbps if peak_gbps is not None else peak_d2h_gbps(),
              "compute_only_ms": compute_only_ms(problem, repeats), "runs": []}
     sample = None
     for codec in compress:
         for name in strategies:
-            times, stored, disk = [], None, []
+            times, stored = [], None
+            # the disk just before the first run, then after each one (raw bytes only)
+            chunk_mib = level_mib * (default_batch(problem) if STRATEGIES[name].staged else 1)
+            disk = [disk_bandwidth(folder, nbytes / 2**20, chunk_mib)] if codec is None else []
             for _ in range(repeats if codec is None else 1):
                 work = tempfile.mkdtemp(dir=folder)
                 try:
-                    settle()
+                    _settle()
                     r = solve(problem, name, every=every, trace=False, store=os.path.join(work, "s.zarr"),
                               compress=codec)
                     times.append(r.elapsed_ms)
@@ -249,7 +263,7 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
                     if sample is None:           # about 16 levels across the run, for the codecs alone
                         sample = opened.images[::max(1, len(opened.levels) // 16)]
                     if codec is None:            # the disk as this run used it, right after it
-                        disk.append(disk_gbps(work, nbytes / 2**20, r.batch * level_mib))
+                        disk.append(disk_bandwidth(work, nbytes / 2**20, chunk_mib))
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
             med = float(np.median(times))
@@ -260,12 +274,20 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
             point["runs"].append(run)
     point["disk_gbps"] = float(np.median([g for r in point["runs"] for g in r.get("disk_gbps", [])]
                                          or [point["disk_burst_gbps"]]))
-    parts = {"compute": point["compute_only_ms"], "copies": nbytes / (point["peak_d2h_gbps"] * 1e9) * 1e3,
-             "disk": nbytes / (point["disk_gbps"] * 1e9) * 1e3}
-    point["bound_ms"] = max(parts.values())
-    point["bound_by"] = max(parts, key=parts.get)
+
+    def bound(gbps):
+        parts = {"compute": point["compute_only_ms"], "copies": nbytes / (point["peak_d2h_gbps"] * 1e9) * 1e3,
+                 "disk": nbytes / (gbps * 1e9) * 1e3}
+        return max(parts.values()), max(parts, key=parts.get)
+
+    point["bound_ms"], point["bound_by"] = bound(point["disk_gbps"])
     for run in point["runs"]:
-        run["efficiency"] = point["bound_ms"] / run["median_ms"]
+        if "disk_gbps" in run:          # each repeat against the disk on both sides of it
+            g = run["disk_gbps"]
+            run["bound_ms"] = [bound((g[i] + g[i + 1]) / 2)[0] for i in range(len(run["times_ms"]))]
+            run["efficiency"] = float(np.median([b / t for b, t in zip(run["bound_ms"], run["times_ms"])]))
+        else:
+            run["efficiency"] = point["bound_ms"] / run["median_ms"]
     point["codec_single_thread"] = {c: store.codec_speed(sample, c) for c in compress if c is not None}
     return point
 

@@ -259,11 +259,14 @@ def _disk_bench(args):
     peak = bench.peak_d2h_gbps()
     doc = {"machine": bench._machine(), "peak_d2h_gbps": peak, "repeats": args.repeats,
            "definition": "B = max(compute-only ms, bytes / peak pinned D2H, bytes / sustained disk write "
-                         "bandwidth); efficiency = B / median time of the run streamed to disk. The sustained "
-                         "disk bandwidth (disk_gbps) is the median of measurements made right after each "
-                         "uncompressed run: the run's bytes, in files of its chunk size, from as many writer "
-                         "threads, each fsync'ed (runs[].disk_gbps); disk_burst_gbps is a 256 MiB burst, "
-                         "reported only",
+                         "bandwidth). The sustained disk bandwidth is measured right before the first "
+                         "uncompressed run of a strategy and right after each one: the run's bytes, in files "
+                         "of its chunk size, from as many writer threads, each fsync'ed (runs[].disk_gbps). "
+                         "An uncompressed run's efficiency is the median over its repeats of B / time, each "
+                         "repeat's B with the mean of the measurements just before and after it "
+                         "(runs[].bound_ms); the point's disk_gbps and bound_ms take the median of all "
+                         "measurements, and a compressed run's efficiency is that B / its median time. "
+                         "disk_burst_gbps is a 256 MiB burst, reported only",
            "points": [bench.disk_point(n, nt, every, args.disk, strategies, repeats=args.repeats, peak_gbps=peak)
                       for n, nt, every in points]}
     for p in doc["points"]:

@@ -175,13 +175,16 @@ class CuptiTimer:
 
     def __init__(self):
         self.session = ActivitySession()
-        self.ops = []                  # (op, captured in a graph?) in queue order
+        # (kind, name, stream, level, nbytes, captured in a graph?) of each operation, in queue order
+        self.ops = []
         self._capturing = 0
 
     # -- observer calls --------------------------------------------------------
-    def op_queued(self, op):
-        if op.kind in _OP_CLASS:
-            self.ops.append((op, self._capturing > 0))
+    def op_noted(self, kind, name, stream, level, nbytes):
+        # All it needs of an operation: it asks for no Op, so none is built unless another
+        # observer (a sanitizer, say) reads one.
+        if kind in _OP_CLASS:
+            self.ops.append((kind, name, stream, level, nbytes, self._capturing > 0))
 
     def capture_started(self, stream):
         self._capturing += 1
@@ -213,16 +216,17 @@ class CuptiTimer:
         lanes in the order they were first used, and counts for the trace's meta."""
         ops_by_key, recs_by_key, tracks = {}, {}, []
         stream_ids = {}
-        for op, captured in self.ops:
-            if op.stream.name not in tracks:
-                tracks.append(op.stream.name)
+        for op in self.ops:
+            kind, _name, stream, _level, _nbytes, captured = op
+            if stream.name not in tracks:
+                tracks.append(stream.name)
             if captured:
-                key = ("graph", _OP_CLASS[op.kind])
+                key = ("graph", _OP_CLASS[kind])
             else:
-                ptr = op.stream.raw.ptr
+                ptr = stream.raw.ptr
                 if ptr not in stream_ids:
                     stream_ids[ptr] = _cupti_stream_id(self.session._cupti, ptr)
-                key = (stream_ids[ptr], _OP_CLASS[op.kind])
+                key = (stream_ids[ptr], _OP_CLASS[kind])
             ops_by_key.setdefault(key, []).append(op)
         for r in self.session.records:
             key = ("graph", r["cls"]) if r["graph_id"] else (r["stream_id"], r["cls"])
@@ -237,12 +241,12 @@ class CuptiTimer:
                 pairs = _match_stream(ops, sorted(recs, key=lambda r: r["start_ns"]))
             used = sum(len(rs) for _, rs in pairs)
             foreign += len(recs) - used
-            for op, rs in pairs:
+            for (kind, name, stream, level, nbytes, _), rs in pairs:
                 if not rs:
                     unmatched_ops += 1
                 for r in rs:
-                    events.append(TraceEvent(op.stream.name, op.kind, op.name, (r["start_ns"] - t0) / 1e6,
-                                             (r["end_ns"] - t0) / 1e6, op.nbytes, op.level))
+                    events.append(TraceEvent(stream.name, kind, name, (r["start_ns"] - t0) / 1e6,
+                                             (r["end_ns"] - t0) / 1e6, nbytes, level))
         foreign += sum(len(v) for v in recs_by_key.values())
         if unmatched_ops:
             warnings.warn(f"CUPTI delivered no record for {unmatched_ops} of {len(self.ops)} traced "
@@ -256,8 +260,9 @@ def _match_stream(ops, recs):
     """Pair the ops of one stream and kind with its records, both in queue order.
     Work the helper did not queue (plain CuPy calls inside the block) also
     leaves records; where kernels are in excess, keep those named like the op."""
-    if len(recs) > len(ops) and ops and ops[0].kind == "kernel":
-        recs = [r for r in recs if ops[0].name.split()[0] in r["name"]] or recs
+    kind, name = (ops[0][0], ops[0][1]) if ops else (None, "")
+    if len(recs) > len(ops) and kind == "kernel":
+        recs = [r for r in recs if name.split()[0] in r["name"]] or recs
     return [(op, [recs[i]] if i < len(recs) else []) for i, op in enumerate(ops)]
 
 

@@ -29,7 +29,7 @@ class GpuRuntime(Runtime):
 
     name = "gpu"
     modelled = False
-    needs_op = False     # CuPy queues from the cuda function or the cost's arrays alone
+    needs_op = False     # CuPy queues from the cuda function, the cost or launch()/copy_async() alone
     device_array_type = cupy.ndarray
 
     def __init__(self):
@@ -71,11 +71,10 @@ class GpuRuntime(Runtime):
     def new_event(self, timing):
         return cupy.cuda.Event(disable_timing=not timing)
 
-    def record(self, event, stream):
-        event.record(stream)
-
-    def wait_event(self, stream, event):
-        stream.wait_event(event)
+    # CuPy's own methods, taking (event, stream) and (stream, event) as the Runtime's do: a record
+    # or a wait is on every level of the loops, and this saves a Python call in each.
+    record = staticmethod(cupy.cuda.Event.record)
+    wait_event = staticmethod(cupy.cuda.Stream.wait_event)
 
     def stream_done(self, raw):
         return bool(raw.done)
@@ -100,15 +99,27 @@ class GpuRuntime(Runtime):
         if cuda is not None:
             cuda(stream)
         elif "copy" in cost:
-            kind, dst, src = cost["copy"], cost["dst"], cost["src"]
-            host = cost.get("host_ptr")     # the host side's address when the caller already read it
-            if host is None:
-                dst_ptr, src_ptr = _ptr(dst), _ptr(src)
-            else:
-                dst_ptr, src_ptr = (host, src.data.ptr) if kind == "D2H" else (dst.data.ptr, host)
-            self._rt.memcpyAsync(dst_ptr, src_ptr, src.nbytes, _MEMCPY_KIND[kind], stream.ptr)
+            self.copy_async(stream, cost["copy"], cost["dst"], cost["src"], cost.get("host_ptr"))
         else:
             self._rt.memsetAsync(_ptr(cost["dst"]), 0, cost["dst"].nbytes, stream.ptr)
+
+    def launch(self, stream, kernel_for, grid, block, args):
+        """Launch the ``RawKernel`` that ``kernel_for(stream)`` compiled for the raw ``stream``'s
+        device, as the work of :meth:`enqueue` or directly where no Op is built."""
+        # stream= queues on the stream without making it current (no ``with stream:``).
+        kernel_for(stream)(grid, block, args, stream=stream)
+
+    def copy_async(self, stream, kind, dst, src, host_ptr=None):
+        """Queue the copy ``src`` -> ``dst`` of ``kind`` ("D2H", "H2D" or "D2D") on the raw
+        ``stream``; ``host_ptr`` is the host side's address when the caller already read it.
+        The copy path of :meth:`enqueue`, called directly where no Op is built."""
+        if host_ptr is None:
+            dst_ptr, src_ptr = _ptr(dst), _ptr(src)
+        elif kind == "D2H":
+            dst_ptr, src_ptr = host_ptr, src.data.ptr
+        else:
+            dst_ptr, src_ptr = dst.data.ptr, host_ptr
+        self._rt.memcpyAsync(dst_ptr, src_ptr, src.nbytes, _MEMCPY_KIND[kind], stream.ptr)
 
     def host_func(self, stream, fn):
         stream.launch_host_func(lambda _arg: fn(), None)

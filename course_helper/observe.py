@@ -18,6 +18,12 @@ method of the same name (all are optional):
 ``op_issued(op)``
     the runtime has queued ``op`` (the timeline recorder brackets it with
     ``op_queued``).
+``op_noted(kind, name, stream, level, nbytes)``
+    an operation was queued: its kind, label, stream, level and bytes, as an
+    :class:`Op` would hold them. Announced for every operation, also where no
+    Op is built because no observer of the thread reads one (none has
+    ``op_queued`` or ``op_issued``). The CUPTI timer needs no more, so a
+    CUPTI-timed recording costs the loops little.
 ``event_recorded(stream, event)``
     ``event`` was recorded at the current end of ``stream``.
 ``event_waited(stream, event)``
@@ -41,7 +47,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-__all__ = ["Op", "add", "remove", "active", "notify", "watching", "observer_count"]
+__all__ = ["Op", "add", "remove", "active", "notify", "watching", "wants_ops", "observer_count", "listening",
+           "NOTIFICATIONS"]
+
+#: Every notification an observer may have a method for (see the module text).
+NOTIFICATIONS = ("op_queued", "op_issued", "op_noted", "event_recorded", "event_waited", "host_synced",
+                 "host_waited", "host_access", "capture_started", "capture_ended", "graph_launched")
 
 
 @dataclass(eq=False, slots=True)
@@ -63,11 +74,18 @@ class Op:
 
 _local = threading.local()
 _lock = threading.Lock()
-#: Observers of all threads together. Most runs have none at all; then watching() and notify()
-#: answer from this one number without reaching into the thread-local list, and the helper's
-#: most frequent calls (an event record, a wait) read it themselves before calling notify():
-#: a GPU loop's host cost is counted in microseconds per level.
+#: Observers of all threads together.
 observer_count = 0
+#: notification -> how many observers, of all threads together, have a method for it. Most runs
+#: have none at all, and a traced run has few; then notify() answers from this table without
+#: reaching into thread-local state, and the helper's most frequent calls (a kernel, a copy, an
+#: event record, a wait) read it themselves before describing their work: a GPU loop's host
+#: cost is counted in microseconds per level.
+listening = dict.fromkeys(NOTIFICATIONS, 0)
+
+
+def _heard_by(observer):
+    return tuple(what for what in NOTIFICATIONS if callable(getattr(observer, what, None)))
 
 
 def _observers():
@@ -87,9 +105,13 @@ def add(observer):
     global observer_count
     obs = _observers()
     if observer not in obs:
+        heard = _heard_by(observer)
         with _lock:
             obs.append(observer)
             observer_count += 1
+            for what in heard:
+                listening[what] += 1
+        _local.heard = {**getattr(_local, "heard", {}), id(observer): heard}
         _changed(obs)
     return observer
 
@@ -99,9 +121,12 @@ def remove(observer):
     global observer_count
     obs = _observers()
     if observer in obs:
+        heard = _local.heard.pop(id(observer))     # what add() counted, whatever changed since
         with _lock:
             obs.remove(observer)
             observer_count -= 1
+            for what in heard:
+                listening[what] -= 1
         _changed(obs)
 
 
@@ -115,16 +140,31 @@ def watching():
     return observer_count != 0 and bool(getattr(_local, "observers", None))
 
 
-def notify(what, *args):
-    """Call ``observer.<what>(*args)`` on every observer of this thread that has it."""
-    if not observer_count:                 # the common case: nobody watches anywhere, nothing to do
-        return
+def wants_ops():
+    """True when an observer of the calling thread reads :class:`Op` descriptions (it has
+    ``op_queued`` or ``op_issued``); otherwise work is queued without one (see ``op_noted``)."""
+    if not (listening["op_queued"] or listening["op_issued"]):
+        return False
+    return bool(_methods("op_queued") or _methods("op_issued"))
+
+
+def _methods(what):
+    """The bound methods ``what`` of this thread's observers (looked up once while they stay the same)."""
     methods = getattr(_local, "methods", None)      # notification -> the observers' bound methods
     if methods is None:            # this thread has no observers
-        return
+        return ()
     called = methods.get(what)
-    if called is None:             # looked up once per notification while the observers stay the same
+    if called is None:
         called = methods[what] = tuple(m for m in (getattr(o, what, None) for o in _local.observers)
                                        if m is not None)
-    for method in called:          # a tuple: an observer may remove itself while being called
-        method(*args)
+    return called
+
+
+def notify(what, *args):
+    """Call ``observer.<what>(*args)`` on every observer of this thread that has it."""
+    if not listening[what]:        # the common case: no observer anywhere has it, nothing to do
+        return
+    methods = getattr(_local, "methods", None)      # _methods(what), without a call: traced loops
+    called = methods.get(what) if methods is not None else ()       # notify on every level
+    for method in called if called is not None else _methods(what):
+        method(*args)              # a tuple: an observer may remove itself while being called

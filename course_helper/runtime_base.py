@@ -32,7 +32,7 @@ class Runtime:
     modelled = False     #: True when times are modelled, not measured
     device_label = ""    #: the device the times belong to, e.g. "NVIDIA H200" or "modelled H200"
     computes_data = True  #: False when a model predicts times only and skips the arithmetic
-    needs_op = True      #: False when ``enqueue`` never reads its ``op`` (then None may be passed)
+    needs_op = True      #: False when work can be queued without an ``op`` (see :meth:`launch`, :meth:`copy_async`)
     device_array_type = None   #: the exact type of this runtime's device arrays
 
     @contextlib.contextmanager
@@ -99,6 +99,16 @@ class Runtime:
         ``numpy(*outs)`` computes it on the CPU, writing its results into
         ``outs`` (arrays shaped like ``op.writes``). A runtime whose
         :attr:`needs_op` is False may be given None for ``op`` and ``numpy``."""
+        raise NotImplementedError
+
+    def launch(self, stream, kernel_for, grid, block, args):
+        """Launch the kernel ``kernel_for(stream)`` compiled for ``stream``'s device, directly:
+        what callers do instead of :meth:`enqueue` where :attr:`needs_op` is False."""
+        raise NotImplementedError
+
+    def copy_async(self, stream, kind, dst, src, host_ptr=None):
+        """Queue a copy ("D2H", "H2D" or "D2D") directly: what callers do instead of
+        :meth:`enqueue` where :attr:`needs_op` is False."""
         raise NotImplementedError
 
     def host_func(self, stream, fn):

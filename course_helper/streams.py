@@ -14,7 +14,6 @@ semantics. Both go through :mod:`course_helper.runtime`.
 """
 from __future__ import annotations
 
-import contextlib
 
 import threading
 
@@ -27,22 +26,31 @@ __all__ = ["Stream", "Event", "create_streams", "create_events", "default_stream
 _local = threading.local()
 
 
-@contextlib.contextmanager
-def host_wait(name):
-    """Time a host wait of the caller's own (an MPI barrier, a full ring of disk slots) for the
-    timelines: the observers hear ``host_waited(name, start, end)`` on the runtime's host clock."""
-    rt = runtime.get()
-    t0 = rt.host_ms()
-    try:
-        yield
-    finally:
-        observe.notify("host_waited", name, t0, rt.host_ms())
+class host_wait:
+    """``with host_wait(name): ...`` times a host wait of the caller's own (an MPI barrier, a full
+    ring of disk slots) for the timelines: the observers hear ``host_waited(name, start, end)``
+    on the runtime's host clock. (A class rather than a generator: a traced loop waits on every
+    level, and this costs a third as much.)"""
+
+    __slots__ = ("name", "runtime", "t0")
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.runtime = runtime.get()
+        self.t0 = self.runtime.host_ms()
+        return self
+
+    def __exit__(self, *exc):
+        observe.notify("host_waited", self.name, self.t0, self.runtime.host_ms())
+        return False
 
 
 def _host_wait(name, wait, target):
     """Make the host wait (``wait()``), then tell the observers how long it took and for what."""
-    if not observe.watching():       # nobody to tell: no clock readings, no context manager
-        wait()
+    if not (observe.listening["host_waited"] or observe.listening["host_synced"]):
+        wait()                       # nobody to tell: no clock readings, no context manager
         return
     with host_wait(name):
         wait()
@@ -90,8 +98,8 @@ class Stream:
         On the CPU backend, an exception raised by the stream's work is raised
         here, with its original traceback.
         """
-        if not observe.observer_count:      # nobody times the wait: no label, no clock readings
-            self.runtime.sync_stream(self.raw)
+        if not (observe.listening["host_waited"] or observe.listening["host_synced"]):
+            self.runtime.sync_stream(self.raw)    # nobody times the wait: no label, no clock readings
             return
         self.wait_for_host(f"wait for {self.name}")
 
@@ -108,7 +116,7 @@ class Stream:
         if not event.recorded:
             return      # as in CUDA, a never-recorded event counts as complete: nothing to wait for
         self.runtime.wait_event(self.raw, event.raw)
-        if observe.observer_count:
+        if observe.listening["event_waited"]:
             observe.notify("event_waited", self, event)
 
     def wait_stream(self, other):
@@ -186,7 +194,7 @@ class Event:
             _same_backend(stream, self)
         self.runtime.record(self.raw, stream.raw)
         self.recorded = True
-        if observe.observer_count:
+        if observe.listening["event_recorded"]:
             observe.notify("event_recorded", stream, self)
         return self
 

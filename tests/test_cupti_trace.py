@@ -4,12 +4,28 @@ import pytest
 
 import course_helper as ch
 from course_helper import cupti_trace, raw_cupy
-from course_helper.observe import Op
 
 
 class _S:
     def __init__(self, name):
         self.name = name
+
+
+def _noted(kind, name, stream, level):
+    """An operation as CuptiTimer.op_noted keeps it."""
+    return (kind, name, stream, level, 0, False)
+
+
+def test_the_timer_keeps_what_cupti_times_and_whether_a_graph_captured_it():
+    timer = object.__new__(cupti_trace.CuptiTimer)      # no CUPTI session: only the bookkeeping
+    timer.ops, timer._capturing = [], 0
+    assert not hasattr(timer, "op_queued")               # it reads no Op, so none is built for it
+    s = _S("io 1")
+    timer.op_noted("D2H", "D2H level 4", s, 4, 64)
+    timer.op_noted("host func", "log", s, None, 0)
+    timer._capturing = 1
+    timer.op_noted("kernel", "wave2d_4o level 9", s, 9, 0)
+    assert timer.ops == [("D2H", "D2H level 4", s, 4, 64, False), ("kernel", "wave2d_4o level 9", s, 9, 0, True)]
 
 
 def _rec(start, name="wave2d_4o", cls="kernel"):
@@ -46,17 +62,17 @@ def test_every_trace_names_its_clock(backend, monkeypatch):
 
 def test_stream_records_pair_in_queue_order_and_skip_foreign_kernels():
     s = _S("compute")
-    ops = [Op("kernel", f"wave2d_4o level {k}", s, k) for k in (2, 3)]
+    ops = [_noted("kernel", f"wave2d_4o level {k}", s, k) for k in (2, 3)]
     recs = [_rec(10), _rec(20, name="cupy_multiply"), _rec(30)]
     pairs = cupti_trace._match_stream(ops, recs)
-    assert [(op.level, [r["start_ns"] for r in rs]) for op, rs in pairs] == [(2, [10]), (3, [30])]
+    assert [(op[3], [r["start_ns"] for r in rs]) for op, rs in pairs] == [(2, [10]), (3, [30])]
     # fewer records than operations: the rest stay unmatched (and are reported)
     assert cupti_trace._match_stream(ops, recs[:1])[1][1] == []
 
 
 def test_graph_records_pair_in_start_order_per_replay():
     s = _S("io 0")
-    ops = [Op("D2H", f"D2H level {k}", s, k) for k in range(3)]
+    ops = [_noted("D2H", f"D2H level {k}", s, k) for k in range(3)]
     recs = [_rec(t, cls="DTOH") for t in (50, 10, 30, 40, 60, 20)]   # two replays, out of order
     pairs = cupti_trace._match_graph(ops, recs)
     assert [[r["start_ns"] for r in rs] for _, rs in pairs] == [[10, 40], [20, 50], [30, 60]]

@@ -88,3 +88,49 @@ def test_nothing_stays_observing_after_a_traced_or_checked_solve(backend):
         ch.solve(p, "events", **kwargs)
         assert observe.observer_count == 0, kwargs
         assert not observe.active()
+
+
+class OpReader:
+    def op_queued(self, op):
+        pass
+
+
+class WaitTimer:
+    def host_waited(self, name, t0, t1):
+        pass
+
+
+def test_the_helper_knows_which_notifications_anyone_listens_for(stream):
+    """Each notification is counted by the observers that have a method for it, so a call
+    nobody listens for is skipped; Ops are wanted only where an observer of this thread reads them."""
+    before = dict(observe.listening)
+    log, waits, reader = Log(), WaitTimer(), OpReader()
+    observe.add(log)
+    observe.add(waits)
+    try:
+        assert observe.listening["event_recorded"] == before["event_recorded"] + 1
+        assert observe.listening["host_waited"] == before["host_waited"] + 1
+        assert observe.listening["op_queued"] == before["op_queued"]
+        assert not observe.wants_ops()          # a trace timed by CUPTI is in this state: no Ops built
+        observe.add(reader)
+        assert observe.wants_ops()
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(observe.wants_ops()))
+        t.start()
+        t.join(10)
+        assert seen == [False]                  # another thread's reader does not make this one build Ops
+    finally:
+        for o in (log, waits, reader):
+            observe.remove(o)
+    assert observe.listening == before
+    assert not observe.wants_ops()
+
+
+def test_an_observer_is_uncounted_as_it_was_counted(stream):
+    """What remove() uncounts is what add() counted, even if the observer grew a method since."""
+    before = dict(observe.listening)
+    log = Log()
+    observe.add(log)
+    log.host_waited = lambda *a: None
+    observe.remove(log)
+    assert observe.listening == before

@@ -292,6 +292,22 @@ def test_disk_bench_point_reports_the_bound_with_the_disk(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_disk_bench_holds_each_run_against_the_disk_on_both_sides_of_it(tmp_path, monkeypatch):
+    """The disk is measured before the first raw run and after each; a run's B takes the mean
+    of the two measurements around it, and its efficiency is the median of B / time."""
+    from course_helper import bench
+    speeds = iter([1.0, 3.0, 1.0, 2.0, 5.0])          # GB/s: a burst, then before run 1, after 1, 2, 3
+    monkeypatch.setattr(bench, "disk_bandwidth", lambda *a: next(speeds))
+    point = bench.disk_point(48, 30, 1, tmp_path, strategies=("events",), compress=(None,), repeats=3)
+    run = point["runs"][0]
+    nbytes = point["output_bytes"]
+    assert run["disk_gbps"] == [3.0, 1.0, 2.0, 5.0] and point["disk_gbps"] == 2.5
+    disk_ms = [nbytes / (g * 1e9) * 1e3 for g in (2.0, 1.5, 3.5)]            # the means around each run
+    bounds = [max(d, point["compute_only_ms"], nbytes / point["peak_d2h_gbps"] / 1e6) for d in disk_ms]
+    assert run["bound_ms"] == pytest.approx(bounds)
+    assert run["efficiency"] == pytest.approx(np.median([b / t for b, t in zip(bounds, run["times_ms"])]))
+
+
 def test_a_chunk_that_fails_before_its_rename_leaves_no_file(tmp_path, monkeypatch):
     p = _problem()
     ref = ch.solve(p, "events", trace=False)
