@@ -87,3 +87,19 @@ def test_raw_loop_needs_the_gpu(backend):
     images, ms = raw_cupy.events_loop(p, every=3)
     assert ms > 0
     assert np.array_equal(images, ch.solve(p, "events", every=3, trace=False).images)
+
+
+def test_a_cupti_trace_builds_no_op_description(backend, monkeypatch):
+    """Timed by CUPTI, a traced loop queues its work as an untraced one does and only notes what
+    it queued (op_noted); the modelled GPU runs from Op descriptions, so there every op has one."""
+    from course_helper import observe
+    built, real_op = [], observe.Op
+    monkeypatch.setattr(observe, "Op", lambda *a, **k: built.append(a[0]) or real_op(*a, **k))
+    p = ch.WaveProblem(n0=32, n1=32, nt=12)
+    t = ch.solve(p, "events", trace=True).trace
+    kernels = [e for e in t.events if e.kind == "kernel"]
+    assert [e.level for e in kernels] == list(range(2, p.nt))
+    if t.timing == "CUPTI":
+        assert built == []
+    else:
+        assert built.count("kernel") == p.nt - 2 and built.count("D2H") == p.nt
