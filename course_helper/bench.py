@@ -141,16 +141,15 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
         point["skipped"] = reason
         return point
     point.update(physical_limit(problem, every, peak_gbps, repeats))
-    raw_row = backend_name() == "gpu"                    # the plain-CuPy loop is compared with these images
-    timed = time_strategies(problem, order, repeats, every, keep_reference=raw_row)
-    reference = timed["sequential"].pop("images", None)
+    # On a GPU the events loop in plain CuPy is the reference row: it takes its turn with the
+    # strategies (the helper's overhead is the gap), before any traced (CUPTI) run.
+    also = {"raw-cupy-events": lambda: raw_cupy.events_loop(problem, every)} if backend_name() == "gpu" else None
+    timed = time_strategies(problem, order, repeats, every, also=also)
     point["strategies"] = {
         name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
                "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0, "speedup": t["speedup"]}
         for name, t in timed.items()}
-    if raw_row:      # next to the untraced runs, before any traced (CUPTI) one
-        point["strategies"]["raw-cupy-events"] = _raw_cupy_row(problem, every, repeats, point, reference)
     if trace_cost:
         add_trace_cost(point, order, repeats)
     return point
@@ -179,20 +178,6 @@ def _trace_cost(problem, name, every, repeats, untraced_ms):
     runs = [solve(problem, name, every=every, trace=True) for _ in range(min(3, repeats))]
     traced = float(np.median([r.elapsed_ms for r in runs]))
     return {"traced_ms": traced, "trace_overhead": traced / untraced_ms, "trace_timing": runs[-1].trace.timing}
-
-
-def _raw_cupy_row(problem, every, repeats, point, reference):
-    """The reference row: the events loop in plain CuPy (the helper's overhead is the gap),
-    its images compared with the sequential loop's ``reference``."""
-    raw_cupy.events_loop(problem, every)                                         # warm-up
-    times = []
-    for _ in range(repeats):
-        images, ms = raw_cupy.events_loop(problem, every)
-        times.append(ms)
-    med = float(np.median(times))
-    return {"times_ms": times, "median_ms": med, "min_ms": float(min(times)), "max_ms": float(max(times)),
-            "efficiency": point["bound_ms"] / med, "identical_to_sequential": bool(np.array_equal(images, reference)),
-            "speedup": point["strategies"]["sequential"]["median_ms"] / med}
 
 
 #: (n, nt, every) of the disk points: about 1.3 GB of output each.

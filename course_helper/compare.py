@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import checks, runtime
-from .solver import STRATEGIES, solve
+from .solver import STRATEGIES, solve, stack_difference
 from .wave import WaveProblem
 
 __all__ = ["compare_strategies", "Comparison", "time_strategies", "baseline_first"]
@@ -31,44 +31,62 @@ def _nscratch_for(name, nscratch):
     return nscratch if STRATEGIES[name].max_nscratch is None else None
 
 
-def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None, keep_reference=False):
-    """Time each strategy on ``problem``: one untimed warm-up solve (kernel loading, pinned
-    pool), then ``repeats`` timed solves, untraced.
+def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None, keep_reference=False,
+                    also=None):
+    """Time each strategy on ``problem``: one untimed warm-up solve each (kernel loading,
+    pinned pool), then ``repeats`` rounds of timed solves, untraced.
 
-    The sequential strategy always runs first, as the baseline. ``nscratch`` goes
-    to the strategies that can use a chosen number of scratch buffers.
+    The strategies take turns: every round runs each of them once, the sequential
+    strategy (the baseline) first. A host whose speed drifts during the measurement
+    (clock ramps, other work on the machine) then slows them alike, instead of the
+    strategies that happened to run during a slow spell. ``nscratch`` goes to the
+    strategies that can use a chosen number of scratch buffers. ``also`` maps more row
+    names to functions returning ``(images, elapsed_ms)`` (the benchmark's plain-CuPy
+    loop), timed in the same turns and compared with the same reference.
 
     Returns ``{name: {"times_ms", "median_ms", "min_ms", "max_ms", "speedup",
     "max_diff"}}``: ``speedup`` is the sequential median over this median,
-    ``max_diff`` the largest difference of the last run's images from the
+    ``max_diff`` the largest difference of the last round's images from the
     sequential ones (0.0: identical; None where a modelled GPU predicted the
     times only and computed no images). With ``keep_reference`` the sequential
     row also holds those reference images, under ``"images"``.
     """
     order = baseline_first(strategies)
     repeats = checks.positive_int("repeats", repeats)
+    runs = {name: _solver(problem, name, every, _nscratch_for(name, nscratch)) for name in order}
+    runs.update(also or {})
+    for run in runs.values():
+        run()                                               # warm-up
+    times = {name: [] for name in runs}
     rows, reference = {}, None
-    for name in order:
-        ns = _nscratch_for(name, nscratch)
-        solve(problem, name, every=every, nscratch=ns, trace=False)       # warm-up
-        times = []
-        for i in range(repeats):
-            last = solve(problem, name, every=every, nscratch=ns, trace=False)
-            times.append(last.elapsed_ms)
+    computed = runtime.get().computes_data      # False: times predicted only, no images
+    for i in range(repeats):
+        for name, run in runs.items():
+            images, ms = run()
+            times[name].append(ms)
+            if i == repeats - 1:                # the last round: compare, one output stack at a time
+                if reference is None and computed:
+                    reference = images
+                rows[name] = {"max_diff": stack_difference(images, reference) if computed else None}
+            del images
             if progress is not None:
                 progress(name, i)
-        computed = runtime.get().computes_data      # False: times predicted only, no images
-        if reference is None and computed:
-            reference = last.images
-        rows[name] = {"times_ms": times, "median_ms": float(np.median(times)), "min_ms": float(min(times)),
-                      "max_ms": float(max(times)), "max_diff": last.max_difference(reference) if computed else None}
-        del last                      # one output stack at a time besides the reference
-    base = rows["sequential"]["median_ms"]
-    for r in rows.values():
-        r["speedup"] = base / r["median_ms"]
+    base = float(np.median(times["sequential"]))
+    for name, row in rows.items():
+        t = times[name]
+        row.update(times_ms=t, median_ms=float(np.median(t)), min_ms=float(min(t)), max_ms=float(max(t)),
+                   speedup=base / float(np.median(t)))
     if keep_reference:
         rows["sequential"]["images"] = reference
-    return rows
+    return {name: rows[name] for name in runs}
+
+
+def _solver(problem, name, every, nscratch):
+    """A function solving ``problem`` untraced with strategy ``name``: ``(images, elapsed_ms)``."""
+    def run():
+        r = solve(problem, name, every=every, nscratch=nscratch, trace=False)
+        return r.images, r.elapsed_ms
+    return run
 
 
 class Comparison:

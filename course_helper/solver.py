@@ -163,17 +163,21 @@ class Result:
 
     def max_difference(self, other):
         """Largest absolute difference from another Result (or image stack)."""
-        b = other.images if isinstance(other, Result) else np.asarray(other)
-        if b.shape != self.images.shape:
-            raise ValueError(f"cannot compare stacks of shapes {self.images.shape} and {b.shape}")
-        # One slice at a time: a float64 copy of a whole large stack would double its memory.
-        return max((float(np.max(np.abs(a.astype(np.float64) - c))) for a, c in zip(self.images, b)),
-                   default=0.0)
+        return stack_difference(self.images, other.images if isinstance(other, Result) else other)
 
     def __repr__(self):
         clock = f" {self.time_label}" if self.time_label else ""
         return (f"<Result {self.strategy!r} on {self.backend}: {len(self.levels)} levels of "
                 f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms{clock}>")
+
+
+def stack_difference(images, other):
+    """Largest absolute difference between two stacks of saved levels of the same shape."""
+    b = np.asarray(other)
+    if b.shape != images.shape:
+        raise ValueError(f"cannot compare stacks of shapes {images.shape} and {b.shape}")
+    # One slice at a time: a float64 copy of a whole large stack would double its memory.
+    return max((float(np.max(np.abs(a.astype(np.float64) - c))) for a, c in zip(images, b)), default=0.0)
 
 
 def default_batch(problem):

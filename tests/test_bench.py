@@ -94,6 +94,21 @@ def test_timing_can_hand_back_the_sequential_reference(backend):
     assert "images" not in time_strategies(p, ["events"], repeats=1)["sequential"]
 
 
+def test_strategies_take_turns_and_extra_rows_are_timed_alike(backend):
+    """Each round runs every strategy once, so a host that slows down part-way slows them all;
+    an extra row (the benchmark's plain-CuPy loop) takes its turn and is compared the same way."""
+    from course_helper.compare import time_strategies
+    p = ch.WaveProblem(24, 24, nt=12)
+    turns, reference = [], ch.solve(p, "sequential", trace=False).images
+    extra = {"same": lambda: (reference.copy(), 2.0), "off": lambda: (reference + 1, 4.0)}
+    rows = time_strategies(p, ["events"], repeats=2, also=extra, progress=lambda name, i: turns.append((name, i)))
+    assert turns == [(name, i) for i in range(2) for name in ("sequential", "events", "same", "off")]
+    assert rows["same"]["times_ms"] == [2.0, 2.0] and rows["off"]["median_ms"] == 4.0
+    if ch.runtime.get().computes_data:
+        assert rows["events"]["max_diff"] == rows["same"]["max_diff"] == 0.0 and rows["off"]["max_diff"] == pytest.approx(1.0, abs=1e-6)
+    assert rows["same"]["speedup"] == pytest.approx(rows["sequential"]["median_ms"] / 2.0)
+
+
 def test_the_sweep_times_every_untraced_run_before_any_traced_one(backend, monkeypatch):
     """A CUPTI recording leaves the process slower, so no point's untraced runs may follow a
     traced run: the sweep reports both passes, untraced first for every point."""
