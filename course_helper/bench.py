@@ -161,7 +161,7 @@ def add_trace_cost(point, strategies, repeats=5):
     the traces.
 
     Run it after every untraced measurement of the process: on the H200, plain CuPy and the
-    helper alike ran about 5% slower at 256² for the rest of the process once a CUPTI
+    helper alike ran 5-11% slower at 256² for the rest of the process once a CUPTI
     recording had been made (``benchmarks/host_cost.json``)."""
     if "strategies" not in point:
         return point
