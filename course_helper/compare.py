@@ -31,8 +31,7 @@ def _nscratch_for(name, nscratch):
     return nscratch if STRATEGIES[name].max_nscratch is None else None
 
 
-def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None, keep_reference=False,
-                    also=None):
+def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None, also=None):
     """Time each strategy on ``problem``: one untimed warm-up solve each (kernel loading,
     pinned pool), then ``repeats`` rounds of timed solves, untraced.
 
@@ -48,8 +47,7 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
     "max_diff"}}``: ``speedup`` is the sequential median over this median,
     ``max_diff`` the largest difference of the last round's images from the
     sequential ones (0.0: identical; None where a modelled GPU predicted the
-    times only and computed no images). With ``keep_reference`` the sequential
-    row also holds those reference images, under ``"images"``.
+    times only and computed no images).
     """
     order = baseline_first(strategies)
     repeats = checks.positive_int("repeats", repeats)
@@ -65,9 +63,13 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
             images, ms = run()
             times[name].append(ms)
             if i == repeats - 1:                # the last round: compare, one output stack at a time
-                if reference is None and computed:
-                    reference = images
-                rows[name] = {"max_diff": stack_difference(images, reference) if computed else None}
+                if not computed:
+                    diff = None
+                elif reference is None:         # the baseline runs first: the reference itself
+                    reference, diff = images, 0.0
+                else:
+                    diff = stack_difference(images, reference)
+                rows[name] = {"max_diff": diff}
             del images
             if progress is not None:
                 progress(name, i)
@@ -76,8 +78,6 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
         t = times[name]
         row.update(times_ms=t, median_ms=float(np.median(t)), min_ms=float(min(t)), max_ms=float(max(t)),
                    speedup=base / float(np.median(t)))
-    if keep_reference:
-        rows["sequential"]["images"] = reference
     return {name: rows[name] for name in runs}
 
 

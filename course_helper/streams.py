@@ -14,7 +14,6 @@ semantics. Both go through :mod:`course_helper.runtime`.
 """
 from __future__ import annotations
 
-
 import threading
 
 from . import checks, observe, runtime

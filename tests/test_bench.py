@@ -86,14 +86,6 @@ def test_bench_plot_labels_are_readable(cpu):
     plt.close(fig)
 
 
-def test_timing_can_hand_back_the_sequential_reference(backend):
-    from course_helper.compare import time_strategies
-    p = ch.WaveProblem(24, 24, nt=12)
-    rows = time_strategies(p, ["events"], repeats=1, keep_reference=True)
-    assert np.array_equal(rows["sequential"]["images"], ch.solve(p, "sequential", trace=False).images)
-    assert "images" not in time_strategies(p, ["events"], repeats=1)["sequential"]
-
-
 def test_strategies_take_turns_and_extra_rows_are_timed_alike(backend):
     """Each round runs every strategy once, so a host that slows down part-way slows them all;
     an extra row (the benchmark's plain-CuPy loop) takes its turn and is compared the same way."""
