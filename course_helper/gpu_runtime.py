@@ -145,6 +145,11 @@ class GpuRuntime(Runtime):
         except Exception:  # noqa: BLE001 - the capture is being abandoned after an error
             pass
 
+    def upload_graph(self, graph, stream):
+        # cudaGraphUpload: the first launch of a fresh graph otherwise sets up its device
+        # work itself, more so while CUPTI traces it.
+        graph.upload(stream)
+
     def launch_graph(self, graph, stream):
         graph.launch(stream)
 

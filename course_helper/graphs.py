@@ -33,6 +33,13 @@ class Graph:
         self.raw = raw
         self.stream = stream
 
+    def upload(self, stream=None):
+        """Prepare the replay on ``stream`` (default: the capture stream) ahead of the first
+        :meth:`launch`, which then does not pay for it (``cudaGraphUpload``). Asynchronous,
+        like a launch; ``solve`` uploads right after the capture, outside the timed replay."""
+        stream = self.stream if stream is None else streams.resolve(stream)
+        stream.runtime.upload_graph(self.raw, stream.raw)
+
     def launch(self, stream=None):
         """Replay the whole captured loop on ``stream`` (default: the capture stream)."""
         stream = self.stream if stream is None else streams.resolve(stream)

@@ -612,9 +612,9 @@ class ModelRuntime(Runtime):
         (the lane's own: the lanes' latencies overlap) + bytes / bandwidth (shared with the other
         lanes' writes, as copies share a link).
 
-        ``encode()`` is called when the write begins (the copy has landed) and returns a tuple
-        whose first item is the bytes to write; a writer thread gets the tuple from the returned
-        :class:`DiskWrite`'s ``result()`` and writes the real file. Nothing that thread does
+        ``encode()`` is called when the write begins (the copy has landed) and returns the
+        bytes to write; a writer thread gets them from the returned :class:`DiskWrite`'s
+        ``result()`` and writes the real file. Nothing that thread does
         moves the model's clocks. Queuing costs the host nothing (no GPU API call)."""
         spec = self.profile.get("disk")
         if spec is None:
@@ -634,7 +634,7 @@ class ModelRuntime(Runtime):
                 if after.task is not None and after.task.error is not None:
                     raise after.task.error                          # the copy failed: nothing to write
                 write._result = encode()
-                write.task.remaining = float(memoryview(write._result[0]).nbytes)   # the bytes the file holds
+                write.task.remaining = float(memoryview(write._result).nbytes)   # the bytes the file holds
             except BaseException as exc:  # noqa: BLE001 - handed to the writer thread
                 write._error = exc
             finally:

@@ -127,6 +127,10 @@ class Runtime:
     def abort_capture(self, stream):
         raise NotImplementedError
 
+    def upload_graph(self, graph, stream):
+        """Prepare ``graph``'s replay on ``stream`` ahead of its first launch; by default
+        there is nothing to prepare."""
+
     def launch_graph(self, graph, stream):
         raise NotImplementedError
 

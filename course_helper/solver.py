@@ -424,6 +424,8 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         if entry.graph:
             t0 = rt.host_ms()
             graph = capture_loop(entry.loop, run)         # capture: records, runs nothing
+            graph.upload()                                # and set up, ready to replay
+            synchronize()
             capture_ms = rt.host_ms() - t0
             t0 = rt.host_ms()
             graph.launch()                                # the timed part: one replay

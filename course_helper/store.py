@@ -12,10 +12,14 @@ sends every saved level through a three-stage pipeline::
   into that slot has been queued, an event is recorded after it and the slot
   is passed to a writer thread.
 * A writer thread waits for that event, encodes the slot as one chunk (one
-  level, or one staging batch) of the Zarr array ``u`` with the array's codecs,
-  writes the chunk's file and frees the slot. A flags thread then marks those
+  level, or one staging batch) of the Zarr array ``u`` with the array's codecs
+  and writes the chunk's file. Meanwhile a peaks thread reads each level's
+  largest amplitude from the same slot (for the viewer's colour scale); the
+  slot is free again when both are done. A flags thread then marks those
   levels in the boolean array ``complete`` (and their ``peak``), a few times a
-  second: the writers' per-chunk work is the chunk alone.
+  second: the writers' per-chunk work is the chunk's file alone. (Taking the
+  peaks on the writer's own path cost 0.6 ms per 4 MiB chunk on the H200
+  machine, during which that writer left the disk idle: about 6% of its time.)
 * Host memory is the ring, whatever ``nt`` is: ``nslots`` slots of one chunk.
 
 Ring size. In steady state the pipeline runs at its slowest stage: a slot is
@@ -329,10 +333,15 @@ class DiskSink:
         self._landed = np.zeros(self.nsaved, bool)                 # what the flags thread writes
         self._peak = np.full(self.nsaved, np.nan, np.float32)
         self._dirty, self._stop = threading.Event(), threading.Event()
+        self._readers = [0] * len(self.ring.slots)     # threads still reading each slot (writer, peaks)
+        self._written = [False] * len(self.ring.slots)  # whether each slot's chunk reached its file
+        self._peaked = [False] * len(self.ring.slots)   # and whether its peaks were taken
+        self._peaks_queue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self.writer, args=(f"disk {i}",), name=f"disk writer {i}",
                                           daemon=True) for i in range(writers)]
+        self._peaker = threading.Thread(target=self.peaker, name="disk peaks", daemon=True)
         self._flagger = threading.Thread(target=self.flagger, name="disk flags", daemon=True)
-        for t in (*self._threads, self._flagger):
+        for t in (*self._threads, self._peaker, self._flagger):
             t.start()
 
     # -- the solving thread ------------------------------------------------
@@ -398,6 +407,8 @@ class DiskSink:
             self._queue.put(None)
         for t in self._threads:
             t.join()
+        self._peaks_queue.put(None)
+        self._peaker.join()
         self._stop.set()
         self._dirty.set()
         self._flagger.join()
@@ -421,12 +432,17 @@ class DiskSink:
             if item is None:
                 return
             first, n, s, done, modelled = item
+            with self._lock:
+                self._readers[s], self._written[s], self._peaked[s] = 1, False, False
             try:
                 if modelled is None:
                     done.synchronize()            # the copy into the slot has landed
-                    payload, peak = self._encoded(s, n)
+                    payload = self._encoded(s, n)
                 else:
-                    payload, peak = modelled.result()    # encoded when its modelled write began
+                    payload = modelled.result()   # encoded when its modelled write began
+                with self._lock:
+                    self._readers[s] += 1
+                self._peaks_queue.put((first, n, s))   # read while this thread writes the file
                 if self._error is None:
                     t0 = runtime.host_ms() if modelled is None else None
                     self._write_chunk(first, payload)
@@ -434,24 +450,53 @@ class DiskSink:
                     with self._lock:
                         self._intervals.append((first, lane if modelled is None else modelled.lane,
                                                 n * self.ring.slots[s][0].nbytes, times))
-                        self._landed[first:first + n] = True
-                        self._peak[first:first + n] = peak
-                    self._dirty.set()
+                        self._written[s] = True
             except BaseException as exc:  # noqa: BLE001 - handed to the solving thread
                 with self._lock:
                     if self._error is None:
                         self._error = _disk_error(exc, self.path, first, self.every)
             finally:
-                self.ring.free[s].set()
+                self._release(s, first, n)
+
+    def peaker(self):
+        """Take each handed slot's peaks (largest |u| per level) while its writer writes it."""
+        while True:
+            item = self._peaks_queue.get()
+            if item is None:
+                return
+            first, n, s = item
+            try:
+                peak = _peaks(self.ring.slots[s][:n])
+                with self._lock:
+                    self._peak[first:first + n] = peak
+                    self._peaked[s] = True
+            except BaseException as exc:  # noqa: BLE001 - handed to the solving thread; keep serving
+                with self._lock:
+                    self._error = self._error or exc
+            finally:
+                self._release(s, first, n)
+
+    def _release(self, s, first, n):
+        """A reader of slot ``s`` (its writer or the peaks thread) is done. After the last one the
+        chunk's levels count as landed if its file was written and its peaks taken, and the slot
+        is free again."""
+        with self._lock:
+            self._readers[s] -= 1
+            if self._readers[s]:
+                return
+            if self._written[s] and self._peaked[s]:
+                self._landed[first:first + n] = True
+        self._dirty.set()
+        self.ring.free[s].set()
 
     def _encoded(self, s, n):
-        """The file's bytes of the chunk in slot ``s`` (its first ``n`` levels) and their peaks.
+        """The file's bytes of the chunk in slot ``s`` (its first ``n`` levels).
         The array's last chunk may hold fewer levels: its file holds a whole chunk all the same
         (Zarr's rule), the levels past the end being the fill value."""
         block = self.ring.slots[s][:n]
         if n < self.ring.chunk:
             block = np.concatenate([block, np.full((self.ring.chunk - n, *block.shape[1:]), np.nan, np.float32)])
-        return self._encode(block), _peaks(block[:n])
+        return self._encode(block)
 
     def _write_chunk(self, first, payload):
         """The chunk's file, whole or absent: written under a temporary name, fsync'ed, renamed."""

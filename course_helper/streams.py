@@ -46,13 +46,17 @@ class host_wait:
         return False
 
 
-def _host_wait(name, wait, target):
-    """Make the host wait (``wait()``), then tell the observers how long it took and for what."""
+def _host_wait(rt, name, target, sync, raw):
+    """Make the host wait (``sync(raw)``: ``rt``'s sync_stream or sync_event), then tell the
+    observers how long it took (``host_waited``) and for what (``host_synced``)."""
     if not (observe.listening["host_waited"] or observe.listening["host_synced"]):
-        wait()                       # nobody to tell: no clock readings, no context manager
+        sync(raw)                    # nobody to tell: no clock readings
         return
-    with host_wait(name):
-        wait()
+    t0 = rt.host_ms()                # as host_wait does, without a context manager (every level)
+    try:
+        sync(raw)
+    finally:
+        observe.notify("host_waited", name, t0, rt.host_ms())
     observe.notify("host_synced", target)
 
 
@@ -104,7 +108,7 @@ class Stream:
 
     def wait_for_host(self, name):
         """:meth:`synchronize`, labelled ``name`` on timelines (e.g. "blocking copy")."""
-        _host_wait(name, lambda: self.runtime.sync_stream(self.raw), self)
+        _host_wait(self.runtime, name, self, self.runtime.sync_stream, self.raw)
 
     def wait_event(self, event):
         """Make later work on this stream wait until ``event`` completes (the host does not wait)."""
@@ -199,7 +203,7 @@ class Event:
 
     def synchronize(self):
         """Block the host until the work before the event's latest record has finished."""
-        _host_wait("wait for event", lambda: self.runtime.sync_event(self.raw), self)
+        _host_wait(self.runtime, "wait for event", self, self.runtime.sync_event, self.raw)
 
     def query(self):
         """True when the event has completed (or was never recorded); never blocks."""

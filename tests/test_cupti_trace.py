@@ -103,3 +103,17 @@ def test_a_cupti_trace_builds_no_op_description(backend, monkeypatch):
         assert built == []
     else:
         assert built.count("kernel") == p.nt - 2 and built.count("D2H") == p.nt
+
+
+def test_a_cupti_trace_leaves_out_its_own_set_up_launch(backend):
+    """A CUPTI recording starts with a launch of its own (CUPTI's kernel tracing is set up at a
+    session's first launch, untimed): that launch is in no trace, and the loop's kernels all are."""
+    if not cupti_trace.available()[0]:
+        pytest.skip("needs CUPTI: " + cupti_trace.available()[1])
+    with ch.tracing() as t:
+        pass
+    assert t.trace.events == [] and t.trace.meta["cupti_records"] == 0
+    p = ch.WaveProblem(n0=32, n1=32, nt=12)
+    tr = ch.solve(p, "events").trace
+    assert tr.meta["cupti_other_records"] == 0 and tr.meta["cupti_unmatched_ops"] == 0
+    assert [e.level for e in tr.events if e.kind == "kernel"] == list(range(2, p.nt))

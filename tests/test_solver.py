@@ -266,6 +266,20 @@ def test_graph_replays_are_identical_only_with_the_reset(backend, small):
     assert not np.array_equal(run.images, base), "a replay without reset should start from stale levels"
 
 
+@pytest.mark.parametrize("strategy", GRAPHS)
+def test_a_graph_is_set_up_before_its_timed_replay(backend, small, strategy, monkeypatch):
+    """solve uploads the captured graph (cudaGraphUpload) before the clock starts, so the one
+    timed launch does not set it up; an uploaded graph replays to the same answer."""
+    calls, graph_cls = [], ch.graphs.Graph
+    for verb in ("upload", "launch"):
+        real = getattr(graph_cls, verb)
+        monkeypatch.setattr(graph_cls, verb, lambda self, stream=None, _v=verb, _r=real:
+                            calls.append(_v) or _r(self, stream))
+    r = ch.solve(small, strategy, trace=False)
+    assert calls == ["upload", "launch"]
+    assert np.array_equal(r.images, ch.solve(small, "sequential", trace=False).images)
+
+
 def test_prepare_builds_what_the_registry_declares(backend, small):
     for name in solver.available_strategies():
         entry = ch.STRATEGIES[name]

@@ -44,6 +44,7 @@ def test_store_equals_in_memory_result(tmp_path, strategy, every, compress):
     assert np.allclose(stored.times_ms, ref.times_ms)
     assert stored.attrs["dt_s"] == p.dt and stored.attrs["every"] == every
     assert stored.peak_amplitude() == pytest.approx(float(np.abs(ref.images).max()))
+    assert np.array_equal(stored.group["peak"][:], np.abs(ref.images).max(axis=(1, 2)))   # level by level
 
 
 def test_store_is_an_xarray_dataset_with_coordinates(tmp_path):
@@ -306,6 +307,27 @@ def test_disk_bench_holds_each_run_against_the_disk_on_both_sides_of_it(tmp_path
     bounds = [max(d, point["compute_only_ms"], nbytes / point["peak_d2h_gbps"] / 1e6) for d in disk_ms]
     assert run["bound_ms"] == pytest.approx(bounds)
     assert run["efficiency"] == pytest.approx(np.median([b / t for b, t in zip(bounds, run["times_ms"])]))
+
+
+def test_a_failing_peaks_thread_stops_the_run_and_flags_nothing_it_missed(tmp_path, monkeypatch):
+    """The peaks are taken beside the writers; if that fails, the run raises (it does not wait
+    forever for the slot) and no level without its peak is flagged complete."""
+    real = disk._peaks
+    calls = []
+
+    def flaky(block):
+        calls.append(1)
+        if len(calls) == 3:
+            raise MemoryError("no memory for the peaks")
+        return real(block)
+
+    monkeypatch.setattr(disk, "_peaks", flaky)
+    with pytest.raises(MemoryError, match="no memory for the peaks"):
+        ch.solve(_problem(), "events", trace=False, store=tmp_path / "s.zarr")
+    stored = disk.open_store(tmp_path / "s.zarr")
+    peak = stored.group["peak"][:]
+    assert stored.complete.any() and not stored.complete.all()
+    assert np.isfinite(peak[stored.complete[:]]).all()
 
 
 def test_a_chunk_that_fails_before_its_rename_leaves_no_file(tmp_path, monkeypatch):
