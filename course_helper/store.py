@@ -245,8 +245,14 @@ class Ring:
     """What a loop sees as ``run.images`` when the run streams to disk.
 
     ``ring[k]`` (or ``ring[first:stop]`` for a staging batch within one chunk)
-    is a view of a free slot; the host waits only while that slot is still
-    being written to the disk.
+    is a view of a free slot; the host waits only while no slot is free.
+
+    Which slot: on a GPU, whichever is free first. The writers' fsyncs finish
+    out of order, and waiting for one particular slot (the oldest) while
+    others were free left about a quarter of a writer idle during the host's
+    waits on the H200 machine. In modelled time, equal chunks finish their
+    writes in turn, so the chunks take the slots in turn and the timeline is
+    the same on every run.
     """
 
     def __init__(self, sink, nsaved, chunk, shape, nslots, pinned):
@@ -258,6 +264,7 @@ class Ring:
         self.free = [threading.Event() for _ in range(nslots)]
         for f in self.free:
             f.set()
+        self.freed = threading.Condition()   # notified whenever a slot becomes free
         self.first = [None] * nslots       # first level index held by each slot
         self.modelled = [None] * nslots    # CPU backend: the modelled disk write of each slot's chunk
 
@@ -284,12 +291,23 @@ class Ring:
 
     def __getitem__(self, key):
         first, stop = self._span(key)
-        s = (first // self.chunk) % len(self.slots)       # chunks take the slots in turn
-        self.sink.wait_for_slot(s)
+        s = self.sink.take_slot(first // self.chunk)      # the host waits here if the ring is full
         self.free[s].clear()                              # taken until a writer has written it
         self.first[s] = first
         j = first % self.chunk
         return self.slots[s][j] if not isinstance(key, slice) else self.slots[s][j:j + stop - first]
+
+    def release(self, s):
+        """Slot ``s`` is free again (its chunk is on the disk)."""
+        with self.freed:
+            self.free[s].set()
+            self.freed.notify_all()
+
+    def a_free_slot(self, timeout=None):
+        """The index of a free slot, or None if none became free within ``timeout`` seconds."""
+        with self.freed:
+            self.freed.wait_for(lambda: any(f.is_set() for f in self.free), timeout)
+            return next((s for s, f in enumerate(self.free) if f.is_set()), None)
 
     def slot_of(self, array):
         """Index of the slot ``array`` lies in (None if it is not a slot view)."""
@@ -365,21 +383,29 @@ class DiskSink:
             self.ring.modelled[s] = modelled
         self._queue.put((first, n, s, done, modelled))
 
-    def wait_for_slot(self, s):
-        """The host waits until slot ``s`` is free (its previous chunk is on the disk)."""
-        free, modelled = self.ring.free[s], self.ring.modelled[s]
+    def take_slot(self, chunk):
+        """A free slot for chunk number ``chunk``; the host waits while the ring is full."""
+        ring = self.ring
+        if self._model is None:
+            s = ring.a_free_slot(timeout=0)
+            if s is None:
+                # Every slot's chunk is still on its way to the disk: the host waits here, and the
+                # device runs on through the work already queued. Nothing is dropped.
+                with streams.host_wait("wait for disk (ring full)"):
+                    while (s := ring.a_free_slot(timeout=0.05)) is None:
+                        self.raise_error()           # a writer failed: stop instead of waiting forever
+            self.raise_error()
+            return s
+        s = chunk % len(ring.slots)           # modelled: equal writes end in turn, so the oldest slot
+        modelled = ring.modelled[s]           # is the first free one
         if modelled is not None and not modelled.done:
             # Modelled time: the host clock moves to the end of the slot's modelled write.
             with streams.host_wait("wait for disk (ring full)"):
                 self._model.disk_wait(modelled)
-        if not free.is_set():
-            # The slot's previous chunk is not on the disk yet: the host waits here, and the
-            # device runs on through the work already queued. Nothing is dropped. (On the CPU
-            # backend the modelled write is over; this waits for the real file, in real time only.)
-            with streams.host_wait("wait for disk (ring full)") if modelled is None else contextlib.nullcontext():
-                while not free.wait(0.05):
-                    self.raise_error()           # a writer failed: stop instead of waiting forever
+        while not ring.free[s].wait(0.05):    # the real file, in real time only: the model's
+            self.raise_error()                # clocks do not move
         self.raise_error()
+        return s
 
     def raise_error(self):
         if self._error is not None:
@@ -487,7 +513,7 @@ class DiskSink:
             if self._written[s] and self._peaked[s]:
                 self._landed[first:first + n] = True
         self._dirty.set()
-        self.ring.free[s].set()
+        self.ring.release(s)
 
     def _encoded(self, s, n):
         """The file's bytes of the chunk in slot ``s`` (its first ``n`` levels).
