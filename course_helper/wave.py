@@ -312,14 +312,21 @@ def launch_once_untold():
     otherwise land inside the recorded loop and count as tracing overhead."""
     cupy = cupy_module()
     tiny = WaveProblem(n0=8, n1=8, nt=3)
-    n0, n1 = tiny.shape
     stream = cupy.cuda.Stream(non_blocking=True)
+    scalars, grid = _kernel_scalars_and_grid(tiny)
     args = (*(cupy.zeros(tiny.shape, cupy.float32) for _ in range(3)), cupy.asarray(tiny.velocity),
-            np.int32(n0), np.int32(n1), *_step_args(tiny), *(np.int32(p) for p in tiny.source),
-            tiny.source_amplitude(0))
-    grid = ((n1 + _BLOCK[0] - 1) // _BLOCK[0], (n0 + _BLOCK[1] - 1) // _BLOCK[1])
+            *scalars, tiny.source_amplitude(0))
     runtime.get().launch(stream, _gpu_kernel, grid, _BLOCK, args)
     stream.synchronize()
+
+
+def _kernel_scalars_and_grid(problem):
+    """The kernel's arguments after the four arrays, but the source amplitude, and its grid."""
+    n0, n1 = problem.shape
+    p0, p1 = problem.source
+    scalars = (np.int32(n0), np.int32(n1), *_step_args(problem), np.int32(p0), np.int32(p1))
+    grid = ((n1 + _BLOCK[0] - 1) // _BLOCK[0], (n0 + _BLOCK[1] - 1) // _BLOCK[1])
+    return scalars, grid
 
 
 #: Argument sets of launch_wave2d already checked: (ids) -> (weak references, what may change in
@@ -345,10 +352,7 @@ def _checked(U0, U1, U2, V, problem):
     if hit is not None and hit[1] == now:
         return hit[2], hit[3]
     _check_launch(U0, U1, U2, V, problem)
-    n0, n1 = problem.shape
-    p0, p1 = problem.source
-    scalars = (np.int32(n0), np.int32(n1), *_step_args(problem), np.int32(p0), np.int32(p1))
-    grid = ((n1 + _BLOCK[0] - 1) // _BLOCK[0], (n0 + _BLOCK[1] - 1) // _BLOCK[1])
+    scalars, grid = _kernel_scalars_and_grid(problem)
     if len(_CHECKED) >= _CHECKED_MAX:
         _CHECKED.clear()
 
