@@ -16,7 +16,7 @@ from importlib import resources
 import numpy as np
 
 from . import checks, observe, runtime, streams
-from .backend import cupy_module
+from .backend import backend_name, cupy_module
 from .memory import is_device_array
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
@@ -310,6 +310,9 @@ def launch_once_untold():
     A CUPTI recording calls this right after it starts: the first kernel launch under a new
     CUPTI session sets up CUPTI's kernel tracing (0.8 to 5 ms on the H200), which would
     otherwise land inside the recorded loop and count as tracing overhead."""
+    if backend_name() != "gpu":
+        raise RuntimeError("launch_once_untold launches the CUDA kernel itself, so it needs the GPU backend; "
+                           "on the CPU backend launch_wave2d runs the modelled kernel")
     cupy = cupy_module()
     tiny = WaveProblem(n0=8, n1=8, nt=3)
     stream = cupy.cuda.Stream(non_blocking=True)

@@ -117,3 +117,12 @@ def test_a_cupti_trace_leaves_out_its_own_set_up_launch(backend):
     tr = ch.solve(p, "events").trace
     assert tr.meta["cupti_other_records"] == 0 and tr.meta["cupti_unmatched_ops"] == 0
     assert [e.level for e in tr.events if e.kind == "kernel"] == list(range(2, p.nt))
+
+
+def test_the_set_up_launch_needs_the_gpu(backend):
+    from course_helper import wave
+    if backend == "cpu":
+        with pytest.raises(RuntimeError, match="needs the GPU backend"):
+            wave.launch_once_untold()
+    else:
+        wave.launch_once_untold()          # returns once the launch has run
