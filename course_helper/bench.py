@@ -34,7 +34,8 @@ from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["DEFAULT_POINTS", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "compute_only_ms",
-           "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point"]
+           "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point", "RAW_ROW",
+           "paired_ratio"]
 
 #: (n, nt, every): the issue's sweep, from launch-bound to IO-bound.
 DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (4096, 128, 8)]
@@ -42,6 +43,8 @@ DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (4096, 128, 8)]
 EVERY_POINTS = [(2048, 320, e) for e in (1, 2, 4, 16, 32)]
 #: Small enough for the CPU backend.
 QUICK_POINTS = [(64, 80, 1), (128, 80, 4)]
+#: The reference row of a GPU sweep: the events loop in plain CuPy (:mod:`raw_cupy`).
+RAW_ROW = "raw-cupy-events"
 
 
 def _median_ms(fn, stream, repeats):
@@ -141,24 +144,29 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
         point["skipped"] = reason
         return point
     point.update(physical_limit(problem, every, peak_gbps, repeats))
-    # On a GPU the events loop in plain CuPy is the reference row: it takes its turn with the
-    # strategies (the helper's overhead is the gap), before any traced (CUPTI) run.
-    also = {"raw-cupy-events": lambda: raw_cupy.events_loop(problem, every)} if backend_name() == "gpu" else None
-    timed = time_strategies(problem, order, repeats, every, also=also)
+    # On a GPU the events loop in plain CuPy is the reference row: it runs right after the
+    # helper's events loop in every round (the helper's overhead is the gap), before any traced
+    # (CUPTI) run.
+    raw = backend_name() == "gpu" and "events" in order
+    also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every)} if raw else None
+    timed = time_strategies(problem, order, repeats, every, also=also, also_after="events" if raw else None)
     point["strategies"] = {
         name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
                "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0, "speedup": t["speedup"]}
         for name, t in timed.items()}
+    if raw:
+        point["strategies"][RAW_ROW]["events_over_raw"] = paired_ratio(timed["events"]["times_ms"],
+                                                                        timed[RAW_ROW]["times_ms"])
     if trace_cost:
         add_trace_cost(point, order, repeats)
     return point
 
 
 def add_trace_cost(point, strategies, repeats=5):
-    """Add to each strategy of a measured ``point`` what recording its timeline costs: the median
-    of a few traced runs over the untraced median (``trace_overhead``), and the clock that timed
-    the traces.
+    """Add to each strategy of a measured ``point`` what recording its timeline costs
+    (``trace_overhead``: traced over untraced, in rounds of one of each, see :func:`_trace_cost`),
+    and the clock that timed the traces.
 
     Run it after every untraced measurement of the process: on the H200, plain CuPy and the
     helper alike ran 5-11% slower at 256² for the rest of the process once a CUPTI
@@ -168,16 +176,30 @@ def add_trace_cost(point, strategies, repeats=5):
     problem = WaveProblem(n0=point["n"], n1=point["n"], nt=point["nt"])
     for name in strategies:
         row = point["strategies"][name]
-        row.update(_trace_cost(problem, name, point["every"], repeats, row["median_ms"]))
+        row.update(_trace_cost(problem, name, point["every"], repeats))
     return point
 
 
-def _trace_cost(problem, name, every, repeats, untraced_ms):
-    """What recording a timeline costs: the median of a few traced runs over the untraced median
-    of the same point (``trace_overhead``), and the clock that timed the traces."""
-    runs = [solve(problem, name, every=every, trace=True) for _ in range(min(3, repeats))]
-    traced = float(np.median([r.elapsed_ms for r in runs]))
-    return {"traced_ms": traced, "trace_overhead": traced / untraced_ms, "trace_timing": runs[-1].trace.timing}
+def _trace_cost(problem, name, every, repeats):
+    """What recording a timeline costs: a few rounds of one untraced and one traced run, back
+    to back (a host whose speed drifts slows both alike); ``trace_overhead`` is the median of
+    the rounds' traced / untraced ratios. Also the clock that timed the traces."""
+    untraced, traced, timing = [], [], None
+    for _ in range(min(3, repeats)):
+        untraced.append(solve(problem, name, every=every, trace=False).elapsed_ms)
+        r = solve(problem, name, every=every, trace=True)
+        traced.append(r.elapsed_ms)
+        timing = r.trace.timing
+    return {"traced_ms": float(np.median(traced)), "untraced_beside_ms": float(np.median(untraced)),
+            "trace_overhead": paired_ratio(traced, untraced), "trace_timing": timing}
+
+
+def paired_ratio(times, reference_times):
+    """The median over rounds of ``times[i] / reference_times[i]``: two loops timed back to back
+    in each round, compared round by round, so that the host's drift between rounds cancels."""
+    if len(times) != len(reference_times) or not times:
+        raise ValueError("paired_ratio needs two equally long, non-empty lists of times")
+    return float(np.median([t / r for t, r in zip(times, reference_times)]))
 
 
 #: (n, nt, every) of the disk points: about 1.3 GB of output each.
@@ -334,6 +356,9 @@ def table(doc):
             lines.append(f"{label:<18} {p['bound_ms']:8.2f} {p['bound_by']:<8} {name:<15} {r['median_ms']:10.2f} "
                          f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {traced} {_identical(r)}")
             label = ""
+        if "events_over_raw" in p["strategies"].get(RAW_ROW, {}):
+            lines.append(f"{'':<18} the helper's events loop over the plain-CuPy one, round by round: "
+                         f"{p['strategies'][RAW_ROW]['events_over_raw']:.2f}x")
     return "\n".join(lines)
 
 

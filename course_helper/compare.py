@@ -31,7 +31,8 @@ def _nscratch_for(name, nscratch):
     return nscratch if STRATEGIES[name].max_nscratch is None else None
 
 
-def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None, also=None):
+def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None, also=None,
+                    also_after=None):
     """Time each strategy on ``problem``: one untimed warm-up solve each (kernel loading,
     pinned pool), then ``repeats`` rounds of timed solves, untraced.
 
@@ -41,7 +42,9 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
     strategies that happened to run during a slow spell. ``nscratch`` goes to the
     strategies that can use a chosen number of scratch buffers. ``also`` maps more row
     names to functions returning ``(images, elapsed_ms)`` (the benchmark's plain-CuPy
-    loop), timed in the same turns and compared with the same reference.
+    loop), timed in the same turns and compared with the same reference: at the end of each
+    round, or right after the strategy ``also_after`` (so that a row and the strategy it is
+    held against run back to back, on the host as it is at that moment).
 
     Returns ``{name: {"times_ms", "median_ms", "min_ms", "max_ms", "speedup",
     "max_diff"}}``: ``speedup`` is the sequential median over this median,
@@ -51,8 +54,14 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
     """
     order = baseline_first(strategies)
     repeats = checks.positive_int("repeats", repeats)
-    runs = {name: _solver(problem, name, every, _nscratch_for(name, nscratch)) for name in order}
-    runs.update(also or {})
+    if also_after is not None and also_after not in order:
+        raise ValueError(f"also_after={also_after!r} is not one of the strategies timed: {order}")
+    runs = {}
+    for name in order:
+        runs[name] = _solver(problem, name, every, _nscratch_for(name, nscratch))
+        if name == also_after:
+            runs.update(also or {})
+    runs.update(also or {})                         # at the end of the round, unless placed above
     for run in runs.values():
         run()                                               # warm-up
     times = {name: [] for name in runs}

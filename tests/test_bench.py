@@ -16,16 +16,63 @@ def test_bench_point_is_well_formed(backend):
     assert p["saved_levels"] == 14 and p["output_bytes"] == 14 * 48 * 48 * 4
     assert p["bound_ms"] == max(p["compute_only_ms"], p["copy_floor_ms"]) > 0
     assert p["bound_by"] in ("compute", "copies")
-    # on the GPU the events loop in plain CuPy is measured too, as a reference row
-    assert list(p["strategies"]) == strategies + (["raw-cupy-events"] if backend == "gpu" else [])
+    # on the GPU the events loop in plain CuPy is measured too, as a reference row right after events
+    rows = list(p["strategies"])
+    if backend == "gpu":
+        assert rows[rows.index("events") + 1] == "raw-cupy-events"
+        rows.remove("raw-cupy-events")
+    assert rows == strategies
     for name, r in p["strategies"].items():
         assert len(r["times_ms"]) == 2 and r["min_ms"] <= r["median_ms"] <= r["max_ms"]
         assert r["efficiency"] == pytest.approx(p["bound_ms"] / r["median_ms"])
         assert r["identical_to_sequential"], name
         if name in strategies:            # what tracing costs, and which clock timed the traces
-            assert r["trace_overhead"] == pytest.approx(r["traced_ms"] / r["median_ms"]) and r["traced_ms"] > 0
+            assert r["traced_ms"] > 0 and r["untraced_beside_ms"] > 0 and r["trace_overhead"] > 0
             assert r["trace_timing"] in ("CUPTI", "CUDA events", "modelled H200")
     assert p["strategies"]["sequential"]["speedup"] == 1.0
+    if backend == "gpu":                  # the helper's events loop against the plain-CuPy one
+        raw = p["strategies"]["raw-cupy-events"]
+        assert raw["events_over_raw"] == bench.paired_ratio(p["strategies"]["events"]["times_ms"], raw["times_ms"])
+
+
+def test_paired_ratio_compares_round_by_round():
+    # a host twice as slow in the second round: the medians' ratio is 1.25, each round's is 1.5
+    assert bench.paired_ratio([3.0, 6.0], [2.0, 4.0]) == pytest.approx(1.5)
+    assert bench.paired_ratio([1.0, 3.0, 9.0], [1.0, 2.0, 3.0]) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="equally long"):
+        bench.paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_the_raw_row_runs_right_after_the_events_loop(backend):
+    """A row held against a strategy runs back to back with it in every round."""
+    from course_helper.compare import time_strategies
+    p = ch.WaveProblem(24, 24, nt=12)
+    turns, reference = [], ch.solve(p, "sequential", trace=False).images
+    extra = {"raw": lambda: (reference.copy(), 2.0)}
+    time_strategies(p, ["events", "staged"], repeats=2, also=extra, also_after="events",
+                    progress=lambda name, i: turns.append(name))
+    assert turns == ["sequential", "events", "raw", "staged"] * 2
+    with pytest.raises(ValueError, match="also_after"):
+        time_strategies(p, ["events"], repeats=1, also=extra, also_after="graph")
+
+
+def test_tracing_cost_is_taken_in_rounds_of_one_untraced_and_one_traced_run(backend, monkeypatch):
+    made = []
+    real_solve = bench.solve
+
+    def solve(*args, **kwargs):
+        r = real_solve(*args, **kwargs)
+        made.append(kwargs["trace"])
+        # untraced 2, 6, 10 ms and traced 3, 5, 20 ms: the host's speed changes from round to round
+        r.elapsed_ms = {1: 2.0, 2: 3.0, 3: 6.0, 4: 5.0, 5: 10.0, 6: 20.0}[len(made)]
+        return r
+
+    monkeypatch.setattr(bench, "solve", solve)
+    cost = bench._trace_cost(ch.WaveProblem(24, 24, nt=12), "events", 1, repeats=5)
+    assert made == [False, True] * 3
+    # round by round 1.5, 0.83, 2.0 -> median 1.5 (the medians' ratio would be 5 / 6)
+    assert cost["trace_overhead"] == pytest.approx(1.5) and cost["untraced_beside_ms"] == 6.0
+    assert cost["traced_ms"] == 5.0
 
 
 def test_point_too_large_for_host_memory_is_skipped_not_run(cpu, monkeypatch):
@@ -119,6 +166,7 @@ def test_the_sweep_times_every_untraced_run_before_any_traced_one(backend, monke
     assert [(n, stage) for n, stage, _ in seen] == [(32, "untraced"), (40, "untraced"), (32, "traced"), (40, "traced")]
     untraced_done = seen[1][2]                    # solves made when the last point's untraced pass ended
     assert untraced_done and not any(traced[:untraced_done])
-    assert traced[untraced_done:] and all(traced[untraced_done:])
+    # then rounds of one untraced run (beside it, for the ratio) and one traced run
+    assert traced[untraced_done:] == [False, True] * (len(traced[untraced_done:]) // 2)
     assert all("trace_overhead" in r for p in doc["points"] for name, r in p["strategies"].items()
                if name in ch.STRATEGIES)
