@@ -13,11 +13,8 @@ import argparse
 import json
 import os
 import pathlib
-import queue
 import shutil
 import tempfile
-import threading
-import time
 
 import numpy as np
 
@@ -25,31 +22,11 @@ import course_helper as ch
 from course_helper import store
 
 
-def write_rate(folder, nbytes, chunk, buffers, writers=store.DEFAULT_WRITERS):
-    """GB/s writing ``nbytes`` in fsync'ed files of ``chunk`` bytes, file i from buffers[i % len]."""
-    work = pathlib.Path(tempfile.mkdtemp(dir=folder))
-    jobs = queue.SimpleQueue()
-    for i in range(nbytes // chunk):
-        jobs.put(i)
-
-    def writer():
-        while True:
-            try:
-                i = jobs.get_nowait()
-            except queue.Empty:
-                return
-            store._put_durable(work / f"c{i}", memoryview(buffers[i % len(buffers)]).cast("B"))
-
-    threads = [threading.Thread(target=writer) for _ in range(writers)]
+def write_rate(folder, nbytes, chunk, buffers):
+    """The disk as ``bench --disk`` measures it (fsync'ed files of one chunk, its writer threads),
+    file i written from ``buffers[i % len(buffers)]``."""
     os.sync()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - t0
-    shutil.rmtree(work)
-    return nbytes / seconds / 1e9
+    return store.measure_disk_bandwidth(folder, mib=nbytes / 2**20, chunk_mib=chunk / 2**20, buffers=buffers)
 
 
 def run_rate(folder, problem, strategy, nbytes):

@@ -624,24 +624,31 @@ def open_store(path):
 # --------------------------------------------------------------------------
 # The disk's own speed
 # --------------------------------------------------------------------------
-def measure_disk_bandwidth(folder, mib=256, chunk_mib=4, writers=DEFAULT_WRITERS):
+def measure_disk_bandwidth(folder, mib=256, chunk_mib=4, writers=DEFAULT_WRITERS, buffers=None):
     """Write ``mib`` MiB of files in ``chunk_mib`` chunks to ``folder`` from ``writers``
     threads, each file fsync'ed (the data really on the disk), and return GB/s.
 
-    The files are removed afterwards. This is the disk term of the bound
-    ``B = max(compute, bytes / D2H bandwidth, bytes / disk bandwidth)``.
+    File i holds ``buffers[i % len(buffers)]`` (host arrays of one chunk's bytes each; by
+    default one chunk of incompressible bytes). The files are removed afterwards. This is the
+    disk term of the bound ``B = max(compute, bytes / D2H bandwidth, bytes / disk bandwidth)``.
     """
     folder = Path(folder)
     mib = checks.positive_float("mib", mib)
     chunk = int(checks.positive_float("chunk_mib", chunk_mib) * 2**20)
     writers = checks.positive_int("writers", writers)
     n = max(1, math.ceil(mib * 2**20 / chunk))
+    if buffers is not None:
+        buffers = [memoryview(np.ascontiguousarray(b)).cast("B") for b in buffers]
+        if not buffers or any(len(b) != chunk for b in buffers):
+            raise ValueError(f"buffers must be a non-empty list of arrays of one chunk each ({chunk} bytes), "
+                             f"got sizes {[len(b) for b in buffers]}")
     if not folder.is_dir():
         raise FileNotFoundError(f"cannot measure the disk: the folder {folder} does not exist")
     check_target(folder / f".disk-bandwidth-{uuid.uuid4().hex}", n * chunk)
     work = folder / f".disk-bandwidth-{uuid.uuid4().hex}"
     work.mkdir()
-    data = np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8).tobytes()   # incompressible
+    if buffers is None:
+        buffers = [np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8).tobytes()]   # incompressible
     jobs = queue.SimpleQueue()
     for i in range(n):
         jobs.put(i)
@@ -654,7 +661,7 @@ def measure_disk_bandwidth(folder, mib=256, chunk_mib=4, writers=DEFAULT_WRITERS
             except queue.Empty:
                 return
             try:
-                _put_durable(work / f"c{i}", data)
+                _put_durable(work / f"c{i}", buffers[i % len(buffers)])
             except OSError as exc:
                 errors.append(exc)
                 return

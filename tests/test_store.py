@@ -240,6 +240,19 @@ def test_disk_bandwidth_is_measured_and_cleaned_up(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_disk_measurement_writes_the_buffers_it_is_given(tmp_path, monkeypatch):
+    written = []
+    real = disk._put_durable
+    monkeypatch.setattr(disk, "_put_durable", lambda path, data, fsync=True: (written.append(bytes(data)),
+                                                                                real(path, data, fsync)))
+    chunks = [np.full(2**20, k, np.uint8) for k in (1, 2, 3)]
+    assert disk.measure_disk_bandwidth(tmp_path, mib=6, chunk_mib=1, writers=2, buffers=chunks) > 0
+    assert sorted(w[0] for w in written) == [1, 1, 2, 2, 3, 3] and all(len(w) == 2**20 for w in written)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="one chunk each"):
+        disk.measure_disk_bandwidth(tmp_path, mib=6, chunk_mib=1, buffers=[np.zeros(10, np.uint8)])
+
+
 def test_the_profile_disk_section_is_measured_and_cleaned_up(tmp_path):
     from course_helper import calibrate
     spec = calibrate.measure_disk(tmp_path, mib=8, chunk_mib=1, writers=2)
