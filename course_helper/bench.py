@@ -232,8 +232,8 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
 
     The disk is measured the way the run uses it: the same bytes in files of the run's chunk
     size from the same number of writer threads, each fsync'ed, right before the first
-    uncompressed run of a strategy and right after each one (``disk_gbps`` of each run
-    entry: one more measurement than runs). A disk's speed drifts from one second to the
+    uncompressed run of a strategy and right after each one, once that run's store is deleted
+    (``disk_gbps`` of each run entry: one more measurement than runs). A disk's speed drifts from one second to the
     next, so each run is held against the disk as it was on both sides of it: its own B
     takes the mean of the measurements just before and just after it, and the run's
     ``efficiency`` is the median over its repeats of that B / its time. The point's
@@ -269,10 +269,13 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
                     stored = opened.stored_nbytes()
                     if sample is None:           # about 16 levels across the run, for the codecs alone
                         sample = opened.images[::max(1, len(opened.levels) // 16)]
-                    if codec is None:            # the disk as this run used it, right after it
-                        disk.append(disk_bandwidth(work, nbytes / 2**20, chunk_mib))
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
+                if codec is None:
+                    # The disk as this run used it, right after it, once the store is deleted: each
+                    # measurement then follows the deletion of a run's files and each run the
+                    # deletion of a measurement's, so neither inherits the other's freed blocks.
+                    disk.append(disk_bandwidth(folder, nbytes / 2**20, chunk_mib))
             med = float(np.median(times))
             run = {"strategy": name, "compress": codec, "times_ms": times, "median_ms": med,
                    "ratio": nbytes / stored, "write_gbps": nbytes / (med * 1e-3) / 1e9}

@@ -322,6 +322,21 @@ def test_disk_bench_holds_each_run_against_the_disk_on_both_sides_of_it(tmp_path
     assert run["efficiency"] == pytest.approx(np.median([b / t for b, t in zip(bounds, run["times_ms"])]))
 
 
+def test_the_disk_is_measured_once_the_run_before_is_deleted(tmp_path, monkeypatch):
+    """A measurement right after a run must not find that run's store still on the disk: each
+    measurement then follows a deletion of a run's files and each run a measurement's, alike."""
+    from course_helper import bench
+    stores_seen = []
+
+    def measure(where, *args):
+        stores_seen.append(sorted(str(p) for p in Path(tmp_path).rglob("*.zarr")))
+        return 1.0
+
+    monkeypatch.setattr(bench, "disk_bandwidth", measure)
+    bench.disk_point(48, 30, 1, tmp_path, strategies=("events",), compress=(None,), repeats=2)
+    assert len(stores_seen) == 4 and stores_seen == [[]] * 4        # a burst, before, after 1, after 2
+
+
 def test_a_failing_peaks_thread_stops_the_run_and_flags_nothing_it_missed(tmp_path, monkeypatch):
     """The peaks are taken beside the writers; if that fails, the run raises (it does not wait
     forever for the slot) and no level without its peak is flagged complete."""
