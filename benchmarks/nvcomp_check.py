@@ -7,7 +7,8 @@ PCIe as well as those reaching the disk. This script measures both on the same w
 ones), one level at a time as a streamed run would hand them over:
 
 * for each nvCOMP algorithm: the compression ratio, the GPU's compression speed (GB/s of raw
-  input, one level per call, the stream synchronised after each), and a round trip check;
+  input, one level per call, and all the levels in one call; the device synchronised after the
+  last call), and a round trip check;
 * whether Zarr's zstd codec (numcodecs) reads nvCOMP's zstd output written as a raw bitstream
   (the condition for writing GPU-compressed chunks straight into the course's Zarr store);
 * the same levels through the writer threads' codecs (single thread, as in ``bench --disk``).

@@ -27,8 +27,7 @@ from .backend import backend_name, device_report
 from .compare import baseline_first, time_strategies
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
-from .solver import available_strategies, default_batch, plan_memory, saved_levels, solve
-from .strategies import STRATEGIES
+from .solver import available_strategies, chunk_levels, plan_memory, saved_levels, solve
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
@@ -256,7 +255,7 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
         for name in strategies:
             times, stored = [], None
             # the disk just before the first run, then after each one (raw bytes only)
-            chunk_mib = level_mib * (default_batch(problem) if STRATEGIES[name].staged else 1)
+            chunk_mib = level_mib * chunk_levels(problem, name, every)
             disk = [disk_bandwidth(folder, nbytes / 2**20, chunk_mib)] if codec is None else []
             for _ in range(repeats if codec is None else 1):
                 work = tempfile.mkdtemp(dir=folder)

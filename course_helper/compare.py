@@ -61,7 +61,8 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
         runs[name] = _solver(problem, name, every, _nscratch_for(name, nscratch))
         if name == also_after:
             runs.update(also or {})
-    runs.update(also or {})                         # at the end of the round, unless placed above
+    if also_after is None:
+        runs.update(also or {})                     # at the end of the round
     for run in runs.values():
         run()                                               # warm-up
     times = {name: [] for name in runs}

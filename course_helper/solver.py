@@ -24,7 +24,7 @@ from .streams import create_events, create_streams, synchronize
 from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["prepare", "solve", "Run", "Result", "STRATEGIES", "plan_memory", "saved_levels",
-           "available_strategies", "default_batch"]
+           "available_strategies", "default_batch", "chunk_levels"]
 
 #: Most buffers one ring may have: each gets its own IO stream, and beyond a few the copy
 #: engines have nothing more to overlap.
@@ -197,6 +197,13 @@ def plan_memory(problem=None, strategy="events", every=1, nscratch=None, *, unsa
     problem = WaveProblem() if problem is None else problem
     every, nscratch, nstaging, batch = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
     return _plan(problem, every, nscratch, nstaging, batch)
+
+
+def chunk_levels(problem, strategy, every=1):
+    """Levels per chunk of a store that ``strategy`` streams to with its default settings:
+    one staging batch for the staged strategies (see :func:`default_batch`), else one level.
+    Same checks as :func:`solve`."""
+    return _validate(problem, strategy, every, None, False)[3]
 
 
 def _plan(problem, every, nscratch, nstaging, batch):

@@ -236,6 +236,17 @@ def test_staging_ring_sizes_agree(backend, small, nstaging, batch):
     assert covered(r.trace, small, 3) == Counter(range(0, small.nt, 3))
 
 
+def test_chunk_levels_is_what_a_streamed_run_puts_in_one_chunk(tmp_path):
+    from course_helper.solver import chunk_levels
+    p = ch.WaveProblem(64, 64, nt=20)
+    for name in ("events", "staged"):
+        run = ch.solve(p, name, trace=False, store=tmp_path / f"{name}.zarr")
+        assert chunk_levels(p, name) == run.batch == ch.open_store(run.store).images.chunks[0]
+    assert chunk_levels(p, "staged") > 1
+    with pytest.raises(ValueError, match="strategy"):
+        chunk_levels(p, "warp")
+
+
 def test_default_batch_aims_at_4_mib_copies():
     from course_helper.solver import default_batch
     assert default_batch(ch.WaveProblem()) == 16                  # 256 KiB levels
