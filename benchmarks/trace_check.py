@@ -2,14 +2,19 @@
 
     python benchmarks/trace_check.py --out benchmarks/trace_check.json
 
-1. Overhead: each strategy run traced and untraced, alternately, and the
-   medians compared (traced / untraced, in one process). Traces are timed by
-   CUPTI where ``cupti-python`` works, else by CUDA events (the JSON says which).
+1. Overhead: each strategy run traced and untraced, alternately; ``ratio`` is the
+   median over the rounds of traced / untraced (``ratio_of_medians`` beside it).
+   Traces are timed by CUPTI where ``cupti-python`` works, else by CUDA events
+   (the JSON says which).
 2. Mapping (CUPTI): every kernel and copy of a CUPTI-timed trace is found and
    put on its lane and level: kernels run in level order, and no copy of a
    level starts before the kernel that computed it has ended.
 3. The fallback: an event-timed trace (``COURSE_HELPER_TIMING=events``) run
    under CUPTI, and the two records of that same run compared.
+4. CUPTI alone (256² x 640): each strategy untraced, alternately without and
+   inside a bare CUPTI session (no recording by the helper, no notes), and the
+   graph replays also with CUPTI tracing only kernels or only copies: how much of
+   the tracing cost is CUPTI's own, and which of its records it comes from.
 """
 import argparse
 import json
@@ -19,7 +24,7 @@ import sys
 
 import course_helper as ch
 import cupti_check   # benchmarks/cupti_check.py, beside this script
-from course_helper import cupti_trace
+from course_helper import cupti_trace, wave
 
 
 def overhead(problem, strategies, repeats):
@@ -31,7 +36,41 @@ def overhead(problem, strategies, repeats):
             untraced.append(ch.solve(problem, name, trace=False).elapsed_ms)
             traced.append(ch.solve(problem, name, trace=True).elapsed_ms)
         rows[name] = {"untraced_ms": statistics.median(untraced), "traced_ms": statistics.median(traced),
-                      "ratio": statistics.median(traced) / statistics.median(untraced)}
+                      "ratio": ch.bench.paired_ratio(traced, untraced),
+                      "ratio_of_medians": statistics.median(traced) / statistics.median(untraced)}
+    return rows
+
+
+def under_cupti(fn, kinds=("kernel", "memcpy", "memset")):
+    """``fn()`` inside a bare CUPTI session recording ``kinds`` (after the session's set-up
+    launch, as a recording makes it), the records thrown away."""
+    session = cupti_trace.ActivitySession(kinds).start()
+    try:
+        wave.launch_once_untold()
+        session.begin_here()
+        return fn()
+    finally:
+        session.stop()
+
+
+def cupti_alone(problem, strategies, repeats):
+    rows = {}
+    for name in strategies:
+        def untraced():
+            return ch.solve(problem, name, trace=False).elapsed_ms
+        runs = {"untraced": untraced, "all": lambda: under_cupti(untraced)}
+        if ch.STRATEGIES[name].graph:
+            runs["kernels only"] = lambda: under_cupti(untraced, ("kernel",))
+            runs["copies only"] = lambda: under_cupti(untraced, ("memcpy",))
+        times = {k: [] for k in runs}
+        for fn in runs.values():
+            fn()
+        for _ in range(repeats):
+            for k, fn in runs.items():
+                times[k].append(fn())
+        rows[name] = {"untraced_ms": statistics.median(times["untraced"]),
+                      **{f"cupti_{k}_ratio": ch.bench.paired_ratio(t, times["untraced"])
+                         for k, t in times.items() if k != "untraced"}}
     return rows
 
 
@@ -61,7 +100,7 @@ def main():
     strategies = [s for s in ch.STRATEGIES if s not in ("graph", "graph-staged") or ch.graphs_supported()[0]]
     ok, why = cupti_check.cupti_available()
     doc = {"machine": ch.device_report(), "timing": "CUPTI" if cupti_trace.wanted() else "CUDA events",
-           "overhead": {}, "mapping": {}, "fallback_vs_cupti": {}}
+           "overhead": {}, "mapping": {}, "fallback_vs_cupti": {}, "cupti_alone": {}}
     for n in (256, 1024):
         p = ch.WaveProblem(n0=n, n1=n, nt=640)
         doc["overhead"][f"{n}x640"] = overhead(p, strategies, args.repeats)
@@ -69,9 +108,13 @@ def main():
             print(f"overhead {n}^2x640 {name:<13} untraced {r['untraced_ms']:8.2f} ms  traced "
                   f"{r['traced_ms']:8.2f} ms  ratio {r['ratio']:.3f}", flush=True)
     if not ok:
-        doc["mapping"] = doc["fallback_vs_cupti"] = {"skipped": why}
+        doc["mapping"] = doc["fallback_vs_cupti"] = doc["cupti_alone"] = {"skipped": why}
         print("cupti skipped:", why)
     else:
+        p = ch.WaveProblem(n0=256, n1=256, nt=640)
+        doc["cupti_alone"]["256x640"] = cupti_alone(p, strategies, args.repeats)
+        for name, r in doc["cupti_alone"]["256x640"].items():
+            print(f"cupti alone 256^2x640 {name:<13} " + ", ".join(f"{k}={v:.3f}" for k, v in r.items()), flush=True)
         for n in (256, 1024):
             p = ch.WaveProblem(n0=n, n1=n, nt=640)
             for name in strategies:

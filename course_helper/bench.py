@@ -180,11 +180,11 @@ def add_trace_cost(point, strategies, repeats=5):
 
 
 def _trace_cost(problem, name, every, repeats):
-    """What recording a timeline costs: a few rounds of one untraced and one traced run, back
-    to back (a host whose speed drifts slows both alike); ``trace_overhead`` is the median of
-    the rounds' traced / untraced ratios. Also the clock that timed the traces."""
+    """What recording a timeline costs: ``repeats`` rounds of one untraced and one traced run,
+    back to back (a host whose speed drifts slows both alike); ``trace_overhead`` is the median
+    of the rounds' traced / untraced ratios. Also the clock that timed the traces."""
     untraced, traced, timing = [], [], None
-    for _ in range(min(3, repeats)):
+    for _ in range(repeats):
         untraced.append(solve(problem, name, every=every, trace=False).elapsed_ms)
         r = solve(problem, name, every=every, trace=True)
         traced.append(r.elapsed_ms)

@@ -44,6 +44,8 @@ _BUFFER_BYTES = 8 * 2**20
 
 # The helper's operation kinds and the CUPTI record class each is matched with.
 _OP_CLASS = {"kernel": "kernel", "D2H": "DTOH", "H2D": "HTOD", "D2D": "DTOD", "memset": "memset"}
+# Where a graph capture began and ended, among the op journal's entries.
+_CAPTURE_BEGINS, _CAPTURE_ENDS = ("capture begins",), ("capture ends",)
 
 
 def available():
@@ -106,14 +108,22 @@ class ActivitySession:
     ``graph_id`` (0 outside graphs), ``channel`` (the hardware channel: copy engine or compute queue) and
     ``dst_kind`` (copies: "PINNED", "PAGEABLE", "DEVICE").
 
+    ``kinds`` picks what is recorded, among ``"kernel"``, ``"memcpy"`` and ``"memset"`` (default:
+    all three; fewer is for measuring what CUPTI's tracing of each costs, as
+    ``benchmarks/trace_check.py`` does).
+
     Only one session records at a time (CUPTI's activity buffers are global).
     """
 
-    def __init__(self):
+    def __init__(self, kinds=("kernel", "memcpy", "memset")):
         from cupti import cupti
         self._cupti = cupti
         a = cupti.ActivityKind
-        self._kinds = (a.CONCURRENT_KERNEL, a.MEMCPY, a.MEMSET)
+        by_name = {"kernel": a.CONCURRENT_KERNEL, "memcpy": a.MEMCPY, "memset": a.MEMSET}
+        unknown = [k for k in kinds if k not in by_name]
+        if unknown or not kinds:
+            raise ValueError(f"kinds must be some of {tuple(by_name)}, got {tuple(kinds)!r}")
+        self._kinds = tuple(by_name[k] for k in kinds)
         self._kernel, self._memcpy = a.CONCURRENT_KERNEL, a.MEMCPY
         self.records = []
         self.t0_ns = None
@@ -178,34 +188,45 @@ class ActivitySession:
 
 
 # --------------------------------------------------------------------------
-# The recorder's CUPTI timing: an observer of the queued operations
+# The recorder's CUPTI timing: the op journal, matched with the records
 # --------------------------------------------------------------------------
 class CuptiTimer:
-    """Times a recording with CUPTI: remembers every operation the helper
-    queues (an observer of :mod:`course_helper.observe`) and, at the end,
-    matches CUPTI's records with them (see the module text for how)."""
+    """Times a recording with CUPTI: keeps the thread's op journal (every operation the helper
+    queues, see :mod:`course_helper.observe`) and, at the end, matches CUPTI's records with
+    those operations (see the module text for how). It also observes graph captures, to know
+    which operations a graph replays."""
 
     def __init__(self):
         self.session = ActivitySession()
-        # (kind, name, stream, level, nbytes, captured in a graph?) of each operation, in queue order
-        self.ops = []
-        self._capturing = 0
+        # The op journal: (kind, name, stream, level, nbytes) of each queued operation, in queue
+        # order, with _CAPTURE_BEGINS / _CAPTURE_ENDS where a graph capture began and ended.
+        self.journal = []
 
-    # -- observer calls --------------------------------------------------------
-    def op_noted(self, kind, name, stream, level, nbytes):
-        # All it needs of an operation: it asks for no Op, so none is built unless another
-        # observer (a sanitizer, say) reads one.
-        if kind in _OP_CLASS:
-            self.ops.append((kind, name, stream, level, nbytes, self._capturing > 0))
-
+    # -- observer calls (from the recording thread, so in order with the journal's entries) -----
     def capture_started(self, stream):
-        self._capturing += 1
+        self.journal.append(_CAPTURE_BEGINS)
 
     def capture_ended(self, stream, graph):
-        self._capturing = max(0, self._capturing - 1)
+        self.journal.append(_CAPTURE_ENDS)
+
+    def queued_ops(self):
+        """The journal's operations that CUPTI times, each as ``(kind, name, stream, level, nbytes,
+        captured)``, ``captured`` telling whether it went into a graph rather than a stream."""
+        ops, depth = [], 0
+        for entry in self.journal:
+            if entry is _CAPTURE_BEGINS:
+                depth += 1
+            elif entry is _CAPTURE_ENDS:
+                depth = max(0, depth - 1)
+            elif entry[0] in _OP_CLASS:
+                ops.append((*entry, depth > 0))
+        return ops
 
     # -- life cycle --------------------------------------------------------------
     def start(self):
+        # All it needs of an operation is a journal entry: it asks for no Op, so none is built
+        # unless an observer (a sanitizer, say) reads one.
+        self.journal = observe.open_journal()
         observe.add(self)
         try:
             self.session.start()
@@ -216,6 +237,7 @@ class CuptiTimer:
         except BaseException:
             self.session.stop()
             observe.remove(self)
+            observe.close_journal()
             raise
         return self
 
@@ -225,6 +247,7 @@ class CuptiTimer:
 
     def stop(self):
         observe.remove(self)
+        observe.close_journal()
         self.session.stop()
 
     # -- matching ---------------------------------------------------------------
@@ -233,7 +256,8 @@ class CuptiTimer:
         lanes in the order they were first used, and counts for the trace's meta."""
         ops_by_key, recs_by_key, tracks = {}, {}, []
         stream_ids = {}
-        for op in self.ops:
+        queued = self.queued_ops()
+        for op in queued:
             kind, _name, stream, _level, _nbytes, captured = op
             if stream.name not in tracks:
                 tracks.append(stream.name)
@@ -266,7 +290,7 @@ class CuptiTimer:
                                              (r["end_ns"] - t0) / 1e6, nbytes, level))
         foreign += sum(len(v) for v in recs_by_key.values())
         if unmatched_ops:
-            warnings.warn(f"CUPTI delivered no record for {unmatched_ops} of {len(self.ops)} traced "
+            warnings.warn(f"CUPTI delivered no record for {unmatched_ops} of {len(queued)} traced "
                           "operations; they are missing from the timeline", RuntimeWarning, stacklevel=3)
         info = {"cupti_records": len(self.session.records), "cupti_unmatched_ops": unmatched_ops,
                 "cupti_other_records": foreign}

@@ -188,8 +188,8 @@ def _queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
     if not runtime.wants_op(stream):
         # CuPy on a GPU with no observer reading Ops: nothing reads an Op or a cost, so neither is built.
         stream.runtime.copy_async(stream.raw, kind, dst, src, host_ptr)
-        if observe.listening["op_noted"]:
-            observe.notify("op_noted", kind, _label(kind, level), stream, level, src.nbytes)
+        if observe.journals_open:
+            observe.note_op(kind, _label(kind, level), stream, level, src.nbytes)
         return stream
     cost = {"copy": kind, "dst": dst, "src": src, "pageable": pageable, "host_ptr": host_ptr}
     if pageable is None:

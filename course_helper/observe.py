@@ -18,12 +18,6 @@ method of the same name (all are optional):
 ``op_issued(op)``
     the runtime has queued ``op`` (the timeline recorder brackets it with
     ``op_queued``).
-``op_noted(kind, name, stream, level, nbytes)``
-    an operation was queued: its kind, label, stream, level and bytes, as an
-    :class:`Op` would hold them. Announced for every operation, also where no
-    Op is built because no observer of the thread reads one (none has
-    ``op_queued`` or ``op_issued``). The CUPTI timer needs no more, so a
-    CUPTI-timed recording costs the loops little.
 ``event_recorded(stream, event)``
     ``event`` was recorded at the current end of ``stream``.
 ``event_waited(stream, event)``
@@ -41,6 +35,17 @@ method of the same name (all are optional):
     a CUDA graph capture on ``stream`` began / ended.
 ``graph_launched(graph, stream)``
     a captured graph was replayed on ``stream``.
+
+The op journal
+--------------
+A recording timed by CUPTI needs to know no more of each operation than its
+kind, label, stream, level and bytes, in the order they were queued: the
+driver times the work itself. For it a thread may keep an *op journal*
+(:func:`open_journal`), a list to which every operation the helper queues in
+that thread appends ``(kind, name, stream, level, nbytes)``, also where no
+:class:`Op` is built because no observer reads one. An append costs a
+fraction of an observer call, and a traced loop queues a few operations per
+time level.
 """
 from __future__ import annotations
 
@@ -48,10 +53,11 @@ import threading
 from dataclasses import dataclass
 
 __all__ = ["Op", "add", "remove", "active", "notify", "watching", "wants_ops", "observer_count", "listening",
+           "open_journal", "close_journal", "note_op", "journals_open",
            "NOTIFICATIONS"]
 
 #: Every notification an observer may have a method for (see the module text).
-NOTIFICATIONS = ("op_queued", "op_issued", "op_noted", "event_recorded", "event_waited", "host_synced",
+NOTIFICATIONS = ("op_queued", "op_issued", "event_recorded", "event_waited", "host_synced",
                  "host_waited", "host_access", "capture_started", "capture_ended", "graph_launched")
 
 
@@ -72,7 +78,12 @@ class Op:
     writes: tuple = ()
 
 
-_local = threading.local()
+class _ThreadState(threading.local):
+    """Per-thread state; a class attribute is each new thread's starting value."""
+    journal = None       # the thread's op journal (see open_journal), or None
+
+
+_local = _ThreadState()
 _lock = threading.Lock()
 #: Observers of all threads together.
 observer_count = 0
@@ -142,7 +153,8 @@ def watching():
 
 def wants_ops():
     """True when an observer of the calling thread reads :class:`Op` descriptions (it has
-    ``op_queued`` or ``op_issued``); otherwise work is queued without one (see ``op_noted``)."""
+    ``op_queued`` or ``op_issued``); otherwise work is queued without one (and only noted in
+    the thread's op journal, where it keeps one)."""
     if not (listening["op_queued"] or listening["op_issued"]):
         return False
     return bool(_methods("op_queued") or _methods("op_issued"))
@@ -168,3 +180,41 @@ def notify(what, *args):
     called = methods.get(what) if methods is not None else ()       # notify on every level
     for method in called if called is not None else _methods(what):
         method(*args)              # a tuple: an observer may remove itself while being called
+
+
+# --------------------------------------------------------------------------
+# The op journal (see the module text)
+# --------------------------------------------------------------------------
+#: Op journals open in all threads together. The helper's hot paths read it before noting an
+#: operation, so that a run without a journal anywhere pays one test per operation.
+journals_open = 0
+
+
+def open_journal():
+    """Start the calling thread's op journal and return it: an empty list to which each
+    operation the helper queues from this thread appends ``(kind, name, stream, level, nbytes)``
+    until :func:`close_journal`. A thread keeps one journal at a time."""
+    global journals_open
+    if _local.journal is not None:
+        raise RuntimeError("this thread already keeps an op journal (one recording at a time)")
+    journal = _local.journal = []
+    with _lock:
+        journals_open += 1
+    return journal
+
+
+def close_journal():
+    """Stop the calling thread's op journal (no error if it keeps none); the list keeps what it holds."""
+    global journals_open
+    if _local.journal is None:
+        return
+    _local.journal = None
+    with _lock:
+        journals_open -= 1
+
+
+def note_op(kind, name, stream, level, nbytes):
+    """Append a queued operation to the calling thread's op journal, where it keeps one."""
+    journal = _local.journal
+    if journal is not None:
+        journal.append((kind, name, stream, level, nbytes))

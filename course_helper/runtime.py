@@ -84,8 +84,8 @@ def time_label():
 def wants_op(stream):
     """Whether work queued on ``stream`` needs an :class:`~course_helper.observe.Op` description:
     the model runs from it and observers read it. CuPy on a GPU with nobody watching needs none,
-    so callers may skip building one, queue the work directly and tell the observers that want
-    to know (``op_noted``, e.g. a CUPTI recording) what they queued."""
+    so callers may skip building one, queue the work directly and note what they queued in the
+    thread's op journal (:func:`observe.note_op`, read by a CUPTI recording)."""
     return stream.runtime.needs_op or observe.wants_ops()
 
 
@@ -98,5 +98,5 @@ def submit(stream, op, *, cuda, numpy, cost):
     observe.notify("op_queued", op)
     stream.runtime.enqueue(stream.raw, op, cuda, numpy, cost)
     observe.notify("op_issued", op)
-    if observe.listening["op_noted"]:
-        observe.notify("op_noted", op.kind, op.name, stream, op.level, op.nbytes)
+    if observe.journals_open:
+        observe.note_op(op.kind, op.name, stream, op.level, op.nbytes)

@@ -57,7 +57,8 @@ def _host_wait(rt, name, target, sync, raw):
         sync(raw)
     finally:
         observe.notify("host_waited", name, t0, rt.host_ms())
-    observe.notify("host_synced", target)
+    if observe.listening["host_synced"]:
+        observe.notify("host_synced", target)
 
 
 def synchronize():
@@ -104,7 +105,7 @@ class Stream:
         if not (observe.listening["host_waited"] or observe.listening["host_synced"]):
             self.runtime.sync_stream(self.raw)    # nobody times the wait: no label, no clock readings
             return
-        self.wait_for_host(f"wait for {self.name}")
+        _host_wait(self.runtime, f"wait for {self.name}", self, self.runtime.sync_stream, self.raw)
 
     def wait_for_host(self, name):
         """:meth:`synchronize`, labelled ``name`` on timelines (e.g. "blocking copy")."""

@@ -287,8 +287,8 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     if not runtime.wants_op(stream):
         # CuPy on a GPU with no observer reading Ops: neither the Op nor the NumPy step nor the cost is built.
         stream.runtime.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
-        if observe.listening["op_noted"]:
-            observe.notify("op_noted", "kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
+        if observe.journals_open:
+            observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
         return
 
     def cuda(raw_stream):

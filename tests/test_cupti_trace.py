@@ -12,20 +12,23 @@ class _S:
 
 
 def _noted(kind, name, stream, level):
-    """An operation as CuptiTimer.op_noted keeps it."""
+    """An operation as CuptiTimer.queued_ops gives it."""
     return (kind, name, stream, level, 0, False)
 
 
 def test_the_timer_keeps_what_cupti_times_and_whether_a_graph_captured_it():
     timer = object.__new__(cupti_trace.CuptiTimer)      # no CUPTI session: only the bookkeeping
-    timer.ops, timer._capturing = [], 0
+    timer.journal = []
     assert not hasattr(timer, "op_queued")               # it reads no Op, so none is built for it
     s = _S("io 1")
-    timer.op_noted("D2H", "D2H level 4", s, 4, 64)
-    timer.op_noted("host func", "log", s, None, 0)
-    timer._capturing = 1
-    timer.op_noted("kernel", "wave2d_4o level 9", s, 9, 0)
-    assert timer.ops == [("D2H", "D2H level 4", s, 4, 64, False), ("kernel", "wave2d_4o level 9", s, 9, 0, True)]
+    timer.journal.append(("D2H", "D2H level 4", s, 4, 64))
+    timer.journal.append(("host func", "log", s, None, 0))
+    timer.capture_started(s)
+    timer.journal.append(("kernel", "wave2d_4o level 9", s, 9, 0))
+    timer.capture_ended(s, None)
+    timer.journal.append(("memset", "zero", s, None, 8))
+    assert timer.queued_ops() == [("D2H", "D2H level 4", s, 4, 64, False), ("kernel", "wave2d_4o level 9", s, 9, 0, True),
+                                  ("memset", "zero", s, None, 8, False)]
 
 
 def _rec(start, name="wave2d_4o", cls="kernel"):
@@ -91,7 +94,7 @@ def test_raw_loop_needs_the_gpu(backend):
 
 def test_a_cupti_trace_builds_no_op_description(backend, monkeypatch):
     """Timed by CUPTI, a traced loop queues its work as an untraced one does and only notes what
-    it queued (op_noted); the modelled GPU runs from Op descriptions, so there every op has one."""
+    it queued (in the op journal); the modelled GPU runs from Op descriptions, so there every op has one."""
     from course_helper import observe
     built, real_op = [], observe.Op
     monkeypatch.setattr(observe, "Op", lambda *a, **k: built.append(a[0]) or real_op(*a, **k))
@@ -126,3 +129,21 @@ def test_the_set_up_launch_needs_the_gpu(backend):
             wave.launch_once_untold()
     else:
         wave.launch_once_untold()          # returns once the launch has run
+
+
+def test_a_bare_session_records_only_the_kinds_asked_for(backend):
+    if not cupti_trace.available()[0]:
+        pytest.skip("needs CUPTI: " + cupti_trace.available()[1])
+    with pytest.raises(ValueError, match="kinds must be some of"):
+        cupti_trace.ActivitySession(("kernel", "copies"))
+    from course_helper import wave
+    session = cupti_trace.ActivitySession(("memcpy",)).start()
+    try:
+        wave.launch_once_untold()
+        host = ch.pinned_empty((8, 8))
+        ch.copy_to_host_async(host, ch.device_zeros((8, 8)), ch.default_stream())
+        ch.synchronize()
+    finally:
+        session.stop()
+    classes = {r["cls"] for r in session.records}
+    assert "DTOH" in classes and "kernel" not in classes, classes

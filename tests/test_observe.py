@@ -134,3 +134,30 @@ def test_an_observer_is_uncounted_as_it_was_counted(stream):
     log.host_waited = lambda *a: None
     observe.remove(log)
     assert observe.listening == before
+
+
+def test_the_op_journal_holds_what_its_thread_queues_in_order(backend, stream):
+    """With a journal open, each kernel and copy the helper queues from this thread appends
+    (kind, label, stream, level, bytes), on either backend; another thread's work does not."""
+    p = ch.WaveProblem(n0=16, n1=16, nt=4)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    host = ch.pinned_empty(p.shape)
+    journal = observe.open_journal()
+    try:
+        assert observe.journals_open == 1
+        with pytest.raises(RuntimeError, match="already keeps an op journal"):
+            observe.open_journal()
+        ch.launch_wave2d(U[0], U[1], U[2], V, p, 1, stream=stream)
+        ch.copy_to_host_async(host, U[2], stream, level=3)
+        t = threading.Thread(target=lambda: ch.launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=stream))
+        t.start()
+        t.join(30)
+        stream.record()                     # an ordering step is not an operation
+    finally:
+        observe.close_journal()
+    ch.copy_to_host_async(host, U[2], stream, level=3)   # after the close: not noted
+    ch.synchronize()
+    observe.close_journal()                 # a second close is harmless
+    assert journal == [("kernel", "wave2d_4o level 3", stream, 3, 0), ("D2H", "D2H level 3", stream, 3, host.nbytes)]
+    assert observe.journals_open == 0
