@@ -30,14 +30,11 @@ from course_helper import cupti_trace, wave
 def overhead(problem, strategies, repeats):
     rows = {}
     for name in strategies:
-        ch.solve(problem, name, trace=True)
-        untraced, traced = [], []
-        for _ in range(repeats):
-            untraced.append(ch.solve(problem, name, trace=False).elapsed_ms)
-            traced.append(ch.solve(problem, name, trace=True).elapsed_ms)
-        rows[name] = {"untraced_ms": statistics.median(untraced), "traced_ms": statistics.median(traced),
-                      "ratio": ch.bench.paired_ratio(traced, untraced),
-                      "ratio_of_medians": statistics.median(traced) / statistics.median(untraced)}
+        ch.solve(problem, name, trace=True)                             # warm-up
+        cost = ch.bench.measure_trace_cost(problem, name, 1, repeats)           # rounds of untraced, traced
+        rows[name] = {"untraced_ms": cost["untraced_beside_ms"], "traced_ms": cost["traced_ms"],
+                      "ratio": cost["trace_overhead"],
+                      "ratio_of_medians": cost["traced_ms"] / cost["untraced_beside_ms"]}
     return rows
 
 

@@ -34,7 +34,7 @@ from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["DEFAULT_POINTS", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "compute_only_ms",
            "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point", "RAW_ROW",
-           "paired_ratio"]
+           "paired_ratio", "add_trace_cost", "measure_trace_cost"]
 
 #: (n, nt, every): the issue's sweep, from launch-bound to IO-bound.
 DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (4096, 128, 8)]
@@ -164,7 +164,7 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
 
 def add_trace_cost(point, strategies, repeats=5):
     """Add to each strategy of a measured ``point`` what recording its timeline costs
-    (``trace_overhead``: traced over untraced, in rounds of one of each, see :func:`_trace_cost`),
+    (``trace_overhead``: traced over untraced, in rounds of one of each, see :func:`measure_trace_cost`),
     and the clock that timed the traces.
 
     Run it after every untraced measurement of the process: on the H200, plain CuPy and the
@@ -175,14 +175,16 @@ def add_trace_cost(point, strategies, repeats=5):
     problem = WaveProblem(n0=point["n"], n1=point["n"], nt=point["nt"])
     for name in strategies:
         row = point["strategies"][name]
-        row.update(_trace_cost(problem, name, point["every"], repeats))
+        row.update(measure_trace_cost(problem, name, point["every"], repeats))
     return point
 
 
-def _trace_cost(problem, name, every, repeats):
+def measure_trace_cost(problem, name, every, repeats):
     """What recording a timeline costs: ``repeats`` rounds of one untraced and one traced run,
-    back to back (a host whose speed drifts slows both alike); ``trace_overhead`` is the median
-    of the rounds' traced / untraced ratios. Also the clock that timed the traces."""
+    back to back (a host whose speed drifts slows both alike). Returns the medians
+    (``traced_ms``, ``untraced_beside_ms``), ``trace_overhead``, the median of the rounds'
+    traced / untraced ratios, and ``trace_timing``, the clock that timed the traces."""
+    repeats = checks.positive_int("repeats", repeats)
     untraced, traced, timing = [], [], None
     for _ in range(repeats):
         untraced.append(solve(problem, name, every=every, trace=False).elapsed_ms)

@@ -80,6 +80,9 @@ class Op:
 
 class _ThreadState(threading.local):
     """Per-thread state; a class attribute is each new thread's starting value."""
+    observers = None     # the thread's observers (a list once one was added)
+    methods = None       # notification -> the observers' bound methods; None while there are none
+    heard = None         # id(observer) -> the notifications add() counted for it
     journal = None       # the thread's op journal (see open_journal), or None
 
 
@@ -100,7 +103,7 @@ def _heard_by(observer):
 
 
 def _observers():
-    obs = getattr(_local, "observers", None)
+    obs = _local.observers
     if obs is None:
         obs = _local.observers = []
     return obs
@@ -122,7 +125,7 @@ def add(observer):
             observer_count += 1
             for what in heard:
                 listening[what] += 1
-        _local.heard = {**getattr(_local, "heard", {}), id(observer): heard}
+        _local.heard = {**(_local.heard or {}), id(observer): heard}
         _changed(obs)
     return observer
 
@@ -148,7 +151,7 @@ def active():
 
 def watching():
     """True when the calling thread has observers (cheap: the helper asks before describing work)."""
-    return observer_count != 0 and bool(getattr(_local, "observers", None))
+    return observer_count != 0 and bool(_local.observers)
 
 
 def wants_ops():
@@ -162,7 +165,7 @@ def wants_ops():
 
 def _methods(what):
     """The bound methods ``what`` of this thread's observers (looked up once while they stay the same)."""
-    methods = getattr(_local, "methods", None)      # notification -> the observers' bound methods
+    methods = _local.methods       # notification -> the observers' bound methods
     if methods is None:            # this thread has no observers
         return ()
     called = methods.get(what)
@@ -176,7 +179,7 @@ def notify(what, *args):
     """Call ``observer.<what>(*args)`` on every observer of this thread that has it."""
     if not listening[what]:        # the common case: no observer anywhere has it, nothing to do
         return
-    methods = getattr(_local, "methods", None)      # _methods(what), without a call: traced loops
+    methods = _local.methods       # _methods(what), without a call: traced loops
     called = methods.get(what) if methods is not None else ()       # notify on every level
     for method in called if called is not None else _methods(what):
         method(*args)              # a tuple: an observer may remove itself while being called

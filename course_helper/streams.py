@@ -105,7 +105,7 @@ class Stream:
         if not (observe.listening["host_waited"] or observe.listening["host_synced"]):
             self.runtime.sync_stream(self.raw)    # nobody times the wait: no label, no clock readings
             return
-        _host_wait(self.runtime, f"wait for {self.name}", self, self.runtime.sync_stream, self.raw)
+        self.wait_for_host(f"wait for {self.name}")
 
     def wait_for_host(self, name):
         """:meth:`synchronize`, labelled ``name`` on timelines (e.g. "blocking copy")."""

@@ -68,7 +68,7 @@ def test_tracing_cost_is_taken_in_rounds_of_one_untraced_and_one_traced_run(back
         return r
 
     monkeypatch.setattr(bench, "solve", solve)
-    cost = bench._trace_cost(ch.WaveProblem(24, 24, nt=12), "events", 1, repeats=3)
+    cost = bench.measure_trace_cost(ch.WaveProblem(24, 24, nt=12), "events", 1, repeats=3)
     assert made == [False, True] * 3
     # round by round 1.5, 0.83, 2.0 -> median 1.5 (the medians' ratio would be 5 / 6)
     assert cost["trace_overhead"] == pytest.approx(1.5) and cost["untraced_beside_ms"] == 6.0
