@@ -12,6 +12,14 @@ Run it with::
 It writes ``bench.json`` (the machine, every point, every repeat) and
 ``bench.png`` (efficiency and speedup per strategy per size). Timings belong
 here, not in tests: the tests only check that the numbers are well formed.
+
+Each strategy's row also says how much of its work overlapped, from its traced
+runs (CUPTI on a GPU, the model on the CPU; :meth:`Trace.overlap`): compute and
+device-to-host copy busy times, the time both ran at once, and the hidden
+fraction (overlap / the shorter of the two). ``--nscratch 5,8,12`` repeats every
+point at each ring depth, e.g. the balanced point's ring sweep::
+
+    python -m course_helper bench --points 2048x320x16 --nscratch 5,8,12,16,20,24 --out benchmarks/ring
 """
 from __future__ import annotations
 
@@ -24,7 +32,7 @@ import numpy as np
 
 from . import checks, raw_cupy, runtime, store
 from .backend import backend_name, device_report
-from .compare import baseline_first, time_strategies
+from .compare import _nscratch_for, baseline_first, time_strategies
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
 from .solver import available_strategies, chunk_levels, plan_memory, saved_levels, solve
@@ -32,12 +40,15 @@ from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["DEFAULT_POINTS", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "compute_only_ms",
+__all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "parse_nscratch", "compute_only_ms",
            "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point", "RAW_ROW",
            "paired_ratio", "add_trace_cost", "measure_trace_cost"]
 
-#: (n, nt, every): the issue's sweep, from launch-bound to IO-bound.
-DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (4096, 128, 8)]
+#: (n, nt, every) where compute and copies take about as long (on the H200: kernels alone 7.47 ms,
+#: copies alone 5.88 ms), so overlapping them can nearly halve the time if the ring is deep enough.
+BALANCED_POINT = (2048, 320, 16)
+#: (n, nt, every): the course sweep, from launch-bound to IO-bound, and the balanced point.
+DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), BALANCED_POINT, (4096, 128, 8)]
 #: A sweep of the snapshot interval at one size: the crossover from IO-bound to compute-bound.
 EVERY_POINTS = [(2048, 320, e) for e in (1, 2, 4, 16, 32)]
 #: Small enough for the CPU backend.
@@ -130,14 +141,40 @@ def _fits(output_bytes, strategies):
     return None
 
 
-def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=True):
-    """Measure one (n, nt, every) point: B's two parts and each strategy's times (and, with
-    ``trace_cost``, what tracing costs: see :func:`add_trace_cost`)."""
+def parse_nscratch(text):
+    """The ring depths of ``--nscratch``, e.g. ``"5,8,12"`` -> ``[5, 8, 12]`` (each at least 1;
+    whether a strategy can run with it is checked before anything is measured)."""
+    depths = []
+    for item in str(text).split(","):
+        try:
+            k = int(item.strip())
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise ValueError(f"cannot read the ring depth {item.strip()!r} in --nscratch {text!r}; give whole "
+                             "numbers of scratch buffers separated by commas, e.g. --nscratch 5,8,12")
+        depths.append(k)
+    return list(dict.fromkeys(depths))
+
+
+def _check_point(n, nt, every, strategies, nscratch):
+    """Refuse a point that a strategy cannot run (at this ring depth), before anything is measured;
+    returns the output bytes."""
     problem = WaveProblem(n0=n, n1=n, nt=nt)
-    output_bytes = plan_memory(problem, "sequential", every)["host"]   # refuses bad input before measuring
+    for name in strategies:
+        plan_memory(problem, name, every, _nscratch_for(name, nscratch))
+    return plan_memory(problem, "sequential", every)["host"]
+
+
+def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=True, nscratch=None):
+    """Measure one (n, nt, every) point: B's two parts and each strategy's times (and, with
+    ``trace_cost``, what tracing costs and how much overlapped: see :func:`add_trace_cost`).
+    ``nscratch`` is the ring depth of the strategies that take one (None: their defaults)."""
+    problem = WaveProblem(n0=n, n1=n, nt=nt)
     order = baseline_first(strategies)
+    output_bytes = _check_point(n, nt, every, order, nscratch)      # refuses bad input before measuring
     point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
-             "output_bytes": output_bytes}
+             "output_bytes": output_bytes, "nscratch": nscratch}
     reason = _fits(output_bytes, order)
     if reason is not None:
         point["skipped"] = reason
@@ -147,8 +184,10 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
     # helper's events loop in every round (the helper's overhead is the gap), before any traced
     # (CUPTI) run.
     raw = backend_name() == "gpu" and "events" in order
-    also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every)} if raw else None
-    timed = time_strategies(problem, order, repeats, every, also=also, also_after="events" if raw else None)
+    ring = {} if nscratch is None else {"nscratch": nscratch}      # the same ring as the helper's events loop
+    also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every, **ring)} if raw else None
+    timed = time_strategies(problem, order, repeats, every, nscratch=nscratch, also=also,
+                            also_after="events" if raw else None)
     point["strategies"] = {
         name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
@@ -165,7 +204,8 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
 def add_trace_cost(point, strategies, repeats=5):
     """Add to each strategy of a measured ``point`` what recording its timeline costs
     (``trace_overhead``: traced over untraced, in rounds of one of each, see :func:`measure_trace_cost`),
-    and the clock that timed the traces.
+    the clock that timed the traces, and how much of the work overlapped in them
+    (``compute_busy_ms``, ``copy_busy_ms``, ``overlap_ms``, ``hidden_fraction``).
 
     Run it after every untraced measurement of the process: on the H200, plain CuPy and the
     helper alike ran 5-11% slower at 256² for the rest of the process once a CUPTI
@@ -175,24 +215,32 @@ def add_trace_cost(point, strategies, repeats=5):
     problem = WaveProblem(n0=point["n"], n1=point["n"], nt=point["nt"])
     for name in strategies:
         row = point["strategies"][name]
-        row.update(measure_trace_cost(problem, name, point["every"], repeats))
+        row.update(measure_trace_cost(problem, name, point["every"], repeats, point.get("nscratch")))
     return point
 
 
-def measure_trace_cost(problem, name, every, repeats):
+def measure_trace_cost(problem, name, every, repeats, nscratch=None):
     """What recording a timeline costs: ``repeats`` rounds of one untraced and one traced run,
     back to back (a host whose speed drifts slows both alike). Returns the medians
     (``traced_ms``, ``untraced_beside_ms``), ``trace_overhead``, the median of the rounds'
-    traced / untraced ratios, and ``trace_timing``, the clock that timed the traces."""
+    traced / untraced ratios, ``trace_timing``, the clock that timed the traces, the medians
+    over the traces of :meth:`Trace.overlap`'s numbers (``compute_busy_ms``, ``copy_busy_ms``,
+    ``overlap_ms``, ``hidden_fraction``; ``overlap_timing`` is ``trace_timing``) and the ring
+    depth the runs used (``nscratch``; ``nscratch`` asks for one where the strategy takes it)."""
     repeats = checks.positive_int("repeats", repeats)
-    untraced, traced, timing = [], [], None
+    untraced, traced, overlaps = [], [], []
+    nscratch = _nscratch_for(name, nscratch)
     for _ in range(repeats):
-        untraced.append(solve(problem, name, every=every, trace=False).elapsed_ms)
-        r = solve(problem, name, every=every, trace=True)
+        untraced.append(solve(problem, name, every=every, nscratch=nscratch, trace=False).elapsed_ms)
+        r = solve(problem, name, every=every, nscratch=nscratch, trace=True)
         traced.append(r.elapsed_ms)
-        timing = r.trace.timing
+        overlaps.append(r.trace.overlap().as_dict())
+    timing = overlaps[-1]["overlap_timing"]
+    busy = {key: float(np.median([o[key] for o in overlaps]))
+            for key in ("compute_busy_ms", "copy_busy_ms", "overlap_ms", "hidden_fraction")}
     return {"traced_ms": float(np.median(traced)), "untraced_beside_ms": float(np.median(untraced)),
-            "trace_overhead": paired_ratio(traced, untraced), "trace_timing": timing}
+            "trace_overhead": paired_ratio(traced, untraced), "trace_timing": timing, **busy,
+            "overlap_timing": timing, "nscratch": r.nscratch}
 
 
 def paired_ratio(times, reference_times):
@@ -317,16 +365,24 @@ def _machine():
     return info
 
 
-def run_bench(points=None, strategies=None, repeats=5, progress=None):
+def run_bench(points=None, strategies=None, repeats=5, progress=None, nscratch=None):
     """Run the sweep and return ``{"machine": ..., "points": [...]}``.
 
-    Every point's untraced runs come first, then every point's traced ones (see
-    :func:`add_trace_cost`); ``progress(point, stage)`` is called after each point of each
-    pass, ``stage`` being ``"untraced"`` or ``"traced"``."""
+    ``nscratch``: a list of ring depths; every point is then measured once at each (an entry
+    of ``points`` per point and depth, its ``nscratch`` saying which). Every point's untraced
+    runs come first, then every point's traced ones (see :func:`add_trace_cost`);
+    ``progress(point, stage)`` is called after each point of each pass, ``stage`` being
+    ``"untraced"`` or ``"traced"``."""
     if points is None:
         points = DEFAULT_POINTS if backend_name() == "gpu" else QUICK_POINTS
     strategies = baseline_first(available_strategies() if strategies is None else strategies)
     repeats = checks.positive_int("repeats", repeats)
+    depths = [None] if nscratch is None else [checks.positive_int("nscratch", k) for k in nscratch]
+    if not depths:
+        raise ValueError("nscratch: give at least one ring depth, or None for the strategies' defaults")
+    runs = [(n, nt, every, k) for n, nt, every in points for k in depths]
+    for n, nt, every, k in runs:                 # every point and depth checked before any is measured
+        _check_point(n, nt, every, strategies, k)
     peak = peak_d2h_gbps()
     doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": _machine(), "repeats": repeats, "peak_d2h_gbps": peak,
@@ -334,8 +390,9 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
                          "efficiency = B / median time", "points": []}
     # Every untraced run of the sweep first, then the traced ones: a CUPTI recording leaves the
     # process slower (see add_trace_cost).
-    for n, nt, every in points:
-        doc["points"].append(bench_point(n, nt, every, strategies, repeats, peak_gbps=peak, trace_cost=False))
+    for n, nt, every, k in runs:
+        doc["points"].append(bench_point(n, nt, every, strategies, repeats, peak_gbps=peak, trace_cost=False,
+                                         nscratch=k))
         if progress is not None:
             progress(doc["points"][-1], "untraced")
     for point in doc["points"]:
@@ -345,20 +402,35 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None):
     return doc
 
 
+def _label(p):
+    """A point as the table names it, e.g. "2048^2x320 e16 s12" (s: the ring depth asked for)."""
+    return f"{p['n']}^2x{p['nt']} e{p['every']}" + (f" s{p['nscratch']}" if p.get("nscratch") else "")
+
+
+def _overlap_cells(row):
+    """A strategy's compute / D2H / overlap ms and hidden fraction, as the table shows them."""
+    if "hidden_fraction" not in row:          # no traced run (the plain-CuPy row, or not traced yet)
+        return f"{'-':>8} {'-':>7} {'-':>8} {'-':>6}"
+    return (f"{row['compute_busy_ms']:8.2f} {row['copy_busy_ms']:7.2f} {row['overlap_ms']:8.2f} "
+            f"{100 * row['hidden_fraction']:5.0f}%")
+
+
 def table(doc):
     """The sweep as aligned text, one line per point and strategy ("traced": a traced run's time
-    over the untraced median, what recording the timeline costs)."""
+    over the untraced median, what recording the timeline costs; compute, D2H, overlap ms and
+    hidden: from the traced runs, see :func:`measure_trace_cost`)."""
     lines = [f"{'point':<18} {'B ms':>8} {'bound by':<8} {'strategy':<15} {'median ms':>10} {'efficiency':>10} "
-             f"{'speedup':>8} {'traced':>7} identical"]
+             f"{'speedup':>8} {'traced':>7} {'compute':>8} {'D2H':>7} {'overlap':>8} {'hidden':>6} identical"]
     for p in doc["points"]:
-        label = f"{p['n']}^2x{p['nt']} e{p['every']}"
+        label = _label(p)
         if "skipped" in p:
             lines.append(f"{label:<18} skipped: {p['skipped']}")
             continue
         for name, r in p["strategies"].items():
             traced = f"{r['trace_overhead']:6.2f}x" if "trace_overhead" in r else f"{'-':>7}"
             lines.append(f"{label:<18} {p['bound_ms']:8.2f} {p['bound_by']:<8} {name:<15} {r['median_ms']:10.2f} "
-                         f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {traced} {_identical(r)}")
+                         f"{r['efficiency']:10.2f} {r['speedup']:7.2f}x {traced} {_overlap_cells(r)} "
+                         f"{_identical(r)}")
             label = ""
         if "events_over_raw" in p["strategies"].get(RAW_ROW, {}):
             lines.append(f"{'':<18} the helper's events loop over the plain-CuPy one, round by round: "
@@ -386,7 +458,8 @@ def plot_bench(doc, path=None):
         spd = [p["strategies"][name]["speedup"] for p in pts]
         axes[0].bar(x + i * width, eff, width, label=name)
         axes[1].bar(x + i * width, spd, width, label=name)
-    labels = [f"{p['n']}²×{p['nt']}\nevery {p['every']}\n({p['bound_by']}-bound)" for p in pts]
+    labels = [f"{p['n']}²×{p['nt']}\nevery {p['every']}" + (f", ring {p['nscratch']}" if p.get("nscratch") else "")
+              + f"\n({p['bound_by']}-bound)" for p in pts]
     axes[1].set_xticks(x + width * (len(names) - 1) / 2, labels, fontsize=8)
     for ax, title in zip(axes, ("efficiency = B / time (1 = the physical limit)", "speedup over sequential")):
         ax.set_title(title, fontsize=10, loc="left")
@@ -402,8 +475,8 @@ def plot_bench(doc, path=None):
     axes[1].axhline(1.0, color="grey", lw=0.8)
     axes[0].legend(fontsize=8, ncols=len(names) or 1, loc="lower left", bbox_to_anchor=(0, 1.08),
                    borderaxespad=0)
-    clock = f", times {doc['machine']['clock']}" if "clock" in doc["machine"] else ""
-    fig.suptitle(f"{doc['machine']['device']} ({doc['machine']['backend']} backend{clock})")
+    clock = doc["machine"].get("clock", "host clock")        # the untraced runs' times
+    fig.suptitle(f"{doc['machine']['device']} ({doc['machine']['backend']} backend, clock: {clock})")
     if path is not None:
         write_atomically(os.fspath(path), lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
     return fig

@@ -38,9 +38,10 @@ STRATEGY_HELP = {
 #: Printed under the compare table, and in `compare --help`.
 COMPARE_COLUMNS = """\
 columns: median/min/max ms = host wall time of the untraced runs' loops, the device synchronised at
-  the end (a graph's one-off capture not included); speedup = sequential median / this median; overlap = share of the copy time during
-  which a kernel ran too, from one traced run (copy time hidden behind compute; read it as an upper
-  bound, as the timelines mark when a stream was busy); max diff = largest absolute difference
+  the end (a graph's one-off capture not included); speedup = sequential median / this median; from one
+  traced run (CUPTI on a GPU, the model on the CPU): compute ms = time a kernel ran, D2H ms = time a
+  device-to-host copy ran, overlap ms = time both ran at once, hidden = overlap / the shorter of the two
+  (100% = the shorter stage ran entirely under the other); max diff = largest absolute difference
   between this strategy's images and the sequential ones (0 = bit-identical)."""
 
 
@@ -107,6 +108,9 @@ def _parser():
     b.add_argument("--disk", default=None, metavar="FOLDER",
                    help="instead: stream each point to stores under FOLDER and measure against "
                         "B = max(compute, bytes / D2H, bytes / disk); writes disk.json to --out")
+    b.add_argument("--nscratch", default=None, metavar="K[,K...]",
+                   help="ring depths (scratch buffers) to measure every point at, e.g. 5,8,12,16,20,24 "
+                        "(default: each strategy's own)")
     _add_run_parser(sub)
     _halo_parser(sub)
 
@@ -198,7 +202,10 @@ def bench_main(args):
     else:
         backend.backend_name()
     if args.disk:
+        if args.nscratch:
+            raise ValueError("--nscratch sweeps the ring depth of the in-memory sweep; leave it out with --disk")
         return _disk_bench(args)
+    nscratch = bench.parse_nscratch(args.nscratch) if args.nscratch else None
     rt = runtime.get()
     predict = rt.modelled and not args.compute
     if predict:
@@ -216,7 +223,7 @@ def bench_main(args):
     bar = None
     if not args.no_progress:
         from tqdm import tqdm
-        bar = tqdm(total=2 * len(points), desc="points (untraced, then traced)", unit="pass",
+        bar = tqdm(total=2 * len(points) * len(nscratch or [None]), desc="points (untraced, then traced)", unit="pass",
                    file=sys.stderr, leave=False)
 
     def progress(point, stage):
@@ -228,7 +235,7 @@ def bench_main(args):
 
     try:
         with rt.times_only(predict):
-            doc = bench.run_bench(points, strategies, repeats=args.repeats, progress=progress)
+            doc = bench.run_bench(points, strategies, repeats=args.repeats, progress=progress, nscratch=nscratch)
     finally:
         if bar is not None:
             bar.close()

@@ -104,9 +104,13 @@ class Comparison:
 
     ``rows`` is a list of dicts with ``strategy``, ``median_ms``, ``min_ms``,
     ``max_ms``, ``speedup`` (sequential median / this median),
-    ``max_diff`` (largest difference from the sequential images) and
-    ``overlap`` (fraction of copy time hidden behind kernels). ``results``
-    keeps the last Result of each strategy (with its trace).
+    ``max_diff`` (largest difference from the sequential images), from one
+    traced run (:meth:`~course_helper.timeline.Trace.overlap`): ``compute_busy_ms``,
+    ``copy_busy_ms`` (device-to-host copies), ``overlap_ms`` (both at once),
+    ``hidden_fraction`` (overlap / the shorter of the two) and ``overlap_timing`` (the
+    clock that timed that run), and ``overlap`` (the share of all host-copy time a
+    kernel ran too, :meth:`~course_helper.timeline.Trace.summary`). ``results`` keeps the
+    last Result of each strategy (with its trace).
     """
 
     def __init__(self, rows, results, problem, every):
@@ -123,21 +127,28 @@ class Comparison:
     def table(self, timings=True):
         """The rows as aligned text. ``timings=False`` leaves out machine-dependent columns."""
         timings = checks.flag("timings", timings)
-        head = ["strategy"] + (["median ms", "min ms", "max ms", "speedup", "overlap"] if timings else []) \
-            + ["max diff"]
+        head = ["strategy"] + (["median ms", "min ms", "max ms", "speedup", "compute ms", "D2H ms", "overlap ms",
+                                "hidden"] if timings else []) + ["max diff"]
         lines = []
         for r in self.rows:
             cells = [r["strategy"]]
             if timings:
                 cells += [f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
-                          f"{r['speedup']:.2f}x", f"{100 * r['overlap']:.0f}%"]
+                          f"{r['speedup']:.2f}x", f"{r['compute_busy_ms']:.2f}", f"{r['copy_busy_ms']:.2f}",
+                          f"{r['overlap_ms']:.2f}", f"{100 * r['hidden_fraction']:.0f}%"]
             cells.append(f"{r['max_diff']:.3g}")
             lines.append(cells)
         widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
         fmt = lambda cells: "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths))  # noqa: E731
-        label = next(iter(self.results.values())).time_label if self.results else ""
-        note = [f"(times {label})"] if timings and label else []
+        note = [f"({self._clocks()})"] if timings and self.rows else []
         return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(c) for c in lines] + note)
+
+    def _clocks(self):
+        """Which clocks the table's numbers come from."""
+        label = next(iter(self.results.values())).time_label if self.results else ""
+        timing = self.rows[0].get("overlap_timing", "not recorded") if self.rows else "not recorded"
+        return (f"times: {label or 'host clock'}, untraced runs; busy and overlap: one traced run each, "
+                f"timing: {timing}")
 
     def __str__(self):
         return self.table()
@@ -162,7 +173,7 @@ class Comparison:
         ax.set_ylabel("time (ms), median over repeats")
         p = self.problem
         label = next(iter(self.results.values())).time_label if self.results else ""
-        ax.set_title(f"{p.n0}x{p.n1}, {p.nt} levels, every {self.every}" + (f" ({label})" if label else ""))
+        ax.set_title(f"{p.n0}x{p.n1}, {p.nt} levels, every {self.every} (clock: {label or 'host clock'})")
         ax.set_ylim(0, max(med) * 1.25)
         return ax
 
@@ -196,7 +207,8 @@ def compare_strategies(problem=None, strategies=("sequential", "streams", "event
     for name, t in timed.items():
         # Time untraced runs; keep one traced run for the overlap figure and pictures.
         results[name] = solve(problem, name, every=every, nscratch=_nscratch_for(name, nscratch), trace=True)
+        trace = results[name].trace
         rows.append({"strategy": name, "median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
                      "speedup": t["speedup"], "max_diff": results[name].max_difference(results["sequential"]),
-                     "overlap": results[name].trace.summary()["overlap_fraction"]})
+                     "overlap": trace.summary()["overlap_fraction"], **trace.overlap().as_dict()})
     return Comparison(rows, results, problem, every)

@@ -21,6 +21,13 @@ session, which took 0.8 to 5 ms on the course's H200. A recording therefore
 starts with one tiny launch of the course's kernel, before the work it
 records; that launch is left out of the trace.
 
+CUPTI's timestamps run on CUPTI's own clock, host waits on the runtime's host
+clock (:func:`course_helper.runtime.host_ms`). A session reads the two clocks
+together when it begins and when it stops (:func:`read_clocks_together`), and
+maps every record onto the host clock through those two readings, so that host
+and device lanes share one origin: a host wait that ends when a kernel ends is
+drawn ending where the kernel does, however long CUPTI's set-up took.
+
 Without CUPTI (the CPU backend, ROCm, or ``cupti-python`` not installed) the
 recorder falls back to CUDA events around each operation. Every trace says
 which one timed it in ``trace.meta["timing"]``. Set the environment variable
@@ -32,11 +39,11 @@ from __future__ import annotations
 import os
 import warnings
 
-from . import observe, wave
+from . import observe, runtime, wave
 from .backend import backend_name, cupy_module
 from .timeline import TraceEvent
 
-__all__ = ["available", "wanted", "ActivitySession", "CuptiTimer", "TIMING_ENV"]
+__all__ = ["available", "wanted", "ActivitySession", "CuptiTimer", "TIMING_ENV", "read_clocks_together"]
 
 TIMING_ENV = "COURSE_HELPER_TIMING"
 _CHOICES = ("auto", "cupti", "events")
@@ -127,6 +134,9 @@ class ActivitySession:
         self._kernel, self._memcpy = a.CONCURRENT_KERNEL, a.MEMCPY
         self.records = []
         self.t0_ns = None
+        # (host ms, CUPTI ns) read together at begin_here() and at stop(): how CUPTI's clock
+        # maps onto the host clock (see host_ms_of)
+        self.clock_pairs = []
 
     def start(self):
         global _receiver, _callbacks_registered
@@ -143,7 +153,7 @@ class ActivitySession:
         except BaseException:
             _receiver = None
             raise
-        self.t0_ns = int(cupti.get_timestamp())
+        self.begin_here()
         return self
 
     @property
@@ -156,6 +166,7 @@ class ActivitySession:
         if _receiver is not self:
             return
         cupti = self._cupti
+        self.clock_pairs.append(read_clocks_together(runtime.get().host_ms, cupti.get_timestamp))
         try:
             cupti.activity_flush_all(1)
         finally:
@@ -165,8 +176,28 @@ class ActivitySession:
 
     def begin_here(self):
         """Keep only the records of work that starts from now on (what ran before, since
-        :meth:`start`, was set-up work of the recorder's own)."""
-        self.t0_ns = int(self._cupti.get_timestamp())
+        :meth:`start`, was set-up work of the recorder's own), and read CUPTI's clock
+        together with the host clock (see :meth:`host_ms_of`)."""
+        host, self.t0_ns = read_clocks_together(runtime.get().host_ms, self._cupti.get_timestamp)
+        self.clock_pairs = [(host, self.t0_ns)]
+
+    def host_ms_of(self, ns):
+        """A CUPTI timestamp (ns) as a reading of the host clock (:func:`runtime.host_ms`, ms).
+
+        The map is the straight line through the two clocks' joint readings at
+        :meth:`begin_here` and at :meth:`stop` (only the first one's offset before
+        :meth:`stop`): it corrects a difference in the clocks' rates too, where that is
+        plausible (under 0.1%; a larger one means a reading was interrupted, and the
+        rates are taken as equal)."""
+        if not self.clock_pairs:
+            raise RuntimeError("the session has not begun: call start() first")
+        h0, c0 = self.clock_pairs[0]
+        rate = 1.0
+        if len(self.clock_pairs) > 1:
+            h1, c1 = self.clock_pairs[-1]
+            if c1 > c0 and abs((h1 - h0) / ((c1 - c0) / 1e6) - 1.0) < 1e-3:
+                rate = (h1 - h0) / ((c1 - c0) / 1e6)
+        return h0 + (ns - c0) / 1e6 * rate
 
     def _take(self, activities):
         cupti = self._cupti
@@ -185,6 +216,20 @@ class ActivitySession:
                 "cls": cls, "start_ns": int(a.start), "end_ns": int(a.end), "stream_id": int(a.stream_id),
                 "bytes": nbytes, "name": name, "graph_id": int(getattr(a, "graph_id", 0)),
                 "channel": int(getattr(a, "channel_id", -1)), "dst_kind": dst})
+
+
+def read_clocks_together(host_ms, cupti_ns, tries=5):
+    """``(host ms, CUPTI ns)`` read at one moment: CUPTI's clock is read between two readings
+    of the host clock, and the host time is the middle of that bracket. Of ``tries`` attempts
+    the tightest bracket is kept (a thread switch inside one would widen it)."""
+    best = None
+    for _ in range(tries):
+        before = host_ms()
+        ns = int(cupti_ns())
+        after = host_ms()
+        if best is None or after - before < best[0]:
+            best = (after - before, (before + after) / 2, ns)
+    return best[1], best[2]
 
 
 # --------------------------------------------------------------------------
@@ -252,8 +297,9 @@ class CuptiTimer:
 
     # -- matching ---------------------------------------------------------------
     def events(self):
-        """``(events, tracks, info)``: TraceEvents in ms from :meth:`start`, the
-        lanes in the order they were first used, and counts for the trace's meta."""
+        """``(events, tracks, info)``: TraceEvents timed on the host clock (ms readings of
+        :func:`runtime.host_ms`, as host waits are), the lanes in the order they were first used,
+        and counts for the trace's meta."""
         ops_by_key, recs_by_key, tracks = {}, {}, []
         stream_ids = {}
         queued = self.queued_ops()
@@ -272,7 +318,7 @@ class CuptiTimer:
         for r in self.session.records:
             key = ("graph", r["cls"]) if r["graph_id"] else (r["stream_id"], r["cls"])
             recs_by_key.setdefault(key, []).append(r)
-        t0 = self.session.t0_ns
+        on_host = self.session.host_ms_of
         events, unmatched_ops, foreign = [], 0, 0
         for key, ops in ops_by_key.items():
             recs = recs_by_key.pop(key, [])
@@ -286,8 +332,8 @@ class CuptiTimer:
                 if not rs:
                     unmatched_ops += 1
                 for r in rs:
-                    events.append(TraceEvent(stream.name, kind, name, (r["start_ns"] - t0) / 1e6,
-                                             (r["end_ns"] - t0) / 1e6, nbytes, level))
+                    events.append(TraceEvent(stream.name, kind, name, on_host(r["start_ns"]),
+                                             on_host(r["end_ns"]), nbytes, level))
         foreign += sum(len(v) for v in recs_by_key.values())
         if unmatched_ops:
             warnings.warn(f"CUPTI delivered no record for {unmatched_ops} of {len(queued)} traced "

@@ -17,8 +17,16 @@ stream* (:meth:`~course_helper.runtime_base.Runtime.trace_start`):
 ``trace.meta["timing"]`` says which of these timed a trace ("CUPTI", "CUDA
 events" or "modelled H200").
 
-Host waits are timed with the runtime's host clock. A recording belongs to
-the thread that opened it: work queued by other threads never lands in it.
+Host waits are timed with the runtime's host clock. Host and device lanes share
+one origin, taken once (:meth:`~course_helper.runtime_base.Runtime.trace_begin`,
+when the device is idle): event marks are timed from an event recorded at that
+moment, the model's times are on the modelled host clock already, and CUPTI's
+records are mapped onto the host clock through readings of both clocks taken
+together (:func:`course_helper.cupti_trace.read_clocks_together`). A host
+wait that ends when a kernel ends is drawn ending where the kernel does.
+
+A recording belongs to the thread that opened it: work queued by other threads
+never lands in it.
 """
 from __future__ import annotations
 
@@ -56,14 +64,21 @@ class Recorder:
             self.timing = "CUPTI"
         else:
             self.timing = "CUDA events"
-        self._origin = self.runtime.trace_begin()
         # Who times the operations: CUPTI's records, or marks the runtime places around each one
         # (CUDA events on a GPU, the model's own clock on the CPU). Each is an observer of its own,
         # so a CUPTI recording pays nothing per operation for the marks it does not use.
         self.marks = None
         if self.timing == "CUPTI":
+            # CUPTI's set-up (0.8 to ~22 ms) comes before the origin; its records are mapped
+            # onto the host clock (CuptiTimer.events), so they share the origin with host waits.
             self.cupti = cupti_trace.CuptiTimer().start()
-        else:
+        try:
+            self._origin = self.runtime.trace_begin()    # the one origin of host and device lanes
+        except BaseException:
+            if self.cupti is not None:
+                self.cupti.stop()
+            raise
+        if self.cupti is None:
             self.marks = _MarkTimer(self.runtime, self._origin, self.items, self.tracks)
 
     def activate(self):
@@ -108,6 +123,8 @@ class Recorder:
         events = []
         if self.cupti is not None:
             cupti_events, tracks, info = self.cupti.events()
+            for e in cupti_events:                # host-clock readings -> ms from the origin
+                e.start_ms, e.end_ms = rt.trace_host_ms(origin, e.start_ms), rt.trace_host_ms(origin, e.end_ms)
             events.extend(cupti_events)
             for name in tracks:
                 if name not in self.tracks:

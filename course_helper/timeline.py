@@ -7,7 +7,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["Trace", "TraceEvent", "KINDS", "write_atomically"]
+__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "write_atomically"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
 KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
@@ -31,6 +31,28 @@ class TraceEvent:
         return self.end_ms - self.start_ms
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """How much compute and copying ran at once in one run (:meth:`Trace.overlap`), in ms.
+
+    ``compute_ms``: time at least one kernel ran; ``copy_ms``: time at least one
+    device-to-host copy ran; ``overlap_ms``: time both ran at once; ``hidden_fraction``:
+    overlap / the shorter of the two busy times (1.0: the shorter stage ran entirely under
+    the longer one; 0.0: never at once, or one of them did not run); ``timing``: the clock
+    that timed the trace.
+    """
+    compute_ms: float
+    copy_ms: float
+    overlap_ms: float
+    hidden_fraction: float
+    timing: str
+
+    def as_dict(self):
+        """The numbers under the names the benchmark's JSON uses."""
+        return {"compute_busy_ms": self.compute_ms, "copy_busy_ms": self.copy_ms, "overlap_ms": self.overlap_ms,
+                "hidden_fraction": self.hidden_fraction, "overlap_timing": self.timing}
+
+
 def _union(intervals):
     """Merge intervals into a sorted list of disjoint ones."""
     merged = []
@@ -44,6 +66,21 @@ def _union(intervals):
 
 def _length(intervals):
     return float(sum(b - a for a, b in intervals))
+
+
+def _clip(intervals, lo, hi):
+    """The parts of disjoint sorted intervals that lie inside [lo, hi]."""
+    return [[max(a, lo), min(b, hi)] for a, b in intervals if min(b, hi) > max(a, lo)]
+
+
+def _percent(fraction):
+    """A busy fraction as a percentage a reader can trust: "<1%" rather than "0%" for a lane
+    that did work, ">99%" rather than "100%" for one that had gaps."""
+    if 0 < fraction < 0.005:
+        return "<1%"
+    if 0.995 <= fraction < 1:
+        return ">99%"
+    return f"{100 * fraction:.0f}%"
 
 
 def _intersection(x, y):
@@ -176,6 +213,41 @@ class Trace:
                 "overlap_fraction": overlap / copy_ms if copy_ms > 0 else 0.0,
                 "timing": self.timing}
 
+    def overlap(self):
+        """Compute busy, copy busy (device-to-host copies), their overlap and the hidden fraction:
+        an :class:`Overlap`. This is the one place these numbers are computed; tables and the
+        benchmark's JSON take them from here."""
+        kern = _union((e.start_ms, e.end_ms) for e in self.kernels)
+        d2h = _union((e.start_ms, e.end_ms) for e in self.of_kind("D2H"))
+        both = _intersection(kern, d2h)
+        shorter = min(_length(kern), _length(d2h))
+        return Overlap(compute_ms=_length(kern), copy_ms=_length(d2h), overlap_ms=both,
+                       hidden_fraction=both / shorter if shorter > 0 else 0.0, timing=self.timing)
+
+    def busy_fractions(self, window=None):
+        """``{track: fraction}``: the share of ``window`` (``(start_ms, end_ms)``; default: first
+        start to last end) during which each track had work (on the host lane: waited)."""
+        if window is None:
+            if not self.events:
+                return {name: 0.0 for name in self.tracks}
+            window = (min(e.start_ms for e in self.events), max(e.end_ms for e in self.events))
+        lo, hi = window
+        if not hi > lo:
+            raise ValueError(f"the window must end after it starts, got {window}")
+        return {name: _length(_clip(_union((e.start_ms, e.end_ms) for e in self.events if e.track == name),
+                                    lo, hi)) / (hi - lo)
+                for name in self.tracks}
+
+    @property
+    def clock(self):
+        """The clock of the timeline's device lanes, as plot titles name it: "CUPTI (GPU)",
+        "CUDA events (GPU)" or, on the CPU backend, e.g. "modelled H200 profile (predicted)"."""
+        if self.meta.get("clock"):                     # the CPU backend's modelled device
+            return f"{self.meta['clock']} profile (predicted)"
+        if self.timing in ("CUPTI", "CUDA events"):
+            return f"{self.timing} (GPU)"
+        return f"timing: {self.timing}"
+
     @property
     def timing(self):
         """What timed the device work: "CUPTI", "CUDA events" or "modelled H200" (the CPU backend)."""
@@ -231,9 +303,11 @@ class Trace:
     def plot(self, ax=None, window=None, levels=None, title=None):
         """Draw the timeline: one lane per track, kernels and copies in their colours.
 
-        The legend sits to the right of the axes, never over a bar. Every operation is drawn at
-        least one pixel wide (at the figure's size and layout when ``plot`` is called), so a copy
-        far shorter than a pixel on a whole-run plot still shows.
+        Each operation is drawn exactly as long as it ran, so a lane that was busy 5% of a
+        whole run looks it (operations far shorter than a pixel show as a faint shade), and
+        each lane's label says how busy it was in the time shown ("compute / 5% busy"; the
+        host lane: how much of it the host waited). The title names the clock that timed the
+        trace (:attr:`clock`). The legend sits to the right of the axes, never over a bar.
 
         Parameters
         ----------
@@ -243,14 +317,14 @@ class Trace:
         levels : (first, last), optional
             Zoom to the work of these time levels (e.g. ``(100, 104)``).
         title : str, optional
-            Default: the strategy, and what timed the trace.
+            Default: the strategy. The clock is added unless the title names it.
         """
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
 
         if ax is None:
             # Constrained layout keeps room for the legend outside the axes.
-            _, ax = plt.subplots(figsize=(10, 0.45 * len(self.tracks) + 1.4), layout="constrained")
+            _, ax = plt.subplots(figsize=(10, 0.5 * len(self.tracks) + 1.4), layout="constrained")
         if levels is not None:
             window = self.window_for_levels(*levels)
         if window is not None:
@@ -262,26 +336,25 @@ class Trace:
         if present:                                  # beside the axes, never over a bar
             ax.legend(handles=[Patch(color=c, label=k) for k, c in KINDS.items() if k in present],
                       loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
-        ax.set_yticks(range(len(self.tracks)), self.tracks)
+        busy = self.busy_fractions(window) if self.events else {name: 0.0 for name in self.tracks}
+        ax.set_yticks(range(len(self.tracks)),
+                      [f"{name}\n{_percent(busy[name])} {'waiting' if name == 'host' else 'busy'}"
+                       for name in self.tracks])
         ax.set_ylim(max(len(self.tracks), 1) - 0.5, -0.5)
         if not self.events:
             ax.text(0.5, 0.5, "nothing was recorded", transform=ax.transAxes, ha="center")
         clock = self.meta.get("clock")           # e.g. "modelled H200" on the CPU backend
         ax.set_xlabel(f"time (ms, {clock})" if clock else "time (ms)")
         if title is None:
-            title = f"{self.meta.get('strategy', 'timeline')} (timing: {self.timing})"
+            title = f"{self.meta.get('strategy', 'timeline')}, clock: {self.clock}"
+        elif self.clock not in title:
+            title = f"{title} (clock: {self.clock})"
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)
-        # Every operation at least one pixel wide: on a whole run, a copy can be far shorter than
-        # a pixel, and a thinner bar is not drawn at all.
-        ax.figure.draw_without_rendering()           # the final layout, legend included
-        lo, hi = ax.get_xlim()
-        pixel_ms = (hi - lo) / max(ax.get_window_extent().width, 1.0)
         lane = {name: i for i, name in enumerate(self.tracks)}
         for kind, colour in KINDS.items():
             for track in self.tracks:
-                bars = [(e.start_ms, max(e.duration_ms, pixel_ms)) for e in self.events
-                        if e.kind == kind and e.track == track]
+                bars = [(e.start_ms, e.duration_ms) for e in self.events if e.kind == kind and e.track == track]
                 if bars:
                     ax.broken_barh(bars, (lane[track] - 0.4, 0.8), facecolors=colour, edgecolor="none")
         return ax

@@ -28,7 +28,8 @@ def test_bench_point_is_well_formed(backend):
         assert r["identical_to_sequential"], name
         if name in strategies:            # what tracing costs, and which clock timed the traces
             assert r["traced_ms"] > 0 and r["untraced_beside_ms"] > 0 and r["trace_overhead"] > 0
-            assert r["trace_timing"] in ("CUPTI", "CUDA events", "modelled H200")
+            assert r["trace_timing"] in ("CUPTI", "CUDA events", "modelled H200") and r["overlap_timing"] == r["trace_timing"]
+            assert 0 <= r["overlap_ms"] <= min(r["compute_busy_ms"], r["copy_busy_ms"]) and 0 <= r["hidden_fraction"] <= 1
     assert p["strategies"]["sequential"]["speedup"] == 1.0
     if backend == "gpu":                  # the helper's events loop against the plain-CuPy one
         raw = p["strategies"]["raw-cupy-events"]
@@ -170,3 +171,103 @@ def test_the_sweep_times_every_untraced_run_before_any_traced_one(backend, monke
     assert traced[untraced_done:] == [False, True] * (len(traced[untraced_done:]) // 2)
     assert all("trace_overhead" in r for p in doc["points"] for name, r in p["strategies"].items()
                if name in ch.STRATEGIES)
+
+
+_OVERLAP_KEYS = ("compute_busy_ms", "copy_busy_ms", "overlap_ms", "hidden_fraction")
+
+
+def test_each_strategy_reports_how_much_overlapped_in_its_traced_runs(cpu):
+    """The busy times, overlap and hidden fraction of a point's rows are Trace.overlap() of its
+    traced runs (the model is deterministic: any traced run gives the same numbers)."""
+    p = bench.bench_point(512, 40, 1, ["sequential", "events"], repeats=2, nscratch=8)
+    problem = ch.WaveProblem(512, 512, nt=40)
+    for name, row in p["strategies"].items():
+        r = ch.solve(problem, name, every=1, nscratch=8 if name == "events" else None)
+        assert {k: row[k] for k in _OVERLAP_KEYS} == pytest.approx({k: v for k, v in r.trace.overlap().as_dict().items()
+                                                                   if k in _OVERLAP_KEYS})
+        assert row["overlap_timing"] == row["trace_timing"] == "modelled H200"
+        assert row["nscratch"] == r.nscratch
+    assert p["nscratch"] == 8 and p["strategies"]["events"]["nscratch"] == 8
+    assert p["strategies"]["sequential"]["overlap_ms"] == 0.0 < p["strategies"]["events"]["overlap_ms"]
+    lines = bench.table({"points": [p]}).splitlines()
+    assert lines[0].split()[-6:] == ["traced", "compute", "D2H", "overlap", "hidden", "identical"]
+    events = next(line for line in lines if " events " in line)
+    row = p["strategies"]["events"]
+    assert (f"{row['compute_busy_ms']:.2f} {row['copy_busy_ms']:.2f} {row['overlap_ms']:.2f} "
+            f"{100 * row['hidden_fraction']:.0f}%") in " ".join(events.split())
+    assert lines[1].startswith("512^2x40 e1 s8")
+
+
+def test_the_ring_sweep_measures_every_point_at_every_depth(cpu, monkeypatch):
+    monkeypatch.setattr(ch.compare, "solve", _times_only(ch.compare.solve))
+    doc = bench.run_bench([(128, 40, 4)], ["events"], repeats=1, nscratch=[5, 12])
+    assert [(p["n"], p["nscratch"]) for p in doc["points"]] == [(128, 5), (128, 12)]
+    hidden = [p["strategies"]["events"]["hidden_fraction"] for p in doc["points"]]
+    assert [p["strategies"]["events"]["nscratch"] for p in doc["points"]] == [5, 12]
+    assert all(0.0 <= h <= 1.0 for h in hidden)
+    for p in doc["points"]:       # the keys readers of bench.json use are all still there
+        assert {"median_ms", "times_ms", "efficiency", "speedup", "identical_to_sequential"} <= set(p["strategies"]["events"])
+
+
+def _times_only(solve):
+    def run(*args, **kwargs):
+        rt = ch.runtime.get()
+        with rt.times_only(rt.modelled):
+            return solve(*args, **kwargs)
+    return run
+
+
+def test_a_ring_depth_a_strategy_cannot_use_is_refused_before_anything_is_measured(cpu, monkeypatch):
+    monkeypatch.setattr(bench, "peak_d2h_gbps", lambda *a, **k: pytest.fail("measured before checking"))
+    with pytest.raises(ValueError, match="nscratch=3 is unsafe"):
+        bench.run_bench([(64, 40, 1)], ["events"], repeats=1, nscratch=[8, 3])
+    with pytest.raises(ValueError, match="at least one ring depth"):
+        bench.run_bench([(64, 40, 1)], ["events"], repeats=1, nscratch=[])
+
+
+@pytest.mark.parametrize("text,depths", [("5,8,12", [5, 8, 12]), (" 24 ", [24]), ("8,8,5", [8, 5])])
+def test_parse_nscratch(text, depths):
+    assert bench.parse_nscratch(text) == depths
+
+
+@pytest.mark.parametrize("text", ["", "5,,8", "five", "0", "-4", "2.5"])
+def test_parse_nscratch_refuses_what_is_not_a_ring_depth(text):
+    with pytest.raises(ValueError, match="--nscratch"):
+        bench.parse_nscratch(text)
+
+
+def test_the_sweep_has_a_balanced_point():
+    assert bench.BALANCED_POINT == (2048, 320, 16) and bench.BALANCED_POINT in bench.DEFAULT_POINTS
+
+
+def test_bench_cli_sweeps_the_ring_depth(cpu, tmp_path, capsys):
+    code = main(["bench", "--backend", "cpu", "--points", "64x40x4", "--nscratch", "5,9", "--repeats", "1",
+                 "--strategies", "events", "--out", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert [p["nscratch"] for p in doc["points"]] == [5, 9]
+    assert all(set(_OVERLAP_KEYS) <= set(p["strategies"]["events"]) for p in doc["points"])
+    assert "64^2x40 e4 s5" in out and "64^2x40 e4 s9" in out and "hidden" in out
+
+
+@pytest.mark.parametrize("extra,msg", [(["--nscratch", "5,x"], "ring depth 'x'"),
+                                       (["--nscratch", "5", "--disk", "."], "leave it out with --disk")])
+def test_bench_cli_bad_nscratch(cpu, extra, msg, capsys):
+    assert main(["bench", "--backend", "cpu", "--points", "64x40x4", "--no-progress", "--repeats", "1", *extra]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_compare_table_shows_busy_times_overlap_and_hidden_fraction(cpu):
+    p = ch.WaveProblem(512, 512, nt=40)
+    c = ch.compare_strategies(p, ["events"], repeats=1)
+    lines = c.table().splitlines()
+    assert lines[0].split()[8:] == ["compute", "ms", "D2H", "ms", "overlap", "ms", "hidden", "max", "diff"]
+    for row, line in zip(c.rows, lines[2:]):
+        o = c.results[row["strategy"]].trace.overlap()
+        assert (row["compute_busy_ms"], row["copy_busy_ms"], row["overlap_ms"], row["hidden_fraction"]) == \
+            (o.compute_ms, o.copy_ms, o.overlap_ms, o.hidden_fraction)
+        assert line.split()[5:9] == [f"{o.compute_ms:.2f}", f"{o.copy_ms:.2f}", f"{o.overlap_ms:.2f}",
+                                     f"{100 * o.hidden_fraction:.0f}%"]
+    assert c.rows[1]["hidden_fraction"] > 0 and "timing: modelled H200" in lines[-1]
+    assert "modelled H200" in c.plot().get_title()

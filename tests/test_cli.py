@@ -104,7 +104,7 @@ def test_subcommand_help_describes_strategies_and_columns(capsys):
     text = capsys.readouterr().out
     for name in ch.STRATEGIES:
         assert f"\n  {name} " in text, f"compare --help does not list {name}"
-    assert "overlap = " in text and "max diff = " in text
+    assert "hidden = " in text and "max diff = " in text
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     assert "efficiency = B / median time" in capsys.readouterr().out
@@ -113,5 +113,5 @@ def test_subcommand_help_describes_strategies_and_columns(capsys):
 def test_compare_table_explains_its_columns(cpu, capsys):
     assert main(["compare", "--n", "24", "--nt", "12", "--repeats", "1", "--no-progress", "--backend", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "overlap" in out.split("\n", 2)[1] and "overlap = share of the copy time" in out
+    assert "hidden" in out.split("\n", 2)[1] and "hidden = overlap / the shorter of the two" in out
     assert "max diff = largest absolute difference" in out

@@ -147,3 +147,32 @@ def test_a_bare_session_records_only_the_kinds_asked_for(backend):
         session.stop()
     classes = {r["cls"] for r in session.records}
     assert "DTOH" in classes and "kernel" not in classes, classes
+
+
+def test_the_two_clocks_are_read_together_in_the_tightest_bracket():
+    # host readings (ms) around each CUPTI reading: brackets 2.0, 0.5 (the tightest), 3.0 ms wide
+    host = iter([10.0, 12.0, 20.0, 20.5, 30.0, 33.0])
+    cupti = iter([111_000_000, 222_000_000, 333_000_000])
+    assert cupti_trace.read_clocks_together(lambda: next(host), lambda: next(cupti), tries=3) == (20.25, 222_000_000)
+
+
+def _session(*pairs):
+    s = object.__new__(cupti_trace.ActivitySession)      # no CUPTI: only the clock mapping
+    s.clock_pairs = list(pairs)
+    return s
+
+
+def test_cupti_times_are_mapped_onto_the_host_clock():
+    with pytest.raises(RuntimeError, match="start"):
+        _session().host_ms_of(0)
+    # one joint reading: host 500 ms at CUPTI 7e9 ns; an offset, the same rate
+    s = _session((500.0, 7_000_000_000))
+    assert s.host_ms_of(7_002_500_000) == pytest.approx(502.5)
+    assert s.host_ms_of(6_999_000_000) == pytest.approx(499.0)
+    # a second reading at stop: a rate 0.01% apart is corrected (between and beyond the readings)
+    s = _session((500.0, 7_000_000_000), (600.01, 7_100_000_000))
+    assert s.host_ms_of(7_050_000_000) == pytest.approx(550.005)
+    assert s.host_ms_of(7_100_000_000) == pytest.approx(600.01)
+    # one 1% apart means a reading was interrupted: the rates are taken as equal
+    s = _session((500.0, 7_000_000_000), (601.0, 7_100_000_000))
+    assert s.host_ms_of(7_050_000_000) == pytest.approx(550.0)

@@ -2,6 +2,8 @@ import errno
 import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -96,7 +98,7 @@ def test_plot_whole_and_zoomed(backend, small):
     import matplotlib.pyplot as plt
     t = ch.solve(small, "streams").trace
     ax = t.plot()
-    assert [l.get_text() for l in ax.get_yticklabels()][0] == "compute"
+    assert [l.get_text() for l in ax.get_yticklabels()][0].split("\n")[0] == "compute"
     ax2 = t.plot(levels=(20, 23))
     lo, hi = ax2.get_xlim()
     w = t.window_for_levels(20, 23)
@@ -186,7 +188,7 @@ def test_failed_write_removes_the_temporary_file(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_plot_keeps_the_legend_off_the_bars_and_every_operation_visible(cpu):
+def test_plot_keeps_the_legend_off_the_bars_and_draws_each_operation_as_long_as_it_ran(cpu):
     import matplotlib.pyplot as plt
     problem = ch.WaveProblem(n0=64, n1=64, nt=300)
     t = ch.solve(problem, "events").trace
@@ -198,8 +200,137 @@ def test_plot_keeps_the_legend_off_the_bars_and_every_operation_visible(cpu):
     shortest = min(e.duration_ms for e in t.events)
     lo, hi = ax.get_xlim()
     assert shortest < (hi - lo) / ax.get_window_extent().width, "the run has operations under a pixel"
-    widths = [path.get_extents(transform=ax.transData).width
-              for bars in ax.collections for path in bars.get_paths()]
-    assert len(widths) == len(t.events)
-    assert min(widths) >= 0.999, f"an operation drawn {min(widths):.2f} pixels wide"
+    # every bar exactly as long as its operation: lane by lane, the drawn widths (ms) are the durations
+    drawn = sorted(round(path.get_extents().width, 9) for bars in ax.collections for path in bars.get_paths())
+    assert drawn == sorted(round(e.duration_ms, 9) for e in t.events)
     plt.close(fig)
+
+
+def test_busy_fractions_of_a_hand_built_trace():
+    t = hand_trace()          # 0 .. 12 ms
+    assert t.busy_fractions() == pytest.approx({"compute": 8 / 12, "io 0": 5 / 12, "io 1": 3 / 12, "host": 1.5 / 12})
+    assert t.busy_fractions((2.0, 6.0)) == pytest.approx({"compute": 0.5, "io 0": 1.0, "io 1": 0.5, "host": 0.125})
+    with pytest.raises(ValueError, match="end after it starts"):
+        t.busy_fractions((3.0, 3.0))
+
+
+def test_each_lane_is_labelled_with_how_busy_it_was_in_the_time_shown():
+    import matplotlib.pyplot as plt
+    t = hand_trace()
+    labels = [x.get_text() for x in t.plot().get_yticklabels()]
+    assert labels == ["compute\n67% busy", "io 0\n42% busy", "io 1\n25% busy", "host\n12% waiting"]
+    labels = [x.get_text() for x in t.plot(window=(2.0, 6.0)).get_yticklabels()]
+    assert labels == ["compute\n50% busy", "io 0\n100% busy", "io 1\n50% busy", "host\n12% waiting"]
+    # a lane that did work is never shown as 0% (nor one with gaps as 100%)
+    sparse = Trace([TraceEvent("io 0", "D2H", "c", 0.0, 0.001), TraceEvent("compute", "kernel", "k", 0.0, 0.999),
+                    TraceEvent("compute", "kernel", "k", 0.9995, 1.0)], ["compute", "io 0"])
+    assert [x.get_text() for x in sparse.plot().get_yticklabels()] == ["compute\n>99% busy", "io 0\n<1% busy"]
+    plt.close("all")
+
+
+@pytest.mark.parametrize("timing,meta,clock", [("CUPTI", {}, "CUPTI (GPU)"), ("CUDA events", {}, "CUDA events (GPU)"),
+                                               ("modelled H200", {"clock": "modelled H200"},
+                                                "modelled H200 profile (predicted)")])
+def test_every_plot_names_its_clock_in_its_title(timing, meta, clock):
+    import matplotlib.pyplot as plt
+    t = hand_trace()
+    t.meta.update(meta, timing=timing)
+    assert t.clock == clock
+    assert t.plot().get_title() == f"hand, clock: {clock}"
+    assert t.plot(title="my loop").get_title() == f"my loop (clock: {clock})"
+    assert t.plot(title=f"my loop, {clock}").get_title() == f"my loop, {clock}"     # named once
+    plt.close("all")
+
+
+def test_overlap_of_hand_built_traces():
+    o = hand_trace().overlap()
+    # kernels [0,4] [6,10]: 8 ms; D2H copies [2,7] [3,5] [11,12]: 6 ms; both at once [2,4] [6,7]: 3 ms
+    assert (o.compute_ms, o.copy_ms, o.overlap_ms) == pytest.approx((8.0, 6.0, 3.0))
+    assert o.hidden_fraction == pytest.approx(3.0 / 6.0)             # of the shorter stage, the copies
+    assert o.as_dict() == {"compute_busy_ms": o.compute_ms, "copy_busy_ms": o.copy_ms, "overlap_ms": o.overlap_ms,
+                           "hidden_fraction": o.hidden_fraction, "overlap_timing": "not recorded"}
+    # compute the shorter stage, entirely under the copies; host-to-device and device copies are not counted
+    t = Trace([TraceEvent("compute", "kernel", "k", 1.0, 2.0), TraceEvent("io 0", "D2H", "c", 0.0, 5.0),
+               TraceEvent("io 1", "H2D", "h", 5.0, 9.0), TraceEvent("compute", "D2D", "d", 6.0, 7.0)], [])
+    o = t.overlap()
+    assert (o.compute_ms, o.copy_ms, o.overlap_ms, o.hidden_fraction) == pytest.approx((1.0, 5.0, 1.0, 1.0))
+    # nothing at once; nothing copied
+    t = Trace([TraceEvent("compute", "kernel", "k", 0.0, 2.0), TraceEvent("io 0", "D2H", "c", 2.0, 3.0)], [])
+    assert t.overlap().overlap_ms == 0.0 and t.overlap().hidden_fraction == 0.0
+    assert Trace([TraceEvent("compute", "kernel", "k", 0.0, 2.0)], []).overlap().hidden_fraction == 0.0
+
+
+def test_overlap_of_a_modelled_run_follows_the_ring_depth(cpu):
+    """The modelled H200 at the balanced point: a deeper ring hides more of the copying."""
+    p = ch.WaveProblem(n0=2048, n1=2048, nt=320)
+    rt = ch.runtime.get()
+    with rt.times_only():
+        shallow, deep = (ch.solve(p, "events", every=16, nscratch=k).trace.overlap() for k in (5, 20))
+    assert shallow.compute_ms > 0 and shallow.copy_ms > 0
+    assert 0 <= shallow.hidden_fraction < deep.hidden_fraction <= 1
+    assert deep.timing == "modelled H200"
+
+
+#: Queues kernels on one stream and waits for them, twice (the process's first trace and a later
+#: one), and prints where each trace drew the last kernel's end and the host wait.
+_WAIT_SCRIPT = """
+import json, sys
+import course_helper as ch
+from course_helper import cupti_trace
+n, kernels = int(sys.argv[1]), int(sys.argv[2])
+p = ch.WaveProblem(n0=n, n1=n, nt=kernels + 2)
+rt = ch.runtime.get()
+U = [ch.device_zeros(p.shape) for _ in range(3)]
+V = ch.to_device(p.velocity)
+(s,) = ch.create_streams(1, name="compute")
+out = []
+with rt.times_only(rt.modelled):
+    for _ in range(2):
+        with ch.tracing() as t:
+            for k in range(kernels):
+                ch.launch_wave2d(U[k % 3], U[(k + 1) % 3], U[(k + 2) % 3], V, p, k, stream=s)
+            s.synchronize()
+        wait = [e for e in t.events if e.kind == "host wait"][-1]
+        out.append({"timing": t.timing, "cupti": cupti_trace.available()[0], "kernel_end": max(e.end_ms for e in t.kernels),
+                    "wait_start": wait.start_ms, "wait_end": wait.end_ms})
+print(json.dumps(out))
+"""
+
+
+def _first_and_later_wait(backend, n, kernels, timing="auto"):
+    env = dict(os.environ, COURSE_HELPER_BACKEND=backend, COURSE_HELPER_TIMING=timing,
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(ch.__file__)),
+                                           os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", _WAIT_SCRIPT, str(n), str(kernels)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _assert_wait_ends_with_the_kernels(traces):
+    for i, t in enumerate(traces):
+        which = "the first trace of the process" if i == 0 else "a later trace"
+        assert t["wait_start"] < t["kernel_end"], f"{which}: the host did not wait for the kernels ({t})"
+        assert abs(t["wait_end"] - t["kernel_end"]) <= 0.1, \
+            f"{which} ({t['timing']}): the host wait ends {t['wait_end'] - t['kernel_end']:+.3f} ms from the kernels' end"
+
+
+def test_host_lane_shares_the_device_lanes_origin_on_the_model():
+    """On the modelled H200 a host wait for a stream ends where the stream's last kernel does."""
+    traces = _first_and_later_wait("cpu", 4096, 12)
+    assert traces[0]["timing"] == "modelled H200"
+    _assert_wait_ends_with_the_kernels(traces)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("timing", ["auto", "events"])
+def test_host_lane_shares_the_device_lanes_origin_on_the_gpu(timing):
+    """Timed by CUPTI (where it works; "auto") or by CUDA events, a host wait for a stream of long
+    kernels is drawn ending within 0.1 ms of the last kernel's end: in the first trace of a fresh
+    process (CUPTI's set-up then takes longest) and in a later one."""
+    if not ch.backend.gpu_available():
+        pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
+    traces = _first_and_later_wait("gpu", 8192, 10, timing)
+    expected = "CUPTI" if timing == "auto" and traces[0]["cupti"] else "CUDA events"
+    assert [t["timing"] for t in traces] == [expected] * 2
+    _assert_wait_ends_with_the_kernels(traces)
