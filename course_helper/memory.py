@@ -63,9 +63,13 @@ def to_device(host):
 
 
 def to_host(device_array):
-    """A new NumPy array holding a copy of ``device_array`` (waits for the device)."""
+    """A new NumPy array holding a copy of ``device_array`` (waits for the device).
+
+    It synchronises the whole device first, so it is a host wait like ``synchronize()``."""
     _require_device("device_array", device_array)
-    return runtime.get().to_host(device_array)
+    out = runtime.get().to_host(device_array)
+    observe.notify("host_synced", None)      # both runtimes synchronise the device before copying
+    return out
 
 
 # --------------------------------------------------------------------------
