@@ -64,7 +64,10 @@ def _host_wait(rt, name, target, sync, raw):
 def synchronize():
     """Block the host until all work on the active backend's device has finished.
 
-    An exception raised by queued work (on the CPU backend) is raised here.
+    An exception raised by queued work (on the CPU backend) is raised here. Work
+    queued by another thread is covered too: its error is raised here as well, and
+    stays with its stream until the thread that queued the work has been told (by
+    a synchronise of its own), so that thread never misses it.
     """
     runtime.get().sync_device()
     observe.notify("host_synced", None)
