@@ -7,6 +7,10 @@ expected content of a plane.
 """
 from __future__ import annotations
 
+import linecache
+import os
+import sys
+import threading
 from collections import Counter
 
 import numpy as np
@@ -123,24 +127,43 @@ def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
 
 
 class _HostWaits:
-    """Observer: host waits followed by more queued work happened inside the loop."""
+    """Observer (of every thread): host waits followed by more queued work happened inside the loop.
+
+    A host wait is anything after which the host knows device work to be finished: a
+    synchronize of the device, a stream or an event, a blocking copy, ``ch.to_host()``, a
+    ``query()`` polled until it answered True. Each is named by the learner's line that waited."""
 
     def __init__(self):
         self.pending, self.inside = [], []
+        self.lock = threading.Lock()
 
     def host_synced(self, target):
-        if target is None:
-            self.pending.append("ch.synchronize()")
-        elif hasattr(target, "wait_event"):
-            self.pending.append(f"{target.name}.synchronize()")
-        else:
-            self.pending.append("event.synchronize()")
+        line = _caller_line()
+        if line is None:
+            line = ("ch.synchronize()" if target is None else
+                    f"{target.name}.synchronize()" if hasattr(target, "wait_event") else "event.synchronize()")
+        with self.lock:
+            self.pending.append(line)
 
     def _more_work(self, *args):
-        self.inside += self.pending
-        self.pending = []
+        with self.lock:
+            self.inside += self.pending
+            self.pending = []
 
     op_queued = event_recorded = event_waited = _more_work
+
+
+def _caller_line():
+    """The source line outside this package that made the current call, e.g.
+    ``stack[k] = ch.to_host(buf)`` (None when its source cannot be read)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == package:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno, frame.f_globals).strip()
+    return f"`{line}`" if line else None
 
 
 def _run_checked(loop, stack, buffers):
@@ -151,7 +174,7 @@ def _run_checked(loop, stack, buffers):
     synchronize()                                  # nothing earlier still writes the stack
     observe.notify("host_access", stack, "w", "check_layer_cake")
     stack.fill(np.nan)
-    waits = observe.add(_HostWaits())
+    waits = observe.add(_HostWaits(), every_thread=True)   # a loop may queue its body from a thread
     try:
         with sanitize(names={"stack": stack, "buffers": list(buffers or [])}):
             loop()

@@ -76,10 +76,15 @@ def capture_graph(stream):
     rt = stream.runtime
     rt.begin_capture(stream.raw)
     observe.notify("capture_started", stream)
+    ended = False
     try:
         yield cap
+        ended = True
+        graph = rt.end_capture(stream.raw)      # refuses an unjoined fork, as CUDA does (and ends the capture)
     except BaseException:
-        rt.abort_capture(stream.raw)
+        if not ended:
+            rt.abort_capture(stream.raw)
+        observe.notify("capture_ended", stream, None)    # over, with no graph
         raise
-    cap.graph = Graph(rt.end_capture(stream.raw), stream)
+    cap.graph = Graph(graph, stream)
     observe.notify("capture_ended", stream, cap.graph)

@@ -25,6 +25,7 @@ from . import checks, observe, runtime, streams
 from .backend import backend_name
 from .checks import host_memory_available
 from .runtime_base import CpuDeviceArray
+from .sanitizer import byte_span
 
 __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
            "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
@@ -63,9 +64,13 @@ def to_device(host):
 
 
 def to_host(device_array):
-    """A new NumPy array holding a copy of ``device_array`` (waits for the device)."""
+    """A new NumPy array holding a copy of ``device_array`` (waits for the device).
+
+    It synchronises the whole device first, so it is a host wait like ``synchronize()``."""
     _require_device("device_array", device_array)
-    return runtime.get().to_host(device_array)
+    out = runtime.get().to_host(device_array)
+    observe.notify("host_synced", None)      # both runtimes synchronise the device before copying
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -253,7 +258,18 @@ def copy_on_device_async(dst, src, stream=None, *, level=None):
     _require_device("src", src)
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
+    _require_apart(dst, src)
     _queue_copy("D2D", dst, src, streams.resolve(stream), level)
+
+
+def _require_apart(dst, src):
+    # An async copy between overlapping ranges has no defined result on a GPU (it may read bytes
+    # it has already overwritten), so it is refused here rather than giving a different answer.
+    d, s = byte_span(dst), byte_span(src)
+    if d is not None and s is not None and d[1] < s[2] and s[1] < d[2]:
+        raise ValueError("dst and src overlap in device memory, and a copy between overlapping ranges "
+                         "has no defined result (it may read what it has already overwritten); copy "
+                         "through a separate buffer, or between slices that do not overlap")
 
 
 def zero_async(dst, stream=None):

@@ -107,7 +107,7 @@ class _Task:
     """One item of a stream's queue: an operation, an event record, a wait, a host function."""
 
     __slots__ = ("seq", "stream", "name", "engine", "link", "peak", "duration", "remaining",
-                 "deps", "queued", "start", "end", "state", "begin", "finish", "error", "skipped")
+                 "deps", "queued", "start", "end", "state", "begin", "finish", "error", "skipped", "owner")
 
     def __init__(self, seq, stream, name, queued, deps, begin=None, engine=None, duration=0.0,
                  link=None, peak=None, nbytes=0):
@@ -121,6 +121,7 @@ class _Task:
         self.state = _PENDING
         self.error = None
         self.skipped = False
+        self.owner = threading.current_thread()    # the thread that queued it: its failure is that thread's
 
     @property
     def done(self):
@@ -139,6 +140,7 @@ class ModelStream:
         self.running = None       # the task being run, if any
         self.last = None          # the most recently queued task
         self.error = None         # exception stored by failed work, raised at the next synchronise
+        self.error_owner = None   # the thread that queued the failed work (see ModelRuntime.sync_device)
         self.closed = False
         self.capture = None       # the graph being captured on this stream, if any
         self.disk = False         # a writer lane of the modelled disk (not device work)
@@ -155,17 +157,49 @@ class ModelEvent:
 
 
 class ModelGraph:
-    """A captured graph: the calls made on the captured streams, replayed in order."""
+    """A captured graph: the calls made on the captured streams, replayed in order.
+
+    As in CUDA, a stream that forked from the capture (it waited on an event recorded
+    in it) must be joined back: at the end the capturing stream must come after all
+    the work captured on every other stream, or the capture fails."""
 
     def __init__(self, stream):
         self.origin = stream
         self.nodes = []
         self.streams = [stream]
+        # stream -> {captured stream: how many of its work nodes it comes after}, a vector clock
+        self.after = {stream: {}}
+        self.recorded = {}        # event -> the clock of its stream at its latest record in the capture
 
     def join(self, stream):
         if stream not in self.streams:
             self.streams.append(stream)
             stream.capture = self
+            self.after[stream] = {}
+
+    def note(self, call, args):
+        """Follow the ordering of a captured call (see :meth:`unjoined`)."""
+        if call in ("enqueue", "host_func"):
+            known = self.after[args[0]]
+            known[args[0]] = known.get(args[0], 0) + 1
+        elif call == "record":
+            event, stream = args
+            self.recorded[event] = dict(self.after[stream])
+        elif call == "wait_event":
+            stream, event = args
+            known = self.after[stream]
+            for s, n in self.recorded.get(event, {}).items():
+                known[s] = max(known.get(s, 0), n)
+
+    def unjoined(self):
+        """The streams with captured work that the capturing stream does not come after."""
+        end = self.after[self.origin]
+        return [s for s in self.streams if s is not self.origin and end.get(s, 0) < self.after[s].get(s, 0)]
+
+    def release(self):
+        """Every stream of the capture leaves capture mode."""
+        for s in self.streams:
+            s.capture = None
 
 
 class _Node:
@@ -303,6 +337,7 @@ class ModelRuntime(Runtime):
             return None
         node = _Node(call, args)
         graph.nodes.append(node)
+        graph.note(call, args)
         return node
 
     @_serialised
@@ -365,8 +400,10 @@ class ModelRuntime(Runtime):
         if raw.capture is not None:
             self._no_wait_in_capture(f"synchronising stream {raw.name!r}")
         self._host_wait(raw.last, f"stream {raw.name!r}")
-        exc, raw.error = raw.error, None
+        exc = raw.error
         if exc is not None:
+            if self._told(raw):
+                raw.error = None
             raise exc.with_traceback(exc.__traceback__)
 
     @_serialised
@@ -382,13 +419,30 @@ class ModelRuntime(Runtime):
             self._no_wait_in_capture("synchronising the device")
         self._call("synchronize")
         self._block_until(lambda: all(s.disk for s in self._busy), "the device", lambda: self.t)   # not the disk
-        first = None
-        for s in [self.default_stream(), *sorted(self._all, key=lambda s: s.seq)]:
-            if s.error is not None:
-                first = first or s.error
-                s.error = None
+        failed = [s for s in [self.default_stream(), *sorted(self._all, key=lambda s: s.seq)] if s.error is not None]
+        mine = [s for s in failed if self._told(s)]
+        first = (mine or failed)[0].error if failed else None
+        for s in mine:
+            s.error = None
         if first is not None:
             raise first.with_traceback(first.__traceback__)
+
+    @staticmethod
+    def _told(stream):
+        """Whether raising ``stream``'s error now tells the thread it belongs to (the thread that
+        queued the failed work, or any thread once that one has ended), so that it is dealt with.
+
+        A synchronise that covers a failed stream raises its error in whichever thread calls it,
+        as CUDA reports a failed launch to any synchronise that waits for it; but the error stays
+        with the stream until its own thread has been told, so that thread's synchronise never
+        returns as if nothing had failed because another thread's synchronise took its error."""
+        owner = stream.error_owner
+        return owner is None or owner is threading.current_thread() or not owner.is_alive()
+
+    def _fail(self, task, exc):
+        """``task``'s work raised ``exc``: the stream's later work is skipped, and its next
+        synchronise raises ``exc`` (see :meth:`_told`)."""
+        task.stream.error, task.stream.error_owner = exc, task.owner
 
     @_serialised
     def elapsed_ms(self, start, end):
@@ -397,6 +451,8 @@ class ModelRuntime(Runtime):
     # -- work ----------------------------------------------------------------
     @_serialised
     def enqueue(self, stream, op, cuda, numpy, cost):
+        if "kernel" in cost:
+            _writable_outputs(op)             # at launch (and capture), not when it would write them
         if self._captured(stream, "enqueue", stream, op, cuda, numpy, cost):
             return
         kw = self._timing(op, cost)
@@ -493,6 +549,15 @@ class ModelRuntime(Runtime):
 
     def _start(self, task):
         s = task.stream
+        skip = s.error is not None                    # work after a failure is skipped
+        if not skip and task.begin is not None and task.engine != "host":
+            # The NumPy work reads its inputs now, before anything changes: a Ctrl-C in it (the
+            # host's, raised at once as on a GPU) leaves the task pending, to start again later.
+            try:
+                task.finish = task.begin()
+            except Exception as exc:  # noqa: BLE001 - stored, raised at the next synchronise
+                self._fail(task, exc)
+            task.begin = None
         s.pending.pop(0)
         s.running = task
         task.start = self.t
@@ -500,23 +565,27 @@ class ModelRuntime(Runtime):
         if task.engine in self._engines:
             self._in_use[task.engine] += 1
         self._running.append(task)
-        if task.engine == "copy" and s.error is None:
+        if task.engine == "copy" and not skip:
             self._on_link[task.link] = self._on_link.get(task.link, 0) + 1
-        if s.error is not None:                       # work after a failure is skipped
+        if skip:
             task.skipped = True
             task.duration, task.link, task.remaining = 0.0, None, 0.0
-        elif task.begin is not None:
+        elif task.begin is not None:                  # a host function: the learner's Python runs now
             wall = time.perf_counter()
-            self._inside = task if task.engine == "host" else None
+            self._inside = task
             try:
-                task.finish = task.begin()
-            except BaseException as exc:  # noqa: BLE001 - stored, raised at the next synchronise
-                s.error = exc
+                task.begin()
+            except Exception as exc:  # noqa: BLE001 - stored, raised at the next synchronise
+                self._fail(task, exc)
+            except BaseException as exc:
+                # A Ctrl-C is the host's: raised now. The function did not finish, so its
+                # stream has failed (it is not run again, which could repeat what it did).
+                self._fail(task, RuntimeError(f"the host function {task.name!r} was interrupted "
+                                              f"({type(exc).__name__}) before it returned"))
+                raise
             finally:
                 self._inside = None
-            if task.engine == "host":
                 task.duration = _ticks((time.perf_counter() - wall) * 1e3)   # a host function takes its own time
-                task.finish = None
         task.begin = None
 
     def _rates(self):
@@ -558,9 +627,11 @@ class ModelRuntime(Runtime):
         s = task.stream
         if task.finish is not None and s.error is None:
             try:
-                task.finish()                          # writes its outputs now
-            except BaseException as exc:  # noqa: BLE001 - stored, raised at the next synchronise
-                s.error = exc
+                # Writes its outputs now. A Ctrl-C here is raised at once and leaves the task
+                # running: its next completion writes them again, whole.
+                task.finish()
+            except Exception as exc:  # noqa: BLE001 - stored, raised at the next synchronise
+                self._fail(task, exc)
         task.finish = None
         task.deps = ()
         task.end = self.t
@@ -667,14 +738,22 @@ class ModelRuntime(Runtime):
     @_serialised
     def end_capture(self, stream):
         graph = stream.capture
-        for s in graph.streams:
-            s.capture = None
+        graph.release()
+        unjoined = graph.unjoined()
+        if unjoined:
+            names = ", ".join(repr(s.name) for s in unjoined)
+            raise RuntimeError(
+                f"cudaErrorStreamCaptureUnjoined: the capture on {stream.name!r} forked into {names} "
+                f"(a stream that waited on an event recorded in the capture), whose captured work was not "
+                f"joined back; before the capture block ends, make {stream.name!r} wait for it "
+                f"(wait_stream, or wait_event on an event recorded after that work). The capture has "
+                "ended without a graph.")
         return graph
 
     @_serialised
     def abort_capture(self, stream):
         if stream.capture is not None:
-            self.end_capture(stream)
+            stream.capture.release()
 
     @_serialised
     def launch_graph(self, graph, stream):
@@ -779,3 +858,13 @@ class DiskWrite:
 
 def _zero(out):
     out.fill(0)
+
+
+def _writable_outputs(op):
+    """Refuse a kernel that would write a read-only array: it could only fail when it ends."""
+    for a in op.writes:
+        if not a.flags.writeable:
+            shape = "x".join(str(n) for n in a.shape)
+            raise ValueError(f"{op.name} would write a read-only {shape} {a.dtype} device array "
+                             "(its flags.writeable is False); pass a writable device array "
+                             "(device_empty()/device_zeros(), or one whose flags.writeable is True)")

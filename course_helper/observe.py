@@ -7,7 +7,8 @@ timeline recorder and the race sanitizer are observers: they look at the
 program, they never run it.
 
 Observers belong to the thread that added them, so a trace opened in one
-thread never sees work queued by another.
+thread never sees work queued by another; an observer added with
+``every_thread=True`` (the race sanitizer) hears every thread's work instead.
 
 An observer is any object; it receives the calls below for which it has a
 method of the same name (all are optional):
@@ -96,6 +97,9 @@ observer_count = 0
 #: event record, a wait) read it themselves before describing their work: a GPU loop's host
 #: cost is counted in microseconds per level.
 listening = dict.fromkeys(NOTIFICATIONS, 0)
+#: notification -> the bound methods of the observers that hear every thread (add(every_thread=True)).
+_everywhere = {}
+_everywhere_observers = []
 
 
 def _heard_by(observer):
@@ -114,9 +118,12 @@ def _changed(obs):
     _local.methods = {} if obs else None
 
 
-def add(observer):
-    """Start sending this thread's runtime notifications to ``observer``."""
+def add(observer, every_thread=False):
+    """Start sending this thread's runtime notifications to ``observer`` (with ``every_thread``,
+    those of every thread, until :func:`remove`)."""
     global observer_count
+    if every_thread:
+        return _add_everywhere(observer)
     obs = _observers()
     if observer not in obs:
         heard = _heard_by(observer)
@@ -130,9 +137,33 @@ def add(observer):
     return observer
 
 
+def _add_everywhere(observer):
+    global observer_count, _everywhere
+    with _lock:
+        if observer not in _everywhere_observers:
+            _everywhere_observers.append(observer)
+            observer_count += 1
+            for what in _heard_by(observer):
+                listening[what] += 1
+            _everywhere = _methods_of(_everywhere_observers)
+    return observer
+
+
+def _methods_of(observers):
+    return {what: tuple(getattr(o, what) for o in observers if what in _heard_by(o)) for what in NOTIFICATIONS}
+
+
 def remove(observer):
     """Stop sending notifications to ``observer`` (no error if it was not added)."""
-    global observer_count
+    global observer_count, _everywhere
+    with _lock:
+        if observer in _everywhere_observers:
+            _everywhere_observers.remove(observer)
+            observer_count -= 1
+            for what in _heard_by(observer):
+                listening[what] -= 1
+            _everywhere = _methods_of(_everywhere_observers)
+            return
     obs = _observers()
     if observer in obs:
         heard = _local.heard.pop(id(observer))     # what add() counted, whatever changed since
@@ -151,7 +182,7 @@ def active():
 
 def watching():
     """True when the calling thread has observers (cheap: the helper asks before describing work)."""
-    return observer_count != 0 and bool(_local.observers)
+    return observer_count != 0 and (bool(_local.observers) or bool(_everywhere_observers))
 
 
 def wants_ops():
@@ -160,7 +191,8 @@ def wants_ops():
     the thread's op journal, where it keeps one)."""
     if not (listening["op_queued"] or listening["op_issued"]):
         return False
-    return bool(_methods("op_queued") or _methods("op_issued"))
+    return bool(_methods("op_queued") or _methods("op_issued")
+                or _everywhere.get("op_queued") or _everywhere.get("op_issued"))
 
 
 def _methods(what):
@@ -176,13 +208,17 @@ def _methods(what):
 
 
 def notify(what, *args):
-    """Call ``observer.<what>(*args)`` on every observer of this thread that has it."""
+    """Call ``observer.<what>(*args)`` on every observer of this thread, then on every observer
+    of all threads, that has it."""
     if not listening[what]:        # the common case: no observer anywhere has it, nothing to do
         return
     methods = _local.methods       # _methods(what), without a call: traced loops
     called = methods.get(what) if methods is not None else ()       # notify on every level
     for method in called if called is not None else _methods(what):
         method(*args)              # a tuple: an observer may remove itself while being called
+    if _everywhere_observers:
+        for method in _everywhere.get(what, ()):
+            method(*args)
 
 
 # --------------------------------------------------------------------------

@@ -30,19 +30,35 @@ that level in its source. A source last written by the operation of another
 level was overwritten before the copy ran (too few buffers in a ring): the
 copy is ordered, but it saves the wrong level.
 
+Polling counts as a host wait: an event's or a stream's ``query()`` (or
+``.done``) that returns True orders the host after the work it polled, and
+``ch.to_host()`` synchronises the device before it copies.
+
 Use it with ``with ch.sanitize(): ...`` or ``ch.solve(..., sanitize=True)``;
 it raises :class:`RaceError` when the second access of a race is queued.
+
+**Threads.** A sanitizer watches the work queued by *every* thread while it
+is on, as compute-sanitizer watches a whole process: a race queued from a
+worker thread is found too. It is raised in the thread that queued the
+second access and, if that is not the thread that opened the
+``sanitize()`` block, again when the block ends. The host is one: the
+sanitizer cannot see how threads order one another (a lock, a queue, a
+``join``), so a host wait in any thread orders the work queued after it by
+every thread. Work queued on one stream by two threads at the same moment is
+taken in the order the sanitizer heard it.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 
 import numpy as np
 
 from . import observe
 from .streams import synchronize
 
-__all__ = ["RaceError", "Sanitizer", "sanitize"]
+__all__ = ["RaceError", "Sanitizer", "sanitize", "byte_span"]
 
 _HOST = "host"           # the host's key in a vector clock
 _CHUNK = 20              # shadow-memory lookup granularity: 1 MiB
@@ -91,6 +107,10 @@ def _span(a):
         else:
             lo += (n - 1) * st
     return space, lo, hi + a.itemsize
+
+
+#: The public name of :func:`_span` (device-to-device copies use it to refuse overlapping ranges).
+byte_span = _span
 
 
 class _Names:
@@ -200,6 +220,15 @@ def _join(into, other):
             into[k] = v
 
 
+def _serialised(method):
+    """One notification at a time: threads queueing work at once share the sanitizer's state."""
+    @functools.wraps(method)
+    def call(self, *args):
+        with self._lock:
+            return method(self, *args)
+    return call
+
+
 def _blocking(stream):
     """True for a stream that takes part in the legacy default stream's implicit ordering."""
     return bool(getattr(stream, "blocking", getattr(stream, "synchronise", False)))
@@ -230,6 +259,8 @@ class Sanitizer:
         self.capture = None                  # saved state while a graph is being captured
         self.graphs = {}                     # id(graph) -> (graph, captured accesses)
         self.failed = False
+        self.race = None                     # (the RaceError, the thread it was raised in)
+        self._lock = threading.RLock()
 
     def close(self):
         """Stop watching and let go of the buffers it remembers (device memory can be freed)."""
@@ -278,6 +309,7 @@ class Sanitizer:
         return span
 
     # -- observer calls ------------------------------------------------------
+    @_serialised
     def op_queued(self, op):
         if self.failed:
             return
@@ -289,6 +321,7 @@ class Sanitizer:
                 if span is not None:
                     self._access(_Access(op.stream, clock, op, None, a, span, write), vc)
 
+    @_serialised
     def event_recorded(self, stream, event):
         if self.failed:
             return
@@ -296,6 +329,7 @@ class Sanitizer:
         self.events[id(event)] = (event, dict(vc))
         self.records.setdefault(stream, []).append((vc.get(stream, 0), event))
 
+    @_serialised
     def event_waited(self, stream, event):
         if self.failed:
             return
@@ -304,6 +338,7 @@ class Sanitizer:
         if known is not None and known[0] is event:
             _join(vc, known[1])
 
+    @_serialised
     def host_synced(self, target):
         if self.failed:
             return
@@ -318,6 +353,7 @@ class Sanitizer:
             if known is not None and known[0] is target:
                 _join(self.host, known[1])
 
+    @_serialised
     def host_access(self, array, mode, where):
         if self.failed:
             return
@@ -327,6 +363,7 @@ class Sanitizer:
         if span is not None:
             self._access(_Access(_HOST, clock, None, where, array, span, "w" in mode), self.host)
 
+    @_serialised
     def capture_started(self, stream):
         if self.failed:
             return
@@ -336,14 +373,18 @@ class Sanitizer:
         self.host_version += 1               # clocks are swapped in and out around the capture
         self.shadow = _Shadow()              # nothing captured runs now: check it within the capture
 
+    @_serialised
     def capture_ended(self, stream, graph):
+        """The capture on ``stream`` ended with ``graph`` (None: it failed or was abandoned)."""
         if self.capture is None:
             return
         (self.clocks, self.host, self.events, self.records, self.shadow), captured = self.capture
         self.capture = None
         self.host_version += 1
-        self.graphs[id(graph)] = (graph, captured)
+        if graph is not None:
+            self.graphs[id(graph)] = (graph, captured)
 
+    @_serialised
     def graph_launched(self, graph, stream):
         if self.failed:
             return
@@ -375,8 +416,12 @@ class Sanitizer:
             self.capture[1].append(acc)
 
     def _fail(self, first, second):
+        self._raise(self._race(first, second))
+
+    def _raise(self, error):
         self.failed = True
-        raise self._race(first, second)
+        self.race = (error, threading.current_thread())
+        raise error
 
     def _check_version(self, acc):
         """A copy of level L must find level L in its source: a source last written by the
@@ -385,15 +430,14 @@ class Sanitizer:
         last = entry[0] if entry is not None else None
         if last is None or last.op is None or last.op.level is None or int(last.op.level) == int(acc.op.level):
             return
-        self.failed = True
         what1, buffer = self._what(last)
         what2, _ = self._what(acc)
         fix = (f"{_describe(acc.op)} must be ordered before {buffer} is overwritten with level "
                f"{int(last.op.level)}: give each level in flight its own buffer (more buffers), and make "
                f"`{last.op.stream.name}` wait for an event recorded after the copy before it writes {buffer} again")
-        raise _error(f"{_describe(acc.op)} reads {buffer}, which no longer holds level {int(acc.op.level)}",
-                     f"{what1} (level {int(last.op.level)})", what2,
-                     f"so the copy saves level {int(last.op.level)} as level {int(acc.op.level)}", fix)
+        self._raise(_error(f"{_describe(acc.op)} reads {buffer}, which no longer holds level {int(acc.op.level)}",
+                           f"{what1} (level {int(last.op.level)})", what2,
+                           f"so the copy saves level {int(last.op.level)} as level {int(acc.op.level)}", fix))
 
     # -- messages ------------------------------------------------------------
     def _what(self, acc):
@@ -448,7 +492,10 @@ def sanitize(names=None):
     say ``U[2]`` or ``images[5]`` instead of "a 256x256 float32 device array".
     The check reasons about the program, not about timing: a missing
     dependency fails every time, on either backend. On a race, the work
-    already queued is drained before the error leaves the block.
+    already queued is drained before the error leaves the block. Work queued
+    by other threads while the block is open is checked too: a race found
+    there is raised in that thread and again when the block ends (see the
+    module text).
 
     Examples
     --------
@@ -456,7 +503,7 @@ def sanitize(names=None):
     ...     for k in range(nplanes):
     ...         ...
     """
-    san = observe.add(Sanitizer(names))
+    san = observe.add(Sanitizer(names), every_thread=True)
     try:
         yield san
     except BaseException:
@@ -466,12 +513,17 @@ def sanitize(names=None):
         raise
     finally:
         san.close()
+    if san.race is not None and san.race[1] is not threading.current_thread():
+        with contextlib.suppress(Exception):      # as above: the race is the news
+            synchronize()
+        raise san.race[0]                         # found in work another thread queued
 
 
 def watch_run(run):
     """Start a sanitizer for one of ``solve``'s runs, with its buffers named (None: not wanted)."""
     images = run.images if isinstance(run.images, np.ndarray) else None   # a store's ring names its own slots
-    return observe.add(Sanitizer({"U": run.U, "V": run.V, "images": images, "staging": run.staging}))
+    return observe.add(Sanitizer({"U": run.U, "V": run.V, "images": images, "staging": run.staging}),
+                       every_thread=True)
 
 
 def stop(san):

@@ -64,7 +64,10 @@ def _host_wait(rt, name, target, sync, raw):
 def synchronize():
     """Block the host until all work on the active backend's device has finished.
 
-    An exception raised by queued work (on the CPU backend) is raised here.
+    An exception raised by queued work (on the CPU backend) is raised here. Work
+    queued by another thread is covered too: its error is raised here as well, and
+    stays with its stream until the thread that queued the work has been told (by
+    a synchronise of its own), so that thread never misses it.
     """
     runtime.get().sync_device()
     observe.notify("host_synced", None)
@@ -151,11 +154,16 @@ class Stream:
         self.runtime.host_func(self.raw, fn)
 
     def query(self):
-        """True when all work queued on this stream has finished (never blocks)."""
-        return self.runtime.stream_done(self.raw)
+        """True when all work queued on this stream has finished (never blocks).
+
+        Polling until it returns True (``while not s.query(): ...``) is a host wait:
+        a True answer orders the host after all that work, as :meth:`synchronize` does
+        (the race sanitizer and the layer-cake checker count it so)."""
+        return _polled(self, self.runtime.stream_done(self.raw))
 
     @property
     def done(self):
+        """:meth:`query`, as an attribute."""
         return self.query()
 
     def __enter__(self):
@@ -207,16 +215,29 @@ class Event:
         _host_wait(self.runtime, "wait for event", self, self.runtime.sync_event, self.raw)
 
     def query(self):
-        """True when the event has completed (or was never recorded); never blocks."""
-        return self.runtime.event_done(self.raw)
+        """True when the event has completed (or was never recorded); never blocks.
+
+        Polling until it returns True (``while not ev.query(): ...``) is a host wait:
+        a True answer orders the host after the work before the event's latest record,
+        as :meth:`synchronize` does."""
+        return _polled(self, self.runtime.event_done(self.raw))
 
     @property
     def done(self):
+        """:meth:`query`, as an attribute."""
         return self.query()
 
     def __repr__(self):
-        state = "done" if self.done else "pending"
+        state = "done" if self.runtime.event_done(self.raw) else "pending"   # a look, not a host wait
         return f"<Event timing={self.timing} {state} on {self.backend}>"
+
+
+def _polled(target, done):
+    """A query of ``target`` answered ``done``: a True answer is the host learning that the
+    work is finished, so the observers hear ``host_synced(target)``."""
+    if done and observe.listening["host_synced"]:
+        observe.notify("host_synced", target)
+    return done
 
 
 def _stack():

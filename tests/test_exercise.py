@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pytest
 
@@ -119,7 +121,7 @@ def test_host_waits_inside_the_loop_break_rule_3(backend):
     stack, buffers = ch.pinned_empty((6, 8, 8)), [ch.device_empty((8, 8)) for _ in range(3)]
     with pytest.raises(ch.LayerCakeError, match="host waited inside the loop 6 times") as info:
         ch.check_layer_cake(stack, loop=cake_loop(stack, buffers, "host waits"), buffers=buffers)
-    assert "io 0.synchronize() x2" in str(info.value)
+    assert "(`io[b].synchronize()` x6)" in str(info.value)      # the line that waited
 
 
 def test_checker_reads_the_stack_only_when_the_copies_are_done(backend):
@@ -142,3 +144,65 @@ def test_stored_tracebacks_of_the_exercise_show_no_machine_path():
         assert tracebacks, "the exercise notebook should store the unfinished loop's error"
         for tb in tracebacks:
             assert ".py" not in tb and "course_helper/" not in tb, tb
+
+
+def _to_host_loop(stack, buffers):
+    (compute,) = ch.create_streams(1, name="compute")
+
+    def loop():
+        for k in range(len(stack)):
+            ch.bake_layer(buffers[k % len(buffers)], k, compute)
+            stack[k] = ch.to_host(buffers[k % len(buffers)])
+    return loop
+
+
+def _polling_loop(stack, buffers):
+    (compute,) = ch.create_streams(1, name="compute")
+    io = ch.create_streams(1, name="io")[0]
+
+    def loop():
+        for k in range(len(stack)):
+            ch.bake_layer(buffers[0], k, compute)
+            io.wait_event(compute.record())
+            ch.copy_to_host_async(stack[k], buffers[0], io, level=k)
+            while not io.query():
+                pass
+    return loop
+
+
+@pytest.mark.parametrize("make, line", [(_to_host_loop, "`stack[k] = ch.to_host(buffers[k % len(buffers)])` x5"),
+                                        (_polling_loop, "`while not io.query():` x5")],
+                         ids=["to_host", "polling"])
+def test_every_host_blocking_call_in_the_loop_breaks_rule_3(backend, make, line):
+    stack, buffers = ch.pinned_empty((6, 8, 8)), [ch.device_empty((8, 8)) for _ in range(2)]
+    with pytest.raises(ch.LayerCakeError, match="host waited inside the loop 5 times") as info:
+        ch.check_layer_cake(stack, loop=make(stack, buffers), buffers=buffers)
+    assert line in str(info.value)
+
+
+def _in_a_thread(body):
+    errors = []
+
+    def run():
+        try:
+            body()
+        except ch.RaceError as err:            # also raised again when the checker's block ends
+            errors.append(err)
+
+    def loop():
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+    return loop
+
+
+def test_a_loop_queued_from_a_thread_is_checked(backend):
+    stack, buffers = ch.pinned_empty((6, 8, 8)), [ch.device_empty((8, 8)) for _ in range(3)]
+    with pytest.raises(ch.LayerCakeError, match="race") as info:
+        ch.check_layer_cake(stack, loop=_in_a_thread(cake_loop(stack, buffers, "no wait for bake")),
+                            buffers=buffers)
+    assert "buffers[" in str(info.value)
+    with pytest.raises(ch.LayerCakeError, match="host waited inside the loop 6 times"):
+        ch.check_layer_cake(stack, loop=_in_a_thread(cake_loop(stack, buffers, "host waits")), buffers=buffers)
+    assert ch.check_layer_cake(stack, loop=_in_a_thread(cake_loop(stack, buffers)), buffers=buffers) == \
+        "all 6 layers are correct"

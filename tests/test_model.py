@@ -382,3 +382,92 @@ def test_loop_turn_is_the_turn_less_its_six_calls():
     host = {"launch": 9.0, "copy": 5.0, "record": 0.5, "wait_event": 0.5}
     assert calibrate.loop_turn_us(0.0196, host) == pytest.approx(19.6 - 16.0)
     assert calibrate.loop_turn_us(0.010, host) == 0.0                  # never below zero
+
+
+# --------------------------------------------------------------------------
+# What CUDA refuses, the modelled device refuses
+# --------------------------------------------------------------------------
+def test_an_unjoined_fork_fails_the_capture_as_in_cuda(backend):
+    ok, why = ch.graphs_supported()
+    if not ok:
+        pytest.skip(why)
+    origin, side = ch.create_streams(2, name="s")
+    buf = ch.device_zeros((8, 8))
+    with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureUnjoined"):
+        with ch.graphs.capture_graph(origin):
+            side.wait_event(origin.record())              # side forks from the capture...
+            ch.bake_layer(buf, 1, side)                    # ...and its work is never joined back
+    if backend == "gpu":
+        return
+    ch.bake_layer(buf, 2, side)                            # the capture is over: this runs now
+    side.synchronize()
+    np.testing.assert_array_equal(ch.to_host(buf), ch.exercise.layer_values(2, (8, 8)))
+    with ch.graphs.capture_graph(origin) as cap:           # joined back: a graph
+        side.wait_event(origin.record())
+        ch.bake_layer(buf, 3, side)
+        origin.wait_stream(side)
+    cap.graph.launch()
+    origin.synchronize()
+    np.testing.assert_array_equal(ch.to_host(buf), ch.exercise.layer_values(3, (8, 8)))
+
+
+def test_a_fork_joined_through_another_fork_is_joined(cpu):
+    origin, left, right = ch.create_streams(3, name="s")
+    bufs = [ch.device_zeros((8, 8)) for _ in range(2)]
+    with ch.graphs.capture_graph(origin) as cap:
+        forked = origin.record()
+        left.wait_event(forked)
+        right.wait_event(forked)
+        ch.bake_layer(bufs[0], 1, left)
+        ch.bake_layer(bufs[1], 2, right)
+        left.wait_stream(right)                            # right joins left, left joins the origin
+        origin.wait_stream(left)
+    cap.graph.launch()
+    origin.synchronize()
+    assert ch.to_host(bufs[1])[0, 0] == 2
+
+
+def test_overlapping_device_to_device_copies_are_refused(backend):
+    a = ch.device_zeros((4, 8))
+    for dst, src in ((a[1:3], a[0:2]), (a[0:2], a[1:3]), (a, a)):
+        with pytest.raises(ValueError, match="overlap"):
+            ch.memory.copy_on_device_async(dst, src)
+    ch.memory.copy_on_device_async(a[2:4], a[0:2])              # side by side: fine
+    ch.synchronize()
+
+
+def test_a_kernel_writing_a_read_only_array_fails_at_launch(cpu):
+    (s,) = ch.create_streams(1)
+    buf = ch.device_zeros((8, 8))
+    buf.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ch.bake_layer(buf, 1, s)
+    with pytest.raises(ValueError, match="read-only"):
+        with ch.graphs.capture_graph(s):
+            ch.bake_layer(buf, 1, s)
+    s.synchronize()                                        # nothing was queued to fail later
+
+
+def test_ctrl_c_during_modelled_work_is_raised_at_once(cpu, monkeypatch):
+    import os
+    import signal
+    real, sent = ch.exercise.layer_values, []
+
+    def interrupted(k, shape):                             # a real SIGINT while layer 3 is baked
+        if k == 3 and not sent:
+            sent.append(k)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(k, shape)
+
+    monkeypatch.setattr(ch.exercise, "layer_values", interrupted)
+    (s,) = ch.create_streams(1)
+    planes = [ch.device_zeros((8, 8)) for _ in range(200)]
+    queued = 0
+    with pytest.raises(KeyboardInterrupt):
+        for k, plane in enumerate(planes):
+            ch.bake_layer(plane, k, s)
+            queued += 1
+    assert sent and queued < len(planes)                   # not held until the whole loop was queued
+    s.synchronize()                                        # the interrupted work runs again, whole
+    for k in range(queued):
+        np.testing.assert_array_equal(ch.to_host(planes[k]), real(k, (8, 8)))

@@ -4,6 +4,7 @@ import ast
 import dataclasses
 import inspect
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -309,3 +310,95 @@ def test_message_names_both_operations_and_the_wait_to_add(cpu):
     assert "the kernel `wave2d_4o level 2` on `compute` writes U[2]" in msg
     assert "the D2H copy of level 2 on `io 2` reads U[2]" in msg
     assert "make `io 2` wait for the event recorded after the kernel `wave2d_4o level 2` on `compute`" in msg
+
+
+# --------------------------------------------------------------------------
+# Host waits the sanitizer must count, and work queued from other threads
+# --------------------------------------------------------------------------
+def _poll_event(stream):
+    ev = stream.record()
+    while not ev.query():
+        pass
+
+
+def _poll_stream(stream):
+    while not stream.query():
+        pass
+
+
+def _poll_event_done(stream):
+    ev = stream.record()
+    while not ev.done:
+        pass
+
+
+def _poll_stream_done(stream):
+    while not stream.done:
+        pass
+
+
+@pytest.mark.parametrize("wait", [_poll_event, _poll_stream, _poll_event_done, _poll_stream_done],
+                         ids=["event.query", "stream.query", "event.done", "stream.done"])
+def test_polling_to_completion_is_a_host_wait(backend, wait):
+    a, b = ch.create_streams(2)
+    buf = ch.device_empty((8, 8))
+    with ch.sanitize(names={"buf": buf}):
+        ch.bake_layer(buf, 1, a)
+        wait(a)                                # the host knows the bake has finished
+        ch.bake_layer(buf, 2, b)               # so this write comes after it
+        ch.synchronize()
+    with pytest.raises(ch.RaceError, match="race on buf"):       # and without the poll it races
+        with ch.sanitize(names={"buf": buf}):
+            ch.bake_layer(buf, 1, a)
+            ch.bake_layer(buf, 2, b)
+
+
+def test_to_host_is_a_host_wait(backend):
+    a, b = ch.create_streams(2)
+    buf = ch.device_empty((8, 8))
+    with ch.sanitize(names={"buf": buf}):
+        ch.bake_layer(buf, 1, a)
+        plane = ch.to_host(buf)                # synchronises the device before copying
+        ch.bake_layer(buf, 2, b)
+        ch.synchronize()
+    np.testing.assert_array_equal(plane, ch.exercise.layer_values(1, (8, 8)))
+
+
+def _racy_pair(buf, a, b, errors):
+    def queue():
+        try:
+            ch.bake_layer(buf, 1, a)
+            ch.bake_layer(buf, 2, b)           # nothing orders it after the first
+        except ch.RaceError as err:
+            errors.append(err)
+    return queue
+
+
+def test_a_race_queued_from_a_worker_thread_is_reported(backend):
+    a, b = ch.create_streams(2)
+    buf = ch.device_empty((8, 8))
+    errors = []
+    with pytest.raises(ch.RaceError, match="race on buf") as info:
+        with ch.sanitize(names={"buf": buf}):
+            worker = threading.Thread(target=_racy_pair(buf, a, b, errors))
+            worker.start()
+            worker.join()
+    assert errors == [info.value]              # raised in the worker, and again when the block ended
+
+
+def test_ordered_work_of_two_threads_is_no_race(backend):
+    a, b = ch.create_streams(2)
+    buf = ch.device_empty((8, 8))
+    baked = ch.create_events(1)[0]
+
+    def first():
+        ch.bake_layer(buf, 1, a)
+        a.record(baked)
+
+    with ch.sanitize(names={"buf": buf}):
+        worker = threading.Thread(target=first)
+        worker.start()
+        worker.join()
+        b.wait_event(baked)                    # another thread's record orders this thread's work
+        ch.bake_layer(buf, 2, b)
+        ch.synchronize()

@@ -272,3 +272,44 @@ def test_device_work_on_two_streams_overlaps(backend):
         work.step(compute)
         ch.synchronize()
     assert t.summary()["overlap_ms"] > 0
+
+
+def _boom():
+    raise ZeroDivisionError("from a host function")
+
+
+def _outcome(sync):
+    try:
+        sync()
+    except ZeroDivisionError:
+        return "raised"
+    return "returned"
+
+
+def test_a_host_function_error_reaches_the_thread_whose_stream_failed(cpu):
+    (s,) = ch.create_streams(1, name="worker")
+    queued, main_synced, seen = threading.Event(), threading.Event(), {}
+
+    def worker():
+        s.launch_host_func(_boom)
+        queued.set()
+        main_synced.wait(30)
+        seen["worker"] = _outcome(s.synchronize)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    queued.wait(30)
+    seen["main"] = _outcome(ch.synchronize)    # covers the worker's stream: it may say so...
+    main_synced.set()
+    thread.join(30)
+    assert seen == {"main": "raised", "worker": "raised"}   # ...but the worker's own sync still does
+    assert _outcome(ch.synchronize) == "returned"           # and once the worker was told, it is dealt with
+
+
+def test_a_failed_stream_of_a_finished_thread_is_reported_once(cpu):
+    (s,) = ch.create_streams(1, name="worker")
+    thread = threading.Thread(target=lambda: s.launch_host_func(_boom))
+    thread.start()
+    thread.join(30)
+    assert _outcome(ch.synchronize) == "raised"              # nobody else can hear it: the first sync does
+    assert _outcome(ch.synchronize) == "returned"
