@@ -19,15 +19,15 @@ from . import store as disk
 from .backend import backend_name
 from .graphs import GraphsUnsupported
 from .memory import device_zeros, pinned_empty, to_device
-from .strategies import KERNEL_LEVELS, STRATEGIES, capture_loop
+from .strategies import COPY_LAG, KERNEL_LEVELS, STRATEGIES, capture_loop, level_times, ring_depth
 from .streams import create_events, create_streams, synchronize
 from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["prepare", "solve", "Run", "Result", "STRATEGIES", "plan_memory", "saved_levels",
-           "available_strategies", "default_batch", "chunk_levels"]
+           "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch"]
 
-#: Most buffers one ring may have: each gets its own IO stream, and beyond a few the copy
-#: engines have nothing more to overlap.
+#: Most buffers one ring may have: each gets its own IO stream and events (a ring needs about
+#: COPY_LAG + copy time / kernel time buffers: see strategies.ring_depth).
 MAX_RING = 32
 DEFAULT_NSTAGING = 4
 
@@ -65,6 +65,7 @@ class Run:
     copied: list = field(default_factory=list)    # copied[b]: the copy out of buffer b is done
     filled: list = field(default_factory=list)    # filled[s]: staging buffer s holds its batch (staged)
     strategy: str = ""                            # the name of the strategy it was prepared for
+    nscratch_reason: str = ""                     # why nscratch has its value (see suggest_nscratch)
 
     @property
     def nt(self):
@@ -128,11 +129,14 @@ class Result:
         (``time_label`` says which, e.g. "modelled H200").
     strategy, backend : str
     every, nscratch : int
+    nscratch_reason : str
+        Why ``nscratch`` has its value: given, fixed by the strategy, or the ring depth
+        the default chose from one level's kernel and copy times (:func:`suggest_nscratch`).
     problem : WaveProblem
     """
 
     def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace,
-                 nstaging=0, batch=1, capture_ms=None, store=None, time_label=""):
+                 nstaging=0, batch=1, capture_ms=None, store=None, time_label="", nscratch_reason=""):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -141,6 +145,7 @@ class Result:
         self.problem = problem
         self.every = every
         self.nscratch = nscratch
+        self.nscratch_reason = nscratch_reason
         self.backend = backend
         self.nstaging = nstaging
         self.batch = batch
@@ -168,7 +173,7 @@ class Result:
     def __repr__(self):
         clock = f" {self.time_label}" if self.time_label else ""
         return (f"<Result {self.strategy!r} on {self.backend}: {len(self.levels)} levels of "
-                f"{self.problem.n0}x{self.problem.n1}, {self.elapsed_ms:.1f} ms{clock}>")
+                f"{self.problem.n0}x{self.problem.n1}, nscratch {self.nscratch}, {self.elapsed_ms:.1f} ms{clock}>")
 
 
 def stack_difference(images, other):
@@ -195,8 +200,58 @@ def plan_memory(problem=None, strategy="events", every=1, nscratch=None, *, unsa
     the saved output stack. On the CPU backend both live in host memory.
     """
     problem = WaveProblem() if problem is None else problem
-    every, nscratch, nstaging, batch = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
+    every, nscratch, nstaging, batch, _ = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
     return _plan(problem, every, nscratch, nstaging, batch)
+
+
+def suggest_nscratch(problem=None, every=1, strategy="events"):
+    """``(nscratch, reason)``: the scratch wavefields ``solve(problem, strategy, every=every)``
+    uses by default, and why (the same sentence as ``result.nscratch_reason``).
+
+    For a ring strategy (``"events"``, ``"streams"``, ``"graph"``) that is the depth at which
+    a level's copy no longer holds up the kernels,
+    :func:`~course_helper.strategies.ring_depth` of one level's kernel and copy times on
+    the active backend (:func:`~course_helper.strategies.level_times`: the modelled GPU's
+    on the CPU backend, measured once on a GPU), but at least the strategy's usual depth
+    (5), at most :data:`MAX_RING`, and no more than fit in device memory (the check of
+    :func:`plan_memory`). The other strategies use a fixed number (3).
+    """
+    problem = WaveProblem() if problem is None else problem
+    _, nscratch, _, _, reason = _validate(problem, strategy, every, None, False)
+    return nscratch, reason
+
+
+def _default_nscratch(problem, every, name, entry):
+    """``(nscratch, reason)`` for ``nscratch=None`` (see :func:`suggest_nscratch`)."""
+    if not entry.ring:
+        why = "the staging ring holds the copies" if entry.staged else "the strategy has no ring"
+        return entry.nscratch, f"{entry.nscratch}, fixed by the {name!r} strategy ({why})"
+    kernel_ms, copy_ms, source = level_times(problem)
+    want = ring_depth(kernel_ms, copy_ms)
+    n = top = min(max(want, entry.nscratch), MAX_RING)
+    while n > entry.nscratch and not _fits(problem, every, n):
+        n -= 1
+    why = (f"{n}, chosen: COPY_LAG {COPY_LAG} + floor(copy {copy_ms:.3g} ms / kernel {kernel_ms:.3g} ms) + 1 "
+           f"= {want} ({source})")
+    if want < entry.nscratch:
+        why += f", raised to the {name!r} strategy's usual {entry.nscratch}"
+    elif want > MAX_RING:
+        why += f", capped at the ring limit {MAX_RING}"
+    if n < top:
+        why += f"; only {n} fit in device memory"
+    if copy_ms > every * kernel_ms:
+        why += (f"; a copy takes longer than the {every} kernel(s) between saved levels, so no depth "
+                "hides every copy under kernels")
+    return n, why
+
+
+def _fits(problem, every, nscratch):
+    """Whether a ring of ``nscratch`` passes the device memory check of :func:`_check_memory`."""
+    need = _plan(problem, every, nscratch, 0, 1)
+    free = runtime.get().device_free_bytes()
+    if free is not None:
+        return need["device"] <= 0.9 * free
+    return checks.host_memory_shortfall(need["host"] + need["device"]) is None
 
 
 def chunk_levels(problem, strategy, every=1):
@@ -243,13 +298,13 @@ def _ring_size(name, value, minimum, default, hint):
     value = checks.positive_int(name, value, minimum=minimum, hint=hint)
     if value > MAX_RING:
         raise ValueError(f"{name} must be at most {MAX_RING}, got {value}: every buffer of the ring gets its "
-                         "own IO stream, and beyond a few buffers the copy engines gain nothing; "
-                         f"the default ({default}) is usually enough")
+                         f"own IO stream; leave it at the default ({default})")
     return value
 
 
 def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=None):
-    """Checked ``(every, nscratch, nstaging, batch)``; raises before anything is allocated."""
+    """Checked ``(every, nscratch, nstaging, batch, why)`` (``why``: the reason for ``nscratch``);
+    raises before anything is allocated."""
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     checks.one_of("strategy", strategy, tuple(STRATEGIES))
     unsafe = checks.flag("unsafe", unsafe)
@@ -273,13 +328,14 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
     else:
         nstaging, batch = 0, 1
     if nscratch is None:
-        return every, entry.nscratch, nstaging, batch
+        nscratch, why = _default_nscratch(problem, every, strategy, entry)
+        return every, nscratch, nstaging, batch, why
     if entry.max_nscratch == entry.min_nscratch:
         if nscratch != entry.nscratch:
             raise ValueError(f"the {strategy} strategy always uses {entry.nscratch} scratch wavefields; "
                              "leave nscratch=None")
-        return every, entry.nscratch, nstaging, batch
-    nscratch = _ring_size("nscratch", nscratch, KERNEL_LEVELS, entry.nscratch,
+        return every, entry.nscratch, nstaging, batch, f"{nscratch}, as given"
+    nscratch = _ring_size("nscratch", nscratch, KERNEL_LEVELS, "None: a depth chosen from the kernel and copy times",
                           hint="the kernel reads two levels and writes a third")
     if entry.max_nscratch is not None and nscratch > entry.max_nscratch:
         raise ValueError(f"the {strategy} strategy uses at most {entry.max_nscratch} scratch wavefields, "
@@ -289,8 +345,9 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
             f"nscratch={nscratch} is unsafe for the {strategy!r} strategy: the kernel touches three "
             f"levels, so with fewer than {entry.min_nscratch} buffers the level being copied shares a buffer "
             "with the level being computed and the copy reads overwritten data (a race). Use nscratch >= "
-            f"{entry.min_nscratch} (default {entry.nscratch}), or pass unsafe=True to watch the race happen.")
-    return every, nscratch, nstaging, batch
+            f"{entry.min_nscratch} (or leave nscratch=None: solve picks a ring deep enough), or pass unsafe=True "
+            "to watch the race happen.")
+    return every, nscratch, nstaging, batch, f"{nscratch}, as given"
 
 
 def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=False, nstaging=None,
@@ -316,7 +373,7 @@ def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=F
     ``solve(..., store=PATH)`` puts its ring of disk-bound slots there.
     """
     problem = WaveProblem() if problem is None else problem
-    every, nscratch, nstaging, batch = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
+    every, nscratch, nstaging, batch, why = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
     output = checks.flag("output", output)
     _check_memory(problem, every, _plan(problem, every, nscratch, nstaging, batch), host=output)
     entry = STRATEGIES[strategy]
@@ -331,7 +388,7 @@ def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=F
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
               V=to_device(problem.velocity), images=images,
               staging=[device_zeros((batch, *problem.shape)) for _ in range(nstaging)], batch=batch,
-              strategy=strategy)
+              strategy=strategy, nscratch_reason=why)
     if entry.streams:
         nio = nstaging if entry.staged else nscratch   # one IO stream per buffer copied from
         run.compute = create_streams(1, name="compute")[0]
@@ -358,14 +415,16 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     problem : WaveProblem, optional
         Default: ``WaveProblem()``, the lesson's 256 x 256 x 640 problem.
     strategy : str
-        A name in :data:`STRATEGIES`: ``"sequential"``, ``"streams"``,
+        A name in :data:`STRATEGIES`: ``"sequential"``, ``"sequential-pinned"``, ``"streams"``,
         ``"events"``, ``"staged"``, ``"graph"`` or ``"graph-staged"``. The
         graph strategies need CUDA graphs (the GPU backend).
     every : int
         Save every ``every``-th level from 0 to nt-1 (1: all of them).
     nscratch : int, optional
-        Scratch wavefields of the ring strategies (default 5, at least 4); the
-        sequential and staged strategies use 3. At most 32.
+        Scratch wavefields of the ring strategies (at least 4, at most 32). Default:
+        a ring deep enough for the copies to run under the kernels where memory allows,
+        at least 5 (:func:`suggest_nscratch`; ``result.nscratch_reason`` says what it chose
+        and why). The sequential and staged strategies use 3.
     trace : bool
         Record a timeline of every kernel, copy and host wait (``result.trace``).
     unsafe : bool
@@ -464,7 +523,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     images = sink.open_result() if sink is not None else run.images
     return Result(images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
                   backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms, store=store,
-                  time_label=runtime.time_label())
+                  time_label=runtime.time_label(), nscratch_reason=run.nscratch_reason)
 
 
 _warmed = set()

@@ -7,6 +7,7 @@ host output ``out.images`` exactly once. The notebooks show these functions
 with ``inspect.getsource``, so what you read there is what runs.
 
 * :func:`sequential` - one stream, a blocking copy after every kernel.
+* :func:`sequential_pinned` - the same into pinned memory: faster copies, still no overlap.
 * :func:`with_streams` - a compute stream and IO streams; the host waits on
   an IO stream before its buffer is overwritten.
 * :func:`with_events` - the same dependencies as events; the host never waits.
@@ -20,18 +21,27 @@ Each strategy declares what its loop needs in one :class:`Strategy` entry of
 :data:`STRATEGIES`, at the end of this module; argument checks, defaults,
 ``solve``, the command line, the benchmark and the tests all read it. A new
 strategy is one loop plus one entry.
+
+How deep a ring must be for its copies to run under compute is
+:func:`ring_depth`; :func:`level_times` gives it the times of one level on the
+active backend.
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
+from . import checks, runtime
 from .graphs import capture_graph, graphs_supported
-from .memory import copy_on_device_async, copy_to_host, copy_to_host_async, zero_async
-from .wave import launch_wave2d
+from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
+                     to_device, zero_async)
+from .model import kernel_us, link_ms
+from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["sequential", "with_streams", "with_events", "staged", "capture_loop", "COPY_LAG",
-           "Strategy", "STRATEGIES", "register"]
+__all__ = ["sequential", "sequential_pinned", "with_streams", "with_events", "staged", "capture_loop",
+           "COPY_LAG", "ring_depth", "level_times", "LevelTimes", "Strategy", "STRATEGIES", "register"]
 
 #: How many turns the ring loops copy a level after computing it. The kernel of turn L reads
 #: levels L-2 and L-1 and writes L, so L - COPY_LAG is the newest level no kernel touches any
@@ -49,6 +59,19 @@ def sequential(run):
         k = run.slot(level)                         # index in the output, or None if not saved
         if k is not None:
             copy_to_host(run.images[k], U[level % m], level=level)   # the host waits here
+
+
+def sequential_pinned(run):
+    """The sequential loop on a compute stream, copying into pinned memory: the copies run at
+    the pinned speed, but the host still waits for each, so nothing overlaps."""
+    U, m, compute = run.U, run.nscratch, run.compute   # m = 3 scratch wavefields
+    for level in range(run.nt):
+        if level >= 2:
+            launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[level % m],
+                          run.V, run.problem, n=level - 2, stream=compute)
+        k = run.slot(level)
+        if k is not None:                           # run.images is pinned for this strategy
+            copy_to_host(run.images[k], U[level % m], compute, level=level)   # the host waits here
 
 
 def with_streams(run):
@@ -142,6 +165,77 @@ def capture_loop(loop, run):
 
 
 # --------------------------------------------------------------------------
+# How deep a ring: room for a copy to run under compute
+# --------------------------------------------------------------------------
+def ring_depth(kernel_ms, copy_ms):
+    """Scratch buffers a ring loop (:func:`with_events`, :func:`with_streams`) needs so that
+    the copy of a saved level never holds up a kernel: ``COPY_LAG + floor(copy_ms / kernel_ms) + 1``.
+
+    ``kernel_ms`` is one level's kernel, ``copy_ms`` one level's copy to pinned host memory
+    (measured, e.g. from a trace, or from :func:`level_times`).
+
+    Why, read from the loop of :func:`with_events` with ``m`` buffers: kernel L writes
+    ``U[L % m]``, which still holds level L - m, so it waits (``copied``) for the copy of
+    level L - m. That copy is queued in turn L - m + COPY_LAG, just after kernel
+    L - m + COPY_LAG, and cannot start before kernel L - m has made its level (``ready``).
+    When the device keeps pace with the loop, every kernel starts about when it is queued:
+    the copy starts with kernel L - m + COPY_LAG and ends ``copy_ms`` later, while kernel L
+    starts ``m - COPY_LAG`` kernels after that one. Kernel L does not wait when
+    ``(m - COPY_LAG) * kernel_ms > copy_ms``, i.e. ``m > COPY_LAG + copy_ms / kernel_ms``;
+    the smallest whole ``m`` is the formula (the ``+ 1`` also covers a whole-number ratio,
+    where the copy would end exactly as the kernel wants to start).
+
+    Where the host runs far ahead of the device a copy starts as soon as its kernel ends,
+    and ``1 + copy_ms / kernel_ms`` buffers would nearly do; the formula keeps COPY_LAG - 1
+    buffers of margin for that. It assumes the copies do not queue behind one another:
+    when a copy takes longer than the kernels between two saved levels
+    (``copy_ms > every * kernel_ms``) the link is busy all the time, the copies set the
+    pace, and no depth hides them all.
+    """
+    kernel_ms = checks.positive_float("kernel_ms", kernel_ms)
+    copy_ms = checks.positive_float("copy_ms", copy_ms)
+    return COPY_LAG + math.floor(copy_ms / kernel_ms) + 1
+
+
+class LevelTimes(NamedTuple):
+    """One level's times on the active backend: see :func:`level_times`."""
+    kernel_ms: float
+    copy_ms: float
+    source: str       # what gave them, e.g. "modelled H200" or "measured on NVIDIA H200"
+
+
+def level_times(problem):
+    """``(kernel_ms, copy_ms, source)`` of one level of ``problem`` on the active backend: the
+    wave kernel and the device-to-host copy of one level into pinned memory, each alone.
+
+    On the CPU backend: the times the modelled GPU gives them (its profile), ``source`` e.g.
+    ``"modelled H200"``. On a GPU: measured once per grid shape with CUDA events, each kernel
+    and copy queued behind a busy stream so that only device time counts (a few ms, cached);
+    ``source`` is ``"measured on <the GPU>"``.
+    """
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    rt = runtime.get()
+    if rt.modelled:
+        level = problem.nbytes_level
+        kernel = kernel_us(rt.profile, "wave2d_4o", 4 * level) * 1e-3   # the kernel moves 4 levels
+        return LevelTimes(kernel, link_ms(rt.profile, "D2H", level), rt.device_label)
+    return LevelTimes(*_measured_level_times(*problem.shape))
+
+
+@functools.lru_cache(maxsize=None)
+def _measured_level_times(n0, n1):
+    from .backend import device_report        # imported here: calibrate imports the solver,
+    from .calibrate import _Bench             # which imports this module
+    bench = _Bench()
+    problem = WaveProblem(n0=n0, n1=n1, nt=3)
+    U = [device_zeros(problem.shape) for _ in range(3)]
+    V, host = to_device(problem.velocity), pinned_empty(problem.shape)
+    kernel = bench.device_ms(lambda: launch_wave2d(U[0], U[1], U[2], V, problem, 0, stream=bench.s))
+    copy = bench.device_ms(lambda: copy_to_host_async(host, U[2], bench.s), repeat=10)
+    return kernel, copy, f"measured on {device_report().get('device', 'this GPU')}"
+
+
+# --------------------------------------------------------------------------
 # The registry: what each strategy's loop needs
 # --------------------------------------------------------------------------
 #: Fewest scratch wavefields any loop can use: the kernel reads two levels and writes a third.
@@ -160,7 +254,9 @@ class Strategy:
         The loop, called as ``loop(run)`` with the :class:`~course_helper.solver.Run`
         that ``prepare`` builds (for a graph strategy: the loop that is captured).
     nscratch : int
-        Scratch wavefields by default.
+        Scratch wavefields by default; for a :attr:`ring` strategy, the fewest that
+        ``solve``'s default picks (it picks a deeper ring where the copies are long: see
+        :func:`course_helper.solver.suggest_nscratch`).
     min_nscratch : int
         Fewest scratch wavefields that give a right answer; fewer (down to
         ``KERNEL_LEVELS``) only with ``unsafe=True``, to watch the race.
@@ -183,6 +279,12 @@ class Strategy:
     streams: bool = True
     staged: bool = False
     graph: bool = False
+
+    @property
+    def ring(self):
+        """Whether the loop copies straight out of its scratch ring, so that a deeper ring
+        gives each copy more kernels to run under (:func:`ring_depth`)."""
+        return not self.staged and self.max_nscratch is None
 
     def available(self):
         """``(True, "")`` when the active backend runs this strategy, else ``(False, reason)``."""
@@ -210,6 +312,7 @@ def register(strategy):
 
 
 register(Strategy("sequential", sequential, max_nscratch=KERNEL_LEVELS, streams=False))
+register(Strategy("sequential-pinned", sequential_pinned, max_nscratch=KERNEL_LEVELS))
 register(Strategy("streams", with_streams, nscratch=5, min_nscratch=4))
 register(Strategy("events", with_events, nscratch=5, min_nscratch=4))
 register(Strategy("staged", staged, staged=True))

@@ -5,6 +5,7 @@ The output is deterministic (fixed hash salt, no date), so re-running it only
 changes files whose drawing code changed.
 """
 import pathlib
+import sys
 
 import matplotlib
 
@@ -12,9 +13,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from course_helper.strategies import COPY_LAG, ring_depth  # noqa: E402
+
 plt.rcParams.update({"svg.hashsalt": "course", "font.size": 11, "font.family": "DejaVu Sans"})
 OUT = pathlib.Path(__file__).resolve().parents[1] / "images"
 KERNEL, COPY, WAIT, IDLE = "#1f77b4", "#ff7f0e", "#7f7f7f", "#eeeeee"
+#: Measured on an H200 at the balanced point (issue 26's table: a plain-CuPy loop, medians of 5):
+#: compute alone 7.47 ms for 320 levels of 2048², the copies alone 5.88 ms for its 20 saved levels.
+KERNEL_MS, COPY_MS = 7.47 / 320, 5.88 / 20
 
 
 def save(fig, name):
@@ -34,35 +41,99 @@ def arrow(ax, a, b, colour="black", style="-|>", rad=0.0, ls="-"):
                                  connectionstyle=f"arc3,rad={rad}", linestyle=ls, lw=1.3))
 
 
+def events_schedule(nt, every, m, kernel_ms=KERNEL_MS, copy_ms=COPY_MS):
+    """Device ``(start, end)`` of every kernel and copy of ``strategies.with_events`` with ``m``
+    buffers, from the dependencies its loop queues, where the device keeps pace with the host
+    (turn L is queued as kernel L can start; the derivation of ``strategies.ring_depth``):
+
+    * kernel L after kernel L-1 and after ``copied[L % m]``: the copy of level L-m, if saved;
+    * the copy of level S, queued in turn S + COPY_LAG, after ``ready`` (kernel S) and after
+      the copy before it (the H200 runs one device-to-host copy at a time).
+    """
+    kern, copy, link_free = {}, {}, 0.0
+    for level in range(nt + COPY_LAG):
+        if 2 <= level < nt:
+            start = kern[level - 1][1] if level - 1 in kern else 0.0
+            if level - m in copy:
+                start = max(start, copy[level - m][1])
+            kern[level] = (start, start + kernel_ms)
+        old = level - COPY_LAG
+        if 0 <= old < nt and old % every == 0:
+            queued = kern[level][0] if level in kern else max(e for _, e in kern.values())
+            start = max(queued, kern[old][1] if old in kern else 0.0, link_free)
+            copy[old] = (start, start + copy_ms)
+            link_free = start + copy_ms
+    return kern, copy
+
+
+def pinned_schedule(nt, every, kernel_ms=KERNEL_MS, copy_ms=COPY_MS):
+    """``strategies.sequential_pinned``: one stream, the host waits for each copy."""
+    kern, copy, t = {}, {}, 0.0
+    for level in range(nt):
+        if level >= 2:
+            kern[level] = (t, t + kernel_ms)
+            t += kernel_ms
+        if level % every == 0:
+            copy[level] = (t, t + copy_ms)
+            t += copy_ms
+    return kern, copy
+
+
+def lanes(ax, y, kern, copy, label, every, until, one_stream=False):
+    """Draw a compute lane at ``y`` and the copies below it (``one_stream``: in it, the host
+    waiting for each); grey where compute waits for a copy on another stream."""
+    ax.text(-0.02 * until, y + 0.17, label, ha="right", va="center", fontsize=10)
+    ax.text(-0.02 * until, y - 0.25, "host waits for each copy" if one_stream else "IO streams",
+            ha="right", va="center", fontsize=8, color=WAIT if one_stream else COPY)
+    ends = sorted(kern.values())
+    for (a, b), (c, _) in zip(ends, ends[1:]):
+        if c - b > 1e-9 and c <= until and not one_stream:
+            box(ax, b, y, c - b, 0.34, IDLE)
+            ax.text((b + c) / 2, y + 0.17, "waits for\ncopied[b]", ha="center", va="center", fontsize=7)
+    for level, (a, b) in kern.items():
+        if b <= until:
+            box(ax, a, y, b - a, 0.34, KERNEL)
+            if level % every == 0:
+                ax.text((a + b) / 2, y + 0.42, f"{level}", ha="center", fontsize=7, color=KERNEL)
+    for level, (a, b) in copy.items():
+        if a < until:
+            if one_stream:
+                box(ax, a, y, min(b, until) - a, 0.34, COPY, f"copy {level}", fs=8)
+                box(ax, a, y - 0.42, min(b, until) - a, 0.34, WAIT, "host waits", fs=7)
+            else:
+                box(ax, a, y - 0.42, min(b, until) - a, 0.34, COPY, f"copy {level}", fs=8)
+    return max(b for _, b in kern.values())
+
+
 def sequential_vs_concurrent():
-    fig, axes = plt.subplots(2, 1, figsize=(10, 3.6), sharex=True)
-    k, c = 1.0, 0.8
-    ax = axes[0]
-    t = 0
-    for n in range(5):
-        box(ax, t, 0.55, k, 0.35, KERNEL, f"kernel {n}")
-        box(ax, t + k, 0.1, c, 0.35, COPY, f"copy {n}")
-        t += k + c
-    ax.text(-0.2, 0.72, "stream", ha="right", va="center")
-    ax.text(-0.2, 0.27, "(same stream)", ha="right", va="center", fontsize=9)
-    ax.set_title("Sequential IO: every copy waits for its kernel, every kernel for the copy before it",
-                 fontsize=11, loc="left")
-    ax = axes[1]
-    for n in range(5):
-        box(ax, n * k, 0.55, k, 0.35, KERNEL, f"kernel {n}")
-        box(ax, (n + 1) * k, 0.1, c, 0.35, COPY, f"copy {n}")
-    ax.text(-0.2, 0.72, "compute stream", ha="right", va="center")
-    ax.text(-0.2, 0.27, "IO streams", ha="right", va="center")
-    ax.set_title("Concurrent IO: copy n runs while kernel n+1 computes", fontsize=11, loc="left")
-    axes[1].annotate("", xy=(5 * k + c, -0.05), xytext=(5 * (k + c), -0.05),
-                     arrowprops=dict(arrowstyle="<->", color="green"))
-    axes[1].text(5 * k + c + 0.1, -0.2, "time saved", color="green", fontsize=10)
-    for ax in axes:
-        ax.set_xlim(-0.1, 5 * (k + c) + 0.2)
-        ax.set_ylim(-0.3, 1.0)
-        ax.axis("off")
-    axes[1].annotate("time", xy=(9.1, -0.28), xytext=(8.2, -0.28), arrowprops=dict(arrowstyle="->"),
-                     va="center")
+    """Three loops at the balanced point (2048² levels, every 16th saved), in measured proportions."""
+    nt, every, until = 52, 16, 2.1
+    deep = ring_depth(KERNEL_MS, COPY_MS)
+    rows = [("sequential-pinned", pinned_schedule(nt, every)),
+            ("events, nscratch 5", events_schedule(nt, every, 5)),
+            (f"events, nscratch {deep}", events_schedule(nt, every, deep))]
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    for i, (label, (kern, copy)) in enumerate(rows):
+        y = 3.0 - 1.35 * i
+        lanes(ax, y, kern, copy, label + (" (one stream)" if i == 0 else ""), every, until, one_stream=i == 0)
+    kern, copy = rows[2][1]
+    k19 = kern[16 + COPY_LAG]
+    ax.annotate(f"queued in turn 16 + {COPY_LAG}: starts with kernel {16 + COPY_LAG}",
+                xy=(copy[16][0], 0.3 - 0.42 + 0.34), xytext=(copy[16][0] + 0.05, -0.55), fontsize=8,
+                color=COPY, arrowprops=dict(arrowstyle="->", color=COPY))
+    ax.axvline(k19[0], ymin=0.12, ymax=0.3, color="#999999", lw=0.8, ls=":")
+    ax.set_title(f"Saving every {every}th 2048\u00b2 level on an H200: kernel {KERNEL_MS * 1e3:.0f} \u00b5s, "
+                 f"copy {COPY_MS * 1e3:.0f} \u00b5s (the copy of level L-{COPY_LAG} is queued beside kernel L)",
+                 fontsize=10, loc="left")
+    ax.text(until, -0.95, "ms", ha="left", fontsize=8, color="#666666")
+    for t in (0, 0.5, 1.0, 1.5, 2.0):
+        ax.text(t, -0.95, f"{t:g}", ha="center", fontsize=8, color="#666666")
+    ax.text(0, -1.3, f"blue: one kernel per level (numbers: saved levels); orange: a saved level's copy. "
+            f"A deep enough ring (COPY_LAG + copy / kernel + 1 = {deep}) never makes compute wait.",
+            fontsize=8, color="#444444")
+    ax.set_xlim(-0.32 * until, until + 0.05)
+    ax.set_ylim(-1.45, 3.65)
+    ax.axis("off")
     save(fig, "sequential_vs_concurrent.svg")
 
 
@@ -91,22 +162,20 @@ def problem_setup():
 
 
 def scratch_ring():
-    fig, ax = plt.subplots(figsize=(10, 3.0))
-    m = 5
-    level = 12
-    labels = {}
-    for lv in range(level - 4, level + 1):
-        labels[lv % m] = lv
-    for b in range(m):
-        lv = labels[b]
+    """The ring of ``with_events`` while kernel L runs, and one buffer's life in measured proportions."""
+    m, level = 5, 12
+    fig, (ax, lo) = plt.subplots(2, 1, figsize=(10, 5.4), gridspec_kw={"height_ratios": [1.15, 1]})
+    for lv in range(level - m + 1, level + 1):
+        b = lv % m
         if lv == level:
-            colour, role = KERNEL, "written by\nthe kernel"
+            colour, role = KERNEL, "written by\nkernel L"
         elif lv >= level - 2:
-            colour, role = "#aec7e8", "read by\nthe kernel"
-        elif lv == level - 3:
-            colour, role = COPY, "inactive:\nbeing copied"
+            colour, role = "#aec7e8", "read by\nkernel L"
+        elif lv == level - COPY_LAG:
+            colour, role = COPY, f"copy queued this\nturn (L-{COPY_LAG}), after\nready[{b}]"
         else:
-            colour, role = IDLE, "inactive:\ncopy done,\nfree for reuse"
+            colour, role = "#fdd0a2", (f"copy queued last turn;\nnot free until compute\n"
+                                       f"waits on copied[{b}]\n(turn {lv + m})")
         x = b * 1.9
         ax.add_patch(FancyBboxPatch((x, 0.5), 1.5, 1.1, boxstyle="round,pad=0.05", facecolor=colour,
                                     edgecolor="black"))
@@ -114,12 +183,39 @@ def scratch_ring():
                 color="white" if colour in (KERNEL, COPY) else "black")
         ax.text(x + 0.75, 0.85, f"level {lv}", ha="center", fontsize=10,
                 color="white" if colour in (KERNEL, COPY) else "black")
-        ax.text(x + 0.75, 0.35, role, ha="center", va="top", fontsize=9)
-    ax.set_title(f"Scratch ring of nscratch = {m} wavefields while the kernel computes level {level} "
-                 f"(level L lives in U[L % {m}])", fontsize=11, loc="left")
+        ax.text(x + 0.75, 0.35, role, ha="center", va="top", fontsize=8)
+    ax.set_title(f"Scratch ring of nscratch = {m} while kernel L = {level} runs (level L lives in U[L % {m}])",
+                 fontsize=11, loc="left")
     ax.set_xlim(-0.2, m * 1.9)
-    ax.set_ylim(-0.6, 1.8)
+    ax.set_ylim(-0.75, 1.8)
     ax.axis("off")
+    # One buffer's life at the balanced point, from the loop's dependencies (events_schedule).
+    saved = 16
+    b = saved % m
+    kern, copy = events_schedule(saved + m + 2, 16, m)
+    t0 = kern[saved][0]
+    for lv in range(saved, saved + m + 1):
+        a, e = kern[lv]
+        role = KERNEL if lv in (saved, saved + m) else ("#aec7e8" if lv <= saved + 2 else "#dddddd")
+        box(lo, a - t0, 1.0, e - a, 0.4, role)
+        lo.text((a + e) / 2 - t0, 1.5, f"{lv}", ha="center", fontsize=7)
+    wait_from, wait_to = kern[saved + m - 1][1], kern[saved + m][0]
+    box(lo, wait_from - t0, 1.0, wait_to - wait_from, 0.4, IDLE)
+    lo.text((wait_from + wait_to) / 2 - t0, 1.2, f"compute waits on copied[{b}]", ha="center", va="center",
+            fontsize=8)
+    a, e = copy[saved]
+    box(lo, a - t0, 0.35, e - a, 0.4, COPY, f"copy of level {saved} out of U[{b}] (io[{b}])", fs=8)
+    lo.axvline(e - t0, ymin=0.1, ymax=0.85, color="green", lw=1.5)
+    lo.text(e - t0 + 0.004, 0.2, f"U[{b}] is free only here:\nkernel {saved + m} may overwrite it",
+            color="green", fontsize=8, va="center")
+    lo.text(-0.004, 1.2, "compute", ha="right", va="center", fontsize=9)
+    lo.text(-0.004, 0.55, "copy", ha="right", va="center", fontsize=9, color=COPY)
+    lo.set_title(f"U[{b}] at the balanced point (kernel {KERNEL_MS * 1e3:.0f} \u00b5s, copy "
+                 f"{COPY_MS * 1e3:.0f} \u00b5s): written by kernel {saved}, read by {saved + 1} and {saved + 2}, "
+                 f"copied from turn {saved + COPY_LAG}", fontsize=10, loc="left")
+    lo.set_xlim(-0.06, e - t0 + 0.12)
+    lo.set_ylim(0.0, 1.7)
+    lo.axis("off")
     save(fig, "scratch_ring.svg")
 
 
@@ -181,7 +277,8 @@ def workflow(kind):
 
 
 def layer_cake():
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    """The exercise: plane k bakes in buf[k % 3] on the compute stream and is copied on io[b]."""
+    fig, (ax, lo) = plt.subplots(2, 1, figsize=(10, 5.4), gridspec_kw={"height_ratios": [1, 1]})
     for k in range(6):
         y = 0.2 + 0.35 * k
         ax.add_patch(Rectangle((0.2 + 0.15 * k, y), 2.2, 0.3, facecolor=plt.cm.viridis(k / 6),
@@ -193,44 +290,80 @@ def layer_cake():
         ax.text(5.7 + 1.3 * b, 1.3, f"buf[{b}]", ha="center", va="center")
     ax.text(6.95, 2.0, "device buffers, reused: plane k bakes in buf[k % 3]", ha="center", fontsize=10)
     arrow(ax, (5.1, 1.3), (3.6, 1.3))
-    ax.text(4.35, 1.45, "copy (IO stream)", ha="center", fontsize=9, color=COPY)
+    ax.text(4.35, 1.45, "copy (io[b])", ha="center", fontsize=9, color=COPY)
     ax.text(6.95, 0.6, "bake_layer kernel (compute stream)", ha="center", fontsize=9, color=KERNEL)
     ax.set_xlim(0, 9.2)
     ax.set_ylim(0, 2.9)
     ax.axis("off")
     ax.set_title("The layer cake: bake each plane on the device, copy it off while the next one bakes",
                  fontsize=11, loc="left")
+    green = "#2ca02c"
+    lane = {"compute": 2.0, "io[0]": 1.2, "io[1]": 0.5}
+    for name, y in lane.items():
+        lo.plot([0, 11], [y + 0.25] * 2, color="#cccccc", lw=1, zorder=0)
+        lo.text(-0.15, y + 0.25, name, ha="right", va="center", fontsize=10)
+    x = 0.0
+    for k in range(2):                                   # planes 0 and 1; plane 3 would wait on copied[0]
+        b = k % 3
+        queue_row(lo, 2.0, [(x, 1.0, green, f"wait\ncopied[{b}]"), (x + 1.05, 1.5, KERNEL, f"bake plane {k}"),
+                            (x + 2.6, 0.9, green, f"record\nbaked[{b}]")])
+        queue_row(lo, lane[f"io[{b}]"], [(x + 3.6, 0.9, green, f"wait\nbaked[{b}]"),
+                                        (x + 4.55, 1.4, COPY, f"copy plane {k}"),
+                                        (x + 6.0, 0.9, green, f"record\ncopied[{b}]")])
+        arrow(lo, (x + 3.3, 2.0), (x + 3.8, lane[f"io[{b}]"] + 0.5), colour=green)
+        x += 3.55
+    lo.text(0, 0.05, "One turn per plane k, b = k % 3: compute waits on copied[b] (the copy that last read "
+            "buf[b]; never recorded at first, so no wait), io[b] waits on baked[b]; the host never waits.",
+            fontsize=8, color="#444444")
+    lo.set_xlim(-1.0, 11.2)
+    lo.set_ylim(-0.1, 2.7)
+    lo.axis("off")
     save(fig, "layer_cake.svg")
 
 
+def queue_row(ax, y, items):
+    """Boxes ``(x, width, colour, text)`` in one stream's lane at ``y``, in the order the loop queues them."""
+    for x, w, colour, text in items:
+        box(ax, x, y, w, 0.5, colour, text, tc="black" if colour in (IDLE, "#c7e9c0") else "white", fs=8)
+
+
 def staging_ring():
-    fig, ax = plt.subplots(figsize=(10, 3.4))
-    for b in range(3):
-        ax.add_patch(FancyBboxPatch((0.2 + 1.2 * b, 1.6), 1.0, 0.8, boxstyle="round,pad=0.03",
-                                    facecolor="#aec7e8" if b else KERNEL, edgecolor="black"))
-        ax.text(0.7 + 1.2 * b, 2.0, f"U[{b}]", ha="center", va="center",
-                color="white" if b == 0 else "black")
-    ax.text(1.9, 2.7, "scratch ring (3 wavefields, compute stream only)", ha="center", fontsize=10)
-    for s_ in range(4):
-        x = 4.6 + 1.3 * s_
-        colour = COPY if s_ == 1 else ("#dbe9f6" if s_ == 0 else IDLE)
-        ax.add_patch(FancyBboxPatch((x, 1.5), 1.1, 1.0, boxstyle="round,pad=0.03", facecolor=colour,
-                                    edgecolor="black"))
-        ax.text(x + 0.55, 2.0, f"S[{s_}]\n{'filling' if s_ == 0 else ('copying' if s_ == 1 else 'free')}",
-                ha="center", va="center", fontsize=9)
-    ax.text(7.1, 2.7, "staging ring (nstaging buffers of `batch` levels)", ha="center", fontsize=10)
-    arrow(ax, (3.7, 2.0), (4.55, 2.0), colour="#9467bd")
-    ax.text(4.1, 2.15, "D2D\n(fast)", ha="center", fontsize=8, color="#9467bd")
-    ax.add_patch(Rectangle((5.6, 0.2), 3.0, 0.5, facecolor="#f7f7f7", edgecolor="black"))
-    ax.text(7.1, 0.45, "pinned host output", ha="center", va="center", fontsize=9)
-    arrow(ax, (6.45, 1.45), (6.9, 0.75), colour=COPY)
-    ax.text(7.0, 1.05, "D2H on an IO stream (slow)", fontsize=8, color=COPY)
-    ax.text(0.2, 0.55, "compute waits only when\nevery staging buffer is\nstill being copied", fontsize=9)
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 3.0)
+    """``strategies.staged`` with batch = 2 and 2 staging buffers, every level saved: what its loop
+    queues on the compute stream and on io[s], and the events between them."""
+    fig, ax = plt.subplots(figsize=(11, 3.6))
+    green, d2d = "#2ca02c", "#9467bd"
+    lane = {"compute": 2.2, "io[0]": 1.2, "io[1]": 0.4}
+    for name, y in lane.items():
+        ax.plot([0, 12.4], [y + 0.25] * 2, color="#cccccc", lw=1, zorder=0)
+        ax.text(-0.15, y + 0.25, name, ha="right", va="center", fontsize=10)
+    compute = []
+    x = 0.0
+    for k in range(4):                                   # saved levels 0..3: slot j = k % 2 of S[s]
+        s_, j = (k // 2) % 2, k % 2
+        if j == 0 and k >= 2:
+            compute.append((x, 0.9, green, f"wait\ncopied[{s_}]"))
+            x += 1.0
+        compute.append((x, 0.9, KERNEL, f"kernel {k}"))
+        compute.append((x + 0.95, 0.8, d2d, f"D2D \u2192\nS[{s_}][{j}]"))
+        x += 1.8
+        if j == 1:
+            compute.append((x, 0.8, green, f"record\nfilled[{s_}]"))
+            io = 1.2 if s_ == 0 else 0.4
+            queue_row(ax, io, [(x + 0.1, 0.8, green, f"wait\nfilled[{s_}]"),
+                               (x + 0.95, 1.6, COPY, f"D2H S[{s_}]\nlevels {k - 1}, {k}"),
+                               (x + 2.6, 0.85, green, f"record\ncopied[{s_}]")])
+            arrow(ax, (x + 0.4, 2.2), (x + 0.5, io + 0.5), colour=green)
+            x += 0.9
+    queue_row(ax, 2.2, compute)
+    ax.text(0, -0.15, "Only compute touches the 3 scratch wavefields: each saved level leaves them by a fast "
+            "device-to-device copy on the compute stream; the slow device-to-host copy reads the staging "
+            "buffer.\nCompute waits (copied[s]) only before refilling a staging buffer whose copy may still run.",
+            fontsize=8, color="#444444")
+    ax.set_title("The staging ring (staged, batch = 2, nstaging = 2): events between the compute stream "
+                 "and the IO streams", fontsize=11, loc="left")
+    ax.set_xlim(-1.0, 12.5)
+    ax.set_ylim(-0.45, 2.9)
     ax.axis("off")
-    ax.set_title("The staging ring: the scratch ring is freed by a fast device copy, the slow host "
-                 "copy runs from the staging buffer", fontsize=11, loc="left")
     save(fig, "staging_ring.svg")
 
 
