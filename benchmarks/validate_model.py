@@ -44,7 +44,9 @@ def predict(gpu_doc, profile):
             for name, measured in point["strategies"].items():
                 if name not in ch.STRATEGIES:         # the plain-CuPy reference row has no model
                     continue
-                modelled = ch.solve(problem, name, every=point["every"], trace=False).elapsed_ms
+                # The ring depth the measured run used (rows without one used the default).
+                depth = measured.get("nscratch") if ch.STRATEGIES[name].ring else None
+                modelled = ch.solve(problem, name, every=point["every"], nscratch=depth, trace=False).elapsed_ms
                 rows.append({"n": point["n"], "nt": point["nt"], "every": point["every"], "strategy": name,
                              "measured_ms": measured["median_ms"], "modelled_ms": modelled,
                              "ratio": modelled / measured["median_ms"]})

@@ -35,7 +35,7 @@ from .backend import backend_name, device_report
 from .compare import _nscratch_for, baseline_first, time_strategies
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
-from .solver import available_strategies, chunk_levels, plan_memory, saved_levels, solve
+from .solver import available_strategies, chunk_levels, plan_memory, saved_levels, solve, suggest_nscratch
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
@@ -184,7 +184,8 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
     # helper's events loop in every round (the helper's overhead is the gap), before any traced
     # (CUPTI) run.
     raw = backend_name() == "gpu" and "events" in order
-    ring = {} if nscratch is None else {"nscratch": nscratch}      # the same ring as the helper's events loop
+    # The same ring as the helper's events loop: the depth given, or the one solve chooses by default.
+    ring = {"nscratch": nscratch if nscratch is not None else suggest_nscratch(problem, every, "events")[0]}
     also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every, **ring)} if raw else None
     timed = time_strategies(problem, order, repeats, every, nscratch=nscratch, also=also,
                             also_after="events" if raw else None)
