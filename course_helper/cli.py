@@ -157,10 +157,10 @@ def run_main(args):
             bar.close()
     stored = store.open_store(args.store)
     raw = len(res.levels) * problem.nbytes_level
-    clock = f" ({res.time_label} time)" if res.time_label else ""
+    clock, rate = (f" ({res.time_label} time)", " (modelled)") if res.time_label else ("", "")
     print(f"{problem.n0}x{problem.n1} grid, {len(res.levels)} of {problem.nt} levels ({raw / 2**20:,.1f} MiB) "
           f"to {args.store} in {res.elapsed_ms:.0f} ms{clock} with {args.strategy!r} on the "
-          f"{backend.backend_name()} backend: {raw / res.elapsed_ms / 1e6:.2f} GB/s{' (modelled)' if clock else ''}, compression ratio "
+          f"{backend.backend_name()} backend: {raw / res.elapsed_ms / 1e6:.2f} GB/s{rate}, compression ratio "
           f"{raw / max(stored.stored_nbytes(), 1):.2f}, {int(stored.complete.sum())} levels complete")
     return 0
 

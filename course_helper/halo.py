@@ -681,7 +681,8 @@ class HaloResult:
     identical : bool or None
         With ``check=True``: whether they equal the single-device solve bit for bit.
     elapsed_ms : float
-        The slowest rank's loop time.
+        The slowest rank's loop time (on the CPU backend: modelled, as ``time_label`` says,
+        without the halo exchanges).
     rank_ms : list of float
     traces : list of Trace
         Each rank's timeline (with ``trace=True``).
@@ -696,6 +697,7 @@ class HaloResult:
         self.elapsed_ms = summary["elapsed_ms"]
         self.rank_ms = summary["rank_ms"]
         self.identical = summary.get("identical")
+        self.time_label = summary.get("time_label", "")   # e.g. "modelled H200" on the CPU backend
         path = pathlib.Path(folder)
         self.images = np.load(path / "images.npy") if (path / "images.npy").exists() else None
         trace = path / "trace.json"
@@ -713,7 +715,8 @@ class HaloResult:
         return chrome_trace(self.traces)
 
     def __repr__(self):
-        return (f"<HaloResult {self.strategy!r}, {self.ranks} ranks: {self.elapsed_ms:.1f} ms, "
+        clock = f" {self.time_label}" if self.time_label else ""
+        return (f"<HaloResult {self.strategy!r}, {self.ranks} ranks: {self.elapsed_ms:.1f} ms{clock}, "
                 f"identical={self.identical}>")
 
 

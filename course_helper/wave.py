@@ -295,10 +295,9 @@ def _checked_source(source, problem):
 
 #: Set after a WaveProblem is made, these are checked as the constructor checks them.
 _RECHECKED = {"dt": _checked_dt, "nt": _checked_nt, "source": _checked_source,
-              "n0": functools.partial(_checked_size, name="n0"), "n1": functools.partial(_checked_size, name="n1"),
-              "dx0": functools.partial(_checked_spacing, name="dx0"),
-              "dx1": functools.partial(_checked_spacing, name="dx1"),
-              "fm": functools.partial(_checked_wavelet, name="fm"), "td": functools.partial(_checked_wavelet, name="td")}
+              **{name: functools.partial(_checked_size, name=name) for name in ("n0", "n1")},
+              **{name: functools.partial(_checked_spacing, name=name) for name in ("dx0", "dx1")},
+              **{name: functools.partial(_checked_wavelet, name=name) for name in ("fm", "td")}}
 
 
 def kernel_source() -> str:

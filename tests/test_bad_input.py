@@ -59,7 +59,8 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("field,value,named", MALFORMED, ids=[f"{f}={'deleted' if v is _DELETE else repr(v)}"[:40] for f, v, _ in MALFORMED])
+@pytest.mark.parametrize("field,value,named", MALFORMED,
+                         ids=[f"{f}={'deleted' if v is _DELETE else repr(v)}"[:40] for f, v, _ in MALFORMED])
 def test_a_malformed_profile_is_refused_on_load_naming_the_file_and_field(field, value, named, tmp_path):
     doc = copy.deepcopy(profiles.load("h200"))
     _set(doc, field, value)

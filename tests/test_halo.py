@@ -120,6 +120,7 @@ def test_launch_halo_returns_the_gathered_levels_and_every_ranks_timeline():
     r = halo.launch_halo(ranks=2, n=40, nt=30, every=3, strategy="overlap", check=True, trace=True,
                          backend="cpu")
     assert r.identical is True and r.images.shape == (10, 40, 40) and len(r.rank_ms) == 2
+    assert r.time_label.startswith("modelled") and r.time_label in repr(r)     # CPU ranks: modelled times
     assert [t.meta["rank"] for t in r.traces] == [0, 1]
     for t in r.traces:
         halos = t.of_kind("halo")
