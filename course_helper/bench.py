@@ -42,7 +42,7 @@ from .wave import WaveProblem, launch_wave2d
 
 __all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "parse_nscratch", "compute_only_ms",
            "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point", "RAW_ROW",
-           "paired_ratio", "add_trace_cost", "measure_trace_cost"]
+           "paired_ratio", "add_trace_cost", "measure_trace_cost", "check_disk_folder"]
 
 #: (n, nt, every) where compute and copies take about as long (on the H200: kernels alone 7.47 ms,
 #: copies alone 5.88 ms), so overlapping them can nearly halve the time if the ring is deep enough.
@@ -123,7 +123,7 @@ def physical_limit(problem=None, every=1, peak_gbps=None, repeats=5):
     """
     problem = WaveProblem() if problem is None else problem
     output_bytes = plan_memory(problem, "sequential", every)["host"]     # also checks the arguments
-    peak = peak_d2h_gbps() if peak_gbps is None else peak_gbps
+    peak = peak_d2h_gbps() if peak_gbps is None else checks.positive_float("peak_gbps", peak_gbps)
     compute = compute_only_ms(problem, repeats)
     copies = output_bytes / (peak * 1e9) * 1e3
     return {"peak_d2h_gbps": peak, "compute_only_ms": compute, "copy_floor_ms": copies,
@@ -264,6 +264,18 @@ def _settle():
         os.sync()
 
 
+def check_disk_folder(folder):
+    """Refuse a folder the disk points cannot write their stores into (before measuring anything)."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"the disk folder must be a path, got {type(folder).__name__}")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"the disk folder {folder} does not exist (or is not a folder); create it "
+                                "on the disk to measure, or give another")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"the disk folder {folder} is not writable; give a folder on the disk to measure")
+    return folder
+
+
 def disk_bandwidth(where, mib, chunk_mib):
     """The disk's sustained write bandwidth in GB/s under ``where``, as a streamed run uses it
     (``mib`` MiB in files of ``chunk_mib``, :data:`store.DEFAULT_WRITERS` threads, fsync'ed);
@@ -294,6 +306,7 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
     profile's ``disk`` section)."""
     import shutil
     import tempfile
+    check_disk_folder(folder)
     problem = WaveProblem(n0=n, n1=n, nt=nt)
     nbytes = plan_memory(problem, "sequential", every)["host"]
     level_mib = problem.nbytes_level / 2**20

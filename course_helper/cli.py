@@ -14,6 +14,7 @@ status 1 if the strategies do not give identical images.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -90,7 +91,8 @@ def _parser():
                               "equal the sequential ones.")
     b.add_argument("--points", default=None,
                    help="comma-separated NxNTxEVERY points, e.g. 256x640x1,2048x320x8 "
-                        "(default: the course sweep on a GPU, a small one on the CPU)")
+                        "(default: the course sweep; on the CPU backend its times are predicted by the "
+                        "modelled GPU, and with --compute a small sweep is computed instead)")
     b.add_argument("--every-sweep", action="store_true",
                    help="also sweep the snapshot interval at 2048^2 x 320 (every 1..32)")
     b.add_argument("--strategies", default=None,
@@ -159,9 +161,10 @@ def run_main(args):
             bar.close()
     stored = store.open_store(args.store)
     raw = len(res.levels) * problem.nbytes_level
+    clock, rate = (f" ({res.time_label} time)", " (modelled)") if res.time_label else ("", "")
     print(f"{problem.n0}x{problem.n1} grid, {len(res.levels)} of {problem.nt} levels ({raw / 2**20:,.1f} MiB) "
-          f"to {args.store} in {res.elapsed_ms:.0f} ms with {args.strategy!r} on the {backend.backend_name()} "
-          f"backend: {raw / res.elapsed_ms / 1e6:.2f} GB/s, compression ratio "
+          f"to {args.store} in {res.elapsed_ms:.0f} ms{clock} with {args.strategy!r} on the "
+          f"{backend.backend_name()} backend: {raw / res.elapsed_ms / 1e6:.2f} GB/s{rate}, compression ratio "
           f"{raw / max(stored.stored_nbytes(), 1):.2f}, {int(stored.complete.sum())} levels complete")
     return 0
 
@@ -186,6 +189,9 @@ def _halo_parser(sub):
 
 
 def _parse_points(text):
+    if not text.strip():
+        raise ValueError("--points is empty; give comma-separated NxNTxEVERY points, e.g. 256x640x1, "
+                         "or leave --points out for the default sweep")
     points = []
     for item in text.split(","):
         try:
@@ -211,7 +217,7 @@ def bench_main(args):
     if predict:
         print(f"predicting the sweep on the {rt.device_label} (times only: the wavefields are not "
               "computed; pass --compute to compute them too)", file=sys.stderr)
-    if args.points:
+    if args.points is not None:
         points = _parse_points(args.points)
     else:
         points = list(bench.DEFAULT_POINTS if backend.backend_name() == "gpu" or predict else bench.QUICK_POINTS)
@@ -259,7 +265,8 @@ def bench_main(args):
 
 
 def _disk_bench(args):
-    points = _parse_points(args.points) if args.points else bench.DISK_POINTS
+    points = _parse_points(args.points) if args.points is not None else bench.DISK_POINTS
+    bench.check_disk_folder(args.disk)           # before anything is measured
     if args.out:
         _check_out(args.out)
     strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else ("events", "staged")
@@ -359,29 +366,44 @@ def halo_main(args):
         raise ValueError("--trace writes trace.json into the --out folder; give --out")
     if args.out:
         _check_out(args.out)
-    team = halo.Team()
-    halo.decompose(problem.n0, team.size)
+    world = halo.world()
+    halo.decompose(problem.n0, world.Get_size())
+    # Rank 0 speaks for the job: the other ranks' lines (the backend's banner) would repeat
+    # it, run together with it on the shared stdout. Their errors still go to stderr.
     try:
-        res = halo.run_rank(team, problem, args.strategy, every=args.every, trace=args.trace)
-        images = halo.gather(team, res, problem) if (args.check or args.out) else None
-        traces = team.comm.gather(res.trace, root=0)
-        rank_ms = team.comm.gather(res.elapsed_ms, root=0)
-        identical = None
-        if args.check and team.rank == 0:
-            single = solver.solve(problem, strategy="events", every=args.every, trace=False)
-            identical = bool(np.array_equal(images.view(np.uint32), single.images.view(np.uint32)))
-    except Exception as exc:
-        if team.size > 1:      # the other ranks would wait for this one for ever
-            print(f"error on rank {team.rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            team.comm.Abort(2)
+        with contextlib.ExitStack() as quiet:
+            if world.Get_rank():
+                quiet.enter_context(contextlib.redirect_stdout(quiet.enter_context(open(os.devnull, "w"))))
+            return _halo_ranks(args, problem)
+    except BaseException as exc:
+        # Anything that ends one rank early - an error, Ctrl-C, sys.exit - must end them all:
+        # the others would wait for its halo rows for ever.
+        if world.Get_size() > 1:
+            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+            print(f"error on rank {world.Get_rank()}: {what}; stopping every rank", file=sys.stderr, flush=True)
+            world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 2)
         raise
+
+
+def _halo_ranks(args, problem):
+    team = halo.Team()
+    res = halo.run_rank(team, problem, args.strategy, every=args.every, trace=args.trace)
+    images = halo.gather(team, res, problem) if (args.check or args.out) else None
+    traces = team.comm.gather(res.trace, root=0)
+    rank_ms = team.comm.gather(res.elapsed_ms, root=0)
+    identical = None
+    if args.check and team.rank == 0:
+        single = solver.solve(problem, strategy="events", every=args.every, trace=False)
+        identical = bool(np.array_equal(images.view(np.uint32), single.images.view(np.uint32)))
     if team.rank != 0:
         return 0
+    label = runtime.time_label()
     summary = {"ranks": team.size, "strategy": args.strategy, "n0": problem.n0, "n1": problem.n1,
                "nt": problem.nt, "every": args.every, "backend": team.backend, "device": team.device,
-               "elapsed_ms": max(rank_ms), "rank_ms": rank_ms, "identical": identical}
+               "elapsed_ms": max(rank_ms), "rank_ms": rank_ms, "identical": identical, "time_label": label}
+    clock = f" ({label} time; the halo exchanges are not modelled)" if label else ""
     print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels on {team.size} ranks ({team.backend}, "
-          f"{args.strategy}): {max(rank_ms):.1f} ms")
+          f"{args.strategy}): {max(rank_ms):.1f} ms{clock}")
     if args.out:
         out = args.out
         write_atomically(os.path.join(out, "images.npy"), lambda f: np.save(f, images), binary=True)

@@ -89,7 +89,7 @@ def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
     stack = np.asarray(stack)
     if stack.ndim != 3:
         raise LayerCakeError(f"the stack should be 3D (nplanes, n0, n1), got shape {stack.shape}")
-    nplanes = stack.shape[0] if nplanes is None else nplanes
+    nplanes = stack.shape[0] if nplanes is None else checks.positive_int("nplanes", nplanes)
     if stack.shape[0] != nplanes:
         raise LayerCakeError(f"the stack has {stack.shape[0]} planes but the cake has {nplanes}")
     waits = _run_checked(loop, stack, buffers) if loop is not None else []
@@ -100,6 +100,10 @@ def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
         if np.isnan(plane).any():
             problems.append(f"plane {k} was never (fully) written - is every plane copied, and did you "
                             "synchronise before checking?")
+            continue
+        if not np.isfinite(plane).all():
+            problems.append(f"plane {k} holds non-finite values (inf): it was never a layer - check what "
+                            "filled the host stack")
             continue
         expected = layer_values(k, plane.shape)
         if np.array_equal(plane, expected):

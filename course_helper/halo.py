@@ -42,6 +42,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,7 +62,7 @@ from .wave import PAD, WaveProblem, launch_wave2d
 __all__ = ["HALO", "STRATEGIES", "Slab", "Window", "NcclTransport", "MpiTransport", "decompose", "owner_of", "Team", "run_rank", "gather",
            "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
            "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
-           "ranks_env"]
+           "ranks_env", "world"]
 
 HALO = PAD                  #: halo rows on each inner side: the stencil's reach
 STRATEGIES = ("blocking", "overlap")
@@ -186,6 +187,11 @@ def _mpi():
         raise ImportError("the distributed course needs mpi4py and an MPI: "
                           "python -m pip install -e '.[distributed]'") from None
     return MPI
+
+
+def world():
+    """MPI's world communicator (all the ranks ``mpiexec`` started)."""
+    return _mpi().COMM_WORLD
 
 
 class Team:
@@ -675,7 +681,8 @@ class HaloResult:
     identical : bool or None
         With ``check=True``: whether they equal the single-device solve bit for bit.
     elapsed_ms : float
-        The slowest rank's loop time.
+        The slowest rank's loop time (on the CPU backend: modelled, as ``time_label`` says,
+        without the halo exchanges).
     rank_ms : list of float
     traces : list of Trace
         Each rank's timeline (with ``trace=True``).
@@ -690,6 +697,7 @@ class HaloResult:
         self.elapsed_ms = summary["elapsed_ms"]
         self.rank_ms = summary["rank_ms"]
         self.identical = summary.get("identical")
+        self.time_label = summary.get("time_label", "")   # e.g. "modelled H200" on the CPU backend
         path = pathlib.Path(folder)
         self.images = np.load(path / "images.npy") if (path / "images.npy").exists() else None
         trace = path / "trace.json"
@@ -707,7 +715,8 @@ class HaloResult:
         return chrome_trace(self.traces)
 
     def __repr__(self):
-        return (f"<HaloResult {self.strategy!r}, {self.ranks} ranks: {self.elapsed_ms:.1f} ms, "
+        clock = f" {self.time_label}" if self.time_label else ""
+        return (f"<HaloResult {self.strategy!r}, {self.ranks} ranks: {self.elapsed_ms:.1f} ms{clock}, "
                 f"identical={self.identical}>")
 
 
@@ -739,21 +748,68 @@ def launch_halo(ranks=2, n=256, nt=None, strategy="overlap", every=1, check=Fals
     The ranks run in their own processes (as they would on several GPUs); this
     process only waits for them and reads back what rank 0 wrote. ``backend``
     defaults to :func:`ranks_backend` (the GPU only with one GPU per rank).
+    ``mpiexec_args`` is a list of extra arguments for ``mpiexec`` (e.g.
+    ``["-bind-to", "core"]``; split a command-line string with ``shlex.split``).
+    Every argument is checked before ``mpiexec`` starts. An interrupt (Ctrl-C,
+    a notebook's stop button) or ``timeout`` (seconds) stops every rank before
+    this function raises.
     """
     ranks = checks.positive_int("ranks", ranks)
     checks.one_of("strategy", strategy, STRATEGIES)
-    decompose(n, ranks)
+    problem = WaveProblem(n0=n, n1=n, nt=nt)         # the ranks' checks of n and nt, made here first
+    decompose(problem.n0, ranks)
+    every = checks.positive_int("every", every)
+    if every >= problem.nt:
+        raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
+    check, trace = checks.flag("check", check), checks.flag("trace", trace)
+    timeout = checks.positive_float("timeout (s)", timeout)
+    if isinstance(mpiexec_args, (str, bytes)):
+        raise TypeError(f"mpiexec_args must be a list of arguments, e.g. ['-bind-to', 'core'], not the string "
+                        f"{mpiexec_args!r}; split a command line with shlex.split")
+    mpiexec_args = list(mpiexec_args)
+    if not all(isinstance(a, str) for a in mpiexec_args):
+        raise TypeError(f"mpiexec_args must hold strings, got {mpiexec_args!r}")
     backend = checks.one_of("backend", backend, ("auto", "gpu", "cpu")) if backend else ranks_backend(ranks)
     with tempfile.TemporaryDirectory(prefix="halo-") as out:
         cmd = [find_mpiexec(), *mpiexec_args, "-n", str(ranks), sys.executable, "-m", "course_helper", "halo",
-               "--n", str(n), "--strategy", strategy, "--every", str(every), "--out", out]
-        if nt is not None:
-            cmd += ["--nt", str(nt)]
+               "--n", str(n), "--nt", str(problem.nt), "--strategy", strategy, "--every", str(every),
+               "--out", out]
         if check:
             cmd.append("--check")
         if trace:
             cmd.append("--trace")
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ranks_env(backend))
-        if p.returncode not in (0, 1):
-            raise RuntimeError(f"the ranks failed (exit {p.returncode}):\n{p.stderr.strip()[-2000:]}")
-        return HaloResult(out, json.loads((pathlib.Path(out) / "summary.json").read_text()))
+        returncode, stderr = _run_ranks(cmd, timeout, ranks_env(backend))
+        summary = pathlib.Path(out) / "summary.json"
+        doc = json.loads(summary.read_text()) if summary.exists() else None
+        # Exit status 1 with a summary that reports a difference is the check's verdict; any
+        # other failure (a rank's error, a crash) is the ranks failing.
+        if doc is None or returncode not in (0, 1) or (returncode == 1 and doc.get("identical") is not False):
+            raise RuntimeError(f"the ranks failed (exit {returncode}):\n{stderr.strip()[-2000:]}")
+        return HaloResult(out, doc)
+
+
+def _run_ranks(cmd, timeout, env):
+    """Run ``mpiexec`` and return its exit status and stderr. On an interrupt or a timeout,
+    stop it and every rank before raising: MPICH's mpiexec passes a first Ctrl-C on to the
+    ranks (each aborts the job) and force-kills them on a second; killing mpiexec ends its
+    proxies, which end the ranks."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)     # a terminal's Ctrl-C reaches this process only
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stderr
+    except BaseException as exc:
+        for _ in range(2):
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            proc.kill()
+            proc.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise TimeoutError(f"the ranks ran longer than timeout={timeout:g} s and were stopped; "
+                               "give a larger timeout, or a smaller n or nt") from None
+        raise

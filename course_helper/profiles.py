@@ -12,6 +12,8 @@ picks one; the default is the H200 the course is measured on.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from importlib import resources
 
@@ -37,49 +39,109 @@ def available():
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
-def _path_of(name):
+def _path_of(name, origin):
     if os.sep in name or name.endswith(".json"):
         return name
     if name not in available():
-        raise ValueError(f"no device profile named {name!r}; the package has {', '.join(available())}, "
-                         f"or give the path of a JSON file made by `python -m course_helper calibrate`")
+        raise ValueError(f"{origin}: no device profile named {name!r}; the package has "
+                         f"{', '.join(available())}, or give the path of a JSON file made by "
+                         "`python -m course_helper calibrate`")
     return str(resources.files("course_helper").joinpath(f"profiles/{name}.json"))
 
 
+#: Bounds of a profile's figures. A GPU operation of more than a second, or a link slower than
+#: 1 MB/s, is a unit mistake; and the modelled clock counts in ticks of about a nanosecond, so
+#: figures far outside these would stop it advancing (a run that never ends).
+MAX_US = 1e6
+GBPS = (1e-3, 1e5)
+MAX_BYTES = 2**50
+
+
+def _number(where, field, value, low, high, *, above=False, whole=False):
+    """``value`` if it is a number (a whole one with ``whole``) from ``low`` to ``high``
+    (above ``low`` with ``above``), else a ValueError naming the profile and the field."""
+    kind = "a whole number" if whole else "a number"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or (whole and value != int(value)):
+        raise ValueError(f"{where}: {field} must be {kind}, got {value!r} ({type(value).__name__})")
+    if not (math.isfinite(value) and (value > low if above else value >= low) and value <= high):
+        raise ValueError(f"{where}: {field} must be {kind} {'above' if above else 'from'} {low:g} "
+                         f"{'and at most' if above else 'to'} {high:g}, got {value!r}")
+    return value
+
+
+def _section(where, doc, field, keys=()):
+    """The dict at ``field`` of ``doc`` holding ``keys``, else a ValueError naming what lacks."""
+    part = doc.get(field.rsplit(".", 1)[-1])
+    if not isinstance(part, dict):
+        got = "nothing" if part is None else f"a {type(part).__name__}"
+        raise ValueError(f"{where}: {field} must be a section (a JSON object), got {got}")
+    missing = [k for k in keys if k not in part]
+    if missing:
+        raise ValueError(f"{where}: {field} lacks {', '.join(missing)}")
+    return part
+
+
 def validate(doc, where="profile"):
-    """Raise ValueError naming what is missing or wrong in a profile dict; return it."""
+    """Check every figure the modelled GPU reads from a profile dict; return it.
+
+    Raises ValueError naming ``where`` (the file) and the field (e.g. ``links.D2H.latency_us``)
+    that is missing, of the wrong type or out of range.
+    """
     if not isinstance(doc, dict):
         raise ValueError(f"{where} is not a JSON object")
-    for section, keys in REQUIRED.items():
-        part = doc.get(section)
-        if not isinstance(part, dict):
-            raise ValueError(f"{where} has no {section!r} section")
-        missing = [k for k in keys if k not in part]
-        if missing:
-            raise ValueError(f"{where}: section {section!r} lacks {', '.join(missing)}")
-    for name, link in doc["links"].items():
-        if not (link.get("gbps", 0) > 0 and link.get("latency_us", -1) >= 0):
-            raise ValueError(f"{where}: link {name!r} needs gbps > 0 and latency_us >= 0")
-    for name, k in doc["kernels"].items():
-        pts = k.get("points")
-        if not pts or any(len(p) != 2 or p[0] < 0 or p[1] <= 0 for p in pts):
-            raise ValueError(f"{where}: kernel {name!r} needs points [[bytes, us], ...] with times > 0")
-    if int(doc["device"]["async_engine_count"]) < 1:
-        raise ValueError(f"{where}: async_engine_count must be at least 1")
+    sections = {name: _section(where, doc, name, keys) for name, keys in REQUIRED.items()}
+    device = sections["device"]
+    if not isinstance(device["name"], str) or not device["name"]:
+        raise ValueError(f"{where}: device.name must be the device's name, got {device['name']!r}")
+    _number(where, "device.async_engine_count", device["async_engine_count"], 1, 64, whole=True)
+    if "copies_per_link" in device:
+        _number(where, "device.copies_per_link", device["copies_per_link"], 0, 64, whole=True)
+    for name in sections["links"]:
+        link = _section(where, sections["links"], f"links.{name}", ("gbps", "latency_us"))
+        _number(where, f"links.{name}.gbps", link["gbps"], *GBPS, above=True)
+        _number(where, f"links.{name}.latency_us", link["latency_us"], 0, MAX_US)
+    for name in sections["kernels"]:
+        pts = _section(where, sections["kernels"], f"kernels.{name}", ("points",))["points"]
+        if not isinstance(pts, list) or not pts:
+            raise ValueError(f"{where}: kernels.{name}.points must be a list of [bytes, us] pairs, got {pts!r}")
+        for i, p in enumerate(pts):
+            if not isinstance(p, list) or len(p) != 2:
+                raise ValueError(f"{where}: kernels.{name}.points[{i}] must be a pair [bytes, us], got {p!r}")
+            _number(where, f"kernels.{name}.points[{i}] bytes", p[0], 0, MAX_BYTES)
+            _number(where, f"kernels.{name}.points[{i}] time (us)", p[1], 0, MAX_US, above=True)
+    for key, value in sections["host_us"].items():
+        _number(where, f"host_us.{key}", value, 0, MAX_US)
+    if "graph" in doc:
+        for key, value in _section(where, doc, "graph").items():
+            _number(where, f"graph.{key}", value, 0, MAX_US)
+    if "disk" in doc:
+        disk = _section(where, doc, "disk", ("gbps", "latency_us"))
+        _number(where, "disk.gbps", disk["gbps"], *GBPS, above=True)
+        _number(where, "disk.latency_us", disk["latency_us"], 0, MAX_US)
+        if "writers" in disk:
+            _number(where, "disk.writers", disk["writers"], 1, 256, whole=True)
     return doc
 
 
 def load(name=None):
-    """The profile ``name`` (a shipped name or a path; default: $COURSE_HELPER_PROFILE or h200)."""
+    """The profile ``name`` (a shipped name or a path; default: $COURSE_HELPER_PROFILE or h200),
+    checked with :func:`validate`."""
     name = name or os.environ.get(ENV_VAR) or DEFAULT
-    path = _path_of(name)
+    from_env = name == os.environ.get(ENV_VAR)
+    origin = f"${ENV_VAR}={name!r}" if from_env else "the profile asked for"
+    if not isinstance(name, str):
+        raise TypeError(f"a device profile is a name or a path (a str), got {type(name).__name__}")
+    path = _path_of(name, origin)
     try:
         with open(path) as f:
             doc = json.load(f)
     except FileNotFoundError:
-        raise ValueError(f"the device profile {path} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"the device profile {path} is not valid JSON ({exc})") from None
+        raise ValueError(f"{origin}: the device profile {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{origin}: cannot read the device profile {path} "
+                         f"({getattr(exc, 'strerror', None) or exc}); give a JSON file") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{origin}: the device profile {path} is not valid JSON ({exc})") from None
     doc = validate(doc, where=f"profile {path}")
     doc.setdefault("name", os.path.basename(path)[:-5] if path.endswith(".json") else name)
     return doc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -267,6 +268,15 @@ def _plan(problem, every, nscratch, nstaging, batch):
             "host": nsaved * problem.nbytes_level}
 
 
+def _fewer_levels(problem, avail):
+    """Advice for an output stack too large for ``avail`` bytes: an ``every`` whose stack takes
+    half of them, if one below nt does, else a smaller grid or a store."""
+    fit = int(0.5 * avail // problem.nbytes_level)       # saved levels that fit
+    every = math.ceil(problem.nt / fit) if fit >= 2 else problem.nt
+    thinner = f"save fewer levels, e.g. every={every}, " if every < problem.nt else ""
+    return f"{thinner}use a smaller grid, or stream the levels to disk with store=PATH"
+
+
 def _check_memory(problem, every, need, host=True):
     """Refuse a plan that does not fit, before anything is allocated. ``host=False``: the
     output stack is not kept in host memory (it is streamed to a store)."""
@@ -275,8 +285,7 @@ def _check_memory(problem, every, need, host=True):
         checks.host_memory(
             need["host"], "the output stack",
             detail=f"{nsaved} levels x {problem.nbytes_level / 2**20:,.1f} MiB",
-            advice=lambda avail: (f"save fewer levels, e.g. every={every * math.ceil(need['host'] / (0.5 * avail))}, "
-                                  "use a smaller grid, or stream the levels to disk with store=PATH"))
+            advice=lambda avail: _fewer_levels(problem, avail))
     else:
         need = dict(need, host=0)
     free = runtime.get().device_free_bytes()
@@ -453,6 +462,11 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     (40, 64, 64)
     """
     trace = checks.flag("trace", trace)
+    sanitize = checks.flag("sanitize", sanitize)
+    checks.one_of("strategy", strategy, tuple(STRATEGIES))
+    if store is not None and not isinstance(store, (str, os.PathLike)):
+        raise TypeError(f"store must be the path of a new Zarr store (a str or pathlib.Path), "
+                        f"got {store!r} ({type(store).__name__})")
     if trace and recording.current() is not None:
         raise RuntimeError("solve(trace=True) records its own timeline; call it outside the "
                            "`with tracing()` block, or pass trace=False to record into that block's trace")

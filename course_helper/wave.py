@@ -99,18 +99,16 @@ class WaveProblem:
 
     def __init__(self, n0=256, n1=256, dx=1.0, velocity=343.0, cfl=0.4, nt=None,
                  source=None, points_per_wavelength=10.0):
-        self.n0 = checks.positive_int("n0", n0, minimum=2 * PAD + 1,
-                                      hint="the stencil needs 2 padding cells on each side of at least one interior cell")
-        self.n1 = checks.positive_int("n1", n1, minimum=2 * PAD + 1,
-                                      hint="the stencil needs 2 padding cells on each side of at least one interior cell")
+        self.n0 = _checked_size(n0, self, "n0")
+        self.n1 = _checked_size(n1, self, "n1")
         if isinstance(dx, (tuple, list)):
             if len(dx) != 2:
                 raise ValueError(f"dx must be one spacing or a pair (dx0, dx1), got {dx!r}")
             dx0, dx1 = dx
         else:
             dx0 = dx1 = dx
-        self.dx0 = checks.positive_float("dx0 (grid spacing, m)", dx0)
-        self.dx1 = checks.positive_float("dx1 (grid spacing, m)", dx1)
+        self.dx0 = _checked_spacing(dx0, self, "dx0")
+        self.dx1 = _checked_spacing(dx1, self, "dx1")
         self._velocity, self._uniform_velocity = self._velocity_model(velocity)
         self.vmax = self._uniform_velocity if self._velocity is None else float(self._velocity.max())
         self.cfl_limit = stability_limit(self.dx0, self.dx1)
@@ -120,30 +118,25 @@ class WaveProblem:
                              "the solution would blow up; choose a smaller cfl (0.4 is the course default)")
         ppw = checks.positive_float("points_per_wavelength", points_per_wavelength)
         self.points_per_wavelength = ppw
-        self.dt = self.cfl * min(self.dx0, self.dx1) / self.vmax
+        self.dt = _checked_dt(self.cfl * min(self.dx0, self.dx1) / self.vmax, self)
         self.fm = self.vmax / (ppw * max(self.dx0, self.dx1))
         self.td = math.sqrt(6.0) / (math.pi * self.fm)
-        if nt is None:
-            crossing = max(self.n0 * self.dx0, self.n1 * self.dx1) / (self.dt * self.vmax)
-            nt = int(math.floor(crossing + 1e-9))   # guard against 639.9999999 for 640
-        self.nt = checks.positive_int("nt (number of time levels)", nt, minimum=3,
-                                      hint="levels 0 and 1 are the initial state, so at least one step needs nt >= 3")
-        if source is None:
-            source = (self.n0 // 2, self.n1 // 2)
-        try:
-            p0, p1 = source
-        except (TypeError, ValueError):
-            raise TypeError(f"source must be a pair of cell indices (P0, P1), got {source!r}") from None
-        p0 = checks.positive_int("source P0", p0, minimum=0)
-        p1 = checks.positive_int("source P1", p1, minimum=0)
-        if not (PAD <= p0 < self.n0 - PAD and PAD <= p1 < self.n1 - PAD):
-            raise ValueError(f"source {(p0, p1)} is outside the interior [{PAD}, {self.n0 - PAD - 1}] x "
-                             f"[{PAD}, {self.n1 - PAD - 1}]; padding cells are walls and never updated")
-        self.source = (p0, p1)
+        self.nt = _checked_nt(nt, self)
+        self.source = _checked_source(source, self)
+        self._built = True
 
     def __setattr__(self, name, value):
-        # Every change of the problem's numbers (a notebook may set ``p.dt`` to explore
-        # stability) gives it a new version: launch_wave2d then checks its arguments again.
+        # Once built, the numbers the kernels read are checked again when set (a notebook may
+        # set ``p.dt`` to explore stability); those everything else was derived from are fixed.
+        if self.__dict__.get("_built"):
+            if name in _FIXED:
+                raise AttributeError(f"a WaveProblem's {name} is fixed when it is made (dt, fm and the "
+                                     f"stability limit were derived from it); make a new problem, "
+                                     f"e.g. WaveProblem(..., {name}=...)")
+            if name in _RECHECKED:
+                value = _RECHECKED[name](value, self)
+        # Every change of the problem's numbers gives it a new version: launch_wave2d then
+        # checks its arguments again.
         object.__setattr__(self, name, value)
         object.__setattr__(self, "_version", self.__dict__.get("_version", 0) + 1)
 
@@ -151,6 +144,9 @@ class WaveProblem:
         """``(array, None)`` for a heterogeneous medium, ``(None, speed)`` for a uniform one: a
         uniform medium stays one number until an array is asked for, so that a problem too
         large to run is refused by ``solve`` before anything of grid size is allocated."""
+        if velocity is None or isinstance(velocity, (str, bytes)):
+            raise TypeError(f"velocity must be a wave speed in m/s (a number) or an (n0, n1) array of "
+                            f"speeds, got {velocity!r}")
         if np.isscalar(velocity):
             v = checks.positive_float("velocity (m/s)", velocity)
             if not _F32_TINY <= v <= _F32_MAX:
@@ -205,6 +201,103 @@ class WaveProblem:
     def __repr__(self):
         return (f"WaveProblem({self.n0}x{self.n1}, dx=({self.dx0}, {self.dx1}) m, Vmax={self.vmax} m/s, "
                 f"cfl={self.cfl}, dt={self.dt:.6g} s, fm={self.fm:.4g} Hz, nt={self.nt})")
+
+
+#: The most time levels a problem may have: a sanity bound (a bigger nt is a typo, and would
+#: overflow the sizes derived from it).
+MAX_NT = 2**31 - 1
+#: What stays fixed once a WaveProblem is made: the numbers dt, fm and the stability limit
+#: were derived from (a slab of the halo course is rebuilt from them).
+_FIXED = ("vmax", "cfl", "cfl_limit", "points_per_wavelength")
+
+
+def _quiet(compute):
+    """``compute()`` with float overflow and underflow giving inf and 0 rather than warnings."""
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        return compute()
+
+
+def _fits_float32(what, value, cause):
+    """Refuse a number the kernel computes in float32 when float32 cannot hold it (it would
+    overflow to inf or flush to 0, and the wavefield turn to NaN without an error)."""
+    v = abs(float(value))
+    if not (_F32_TINY <= v <= _F32_MAX):
+        raise ValueError(f"{cause} makes the kernel's {what} = {v:.3g}, which float32 (the kernel's type, "
+                         f"{_F32_TINY:.3g} to {_F32_MAX:.3g}) cannot hold; express the problem in other "
+                         "units (e.g. km and km/s) so that spacing, speed and time step stay near 1")
+
+
+def _checked_size(n, problem, name):
+    """A grid size: at least one interior cell inside the walls, and the source still inside."""
+    n = checks.positive_int(name, n, minimum=2 * PAD + 1,
+                            hint="the stencil needs 2 padding cells on each side of at least one interior cell")
+    source = problem.__dict__.get("source")
+    if source is not None and source[0 if name == "n0" else 1] >= n - PAD:
+        raise ValueError(f"{name}={n} would leave the source {source} outside the interior; move the source first")
+    return n
+
+
+def _checked_spacing(d, problem, name):
+    """A grid spacing (m) whose 1/d^2, a kernel argument, fits in float32."""
+    d = checks.positive_float(f"{name} (grid spacing, m)", d)
+    _fits_float32(f"1/{name}^2", _quiet(lambda: 1.0 / np.float64(d) / d), f"the grid spacing {name}={d} m")
+    return d
+
+
+def _checked_wavelet(value, problem, name):
+    return checks.positive_float(f"{name} (the Ricker wavelet's {'peak frequency' if name == 'fm' else 'delay'})",
+                                 value)
+
+
+def _checked_dt(dt, problem):
+    """The time step ``dt`` (s), refused unless it and the kernel's float32 numbers made of it fit."""
+    dt = checks.positive_float("dt (time step, s)", dt)
+    dt2 = _quiet(lambda: np.float32(dt * dt))
+    cause = f"the time step dt={dt:.6g} s"
+    _fits_float32("dt^2", dt2, cause)
+    vmin = problem.vmax if problem._velocity is None else float(problem._velocity.min())
+    for v in {np.float32(vmin), np.float32(problem.vmax)}:
+        _fits_float32("dt^2 V", _quiet(lambda: dt2 * v), cause)
+        _fits_float32("dt^2 V^2", _quiet(lambda: dt2 * v * v), cause)
+    return dt
+
+
+def _checked_nt(nt, problem):
+    """The number of time levels (default: the box-crossing time), refused unless 3 <= nt <= MAX_NT."""
+    default = nt is None
+    if default:
+        crossing = max(problem.n0 * problem.dx0, problem.n1 * problem.dx1) / (problem.dt * problem.vmax)
+        nt = int(math.floor(crossing + 1e-9))   # guard against 639.9999999 for 640
+    nt = checks.positive_int("nt (number of time levels)", nt, minimum=3,
+                             hint="levels 0 and 1 are the initial state, so at least one step needs nt >= 3")
+    if nt > MAX_NT:
+        where = " (the default: the time the wave takes to cross the box)" if default else ""
+        raise ValueError(f"nt={nt}{where} is more than the {MAX_NT} (2**31 - 1) time levels a problem may "
+                         "have; give a smaller nt")
+    return nt
+
+
+def _checked_source(source, problem):
+    """The source cell (default: the centre), refused unless it is an interior cell."""
+    if source is None:
+        source = (problem.n0 // 2, problem.n1 // 2)
+    try:
+        p0, p1 = source
+    except (TypeError, ValueError):
+        raise TypeError(f"source must be a pair of cell indices (P0, P1), got {source!r}") from None
+    p0 = checks.positive_int("source P0", p0, minimum=0)
+    p1 = checks.positive_int("source P1", p1, minimum=0)
+    if not (PAD <= p0 < problem.n0 - PAD and PAD <= p1 < problem.n1 - PAD):
+        raise ValueError(f"source {(p0, p1)} is outside the interior [{PAD}, {problem.n0 - PAD - 1}] x "
+                         f"[{PAD}, {problem.n1 - PAD - 1}]; padding cells are walls and never updated")
+    return (p0, p1)
+
+
+#: Set after a WaveProblem is made, these are checked as the constructor checks them.
+_RECHECKED = {"dt": _checked_dt, "nt": _checked_nt, "source": _checked_source,
+              **{name: functools.partial(_checked_size, name=name) for name in ("n0", "n1")},
+              **{name: functools.partial(_checked_spacing, name=name) for name in ("dx0", "dx1")},
+              **{name: functools.partial(_checked_wavelet, name=name) for name in ("fm", "td")}}
 
 
 def kernel_source() -> str:

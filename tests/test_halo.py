@@ -1,8 +1,10 @@
 """The decomposed solve: slab arithmetic in-process, and real ranks under mpiexec (CPU backend)."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -118,6 +120,7 @@ def test_launch_halo_returns_the_gathered_levels_and_every_ranks_timeline():
     r = halo.launch_halo(ranks=2, n=40, nt=30, every=3, strategy="overlap", check=True, trace=True,
                          backend="cpu")
     assert r.identical is True and r.images.shape == (10, 40, 40) and len(r.rank_ms) == 2
+    assert r.time_label.startswith("modelled") and r.time_label in repr(r)     # CPU ranks: modelled times
     assert [t.meta["rank"] for t in r.traces] == [0, 1]
     for t in r.traces:
         halos = t.of_kind("halo")
@@ -185,3 +188,179 @@ def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_pat
         assert levels == list(range(0, 30, 4)) * 2               # every saved level, in order, each repeat
         assert all(s[1:3] == [r["first"], r["stop"]] and s[3] for s in r["seen"])
         assert [s[4] for s in r["seen"][8:]] == r["sums"]         # the hook saw the data that landed
+
+
+# -- nothing hangs: an interrupted rank, an interrupted mpiexec, an interrupted launch_halo ---
+def _descendants(pid):
+    """Pids of every process below ``pid`` (from /proc: mpiexec -> proxy -> ranks)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _ranks_of(pid):
+    """The rank processes of a long job below ``pid`` (python -m course_helper halo, not mpiexec)."""
+    return [p for p in _descendants(pid)
+            if _cmdline(p).split()[1:4] == ["-m", "course_helper", "halo"] and "--nt 2000000" in _cmdline(p)]
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _wait_for_ranks(pid, count, seconds=60):
+    """Wait until ``count`` rank processes run below ``pid`` and have had time to enter the loop."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if len(_ranks_of(pid)) == count:
+            time.sleep(4)        # imports, the team, the warm-up: then the loop runs for minutes
+            return _ranks_of(pid)
+        time.sleep(0.2)
+    pytest.fail(f"the ranks did not start within {seconds} s")
+
+
+def _gone(pids, seconds=10):
+    """Whether the processes ``pids`` have all ended (within ``seconds``: the kernel reaps them)."""
+    deadline = time.monotonic() + seconds
+    while any(_cmdline(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(_cmdline(p) for p in pids)
+
+
+def _kill_all(pids):
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+#: Minutes of work in a loop of small steps, saving 2 levels (the saved levels' host memory is small).
+_LONG_JOB = ["-n", "2", sys.executable, "-m", "course_helper", "halo", "--n", "64", "--nt", "2000000",
+             "--every", "1000000"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank processes through /proc")
+@pytest.mark.parametrize("target", ["one rank", "mpiexec"])
+def test_an_interrupt_ends_every_rank_of_the_job(target):
+    """A Ctrl-C that reaches one rank only (or mpiexec, which passes it on to the ranks) stops
+    the whole job: the interrupted rank aborts the communicator instead of leaving the other
+    waiting for its halo rows for ever."""
+    proc = subprocess.Popen([_mpiexec(), *_LONG_JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=halo.ranks_env("cpu"), start_new_session=True)
+    try:
+        ranks = _wait_for_ranks(proc.pid, 2)
+        os.kill(ranks[-1] if target == "one rank" else proc.pid, signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job still ran 60 s after an interrupt to {target}")
+        assert proc.returncode != 0
+        assert "interrupted; stopping every rank" in err
+        assert _gone(ranks), "a rank outlived the job"
+    finally:
+        _kill_all([*_descendants(proc.pid), proc.pid])
+        proc.communicate()
+
+
+_LAUNCH_SCRIPT = """
+import sys
+from course_helper import halo
+try:
+    halo.launch_halo(ranks=2, n=64, nt=2000000, every=1000000, trace=False, backend="cpu")
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank processes through /proc")
+def test_a_ctrl_c_to_launch_halo_stops_every_rank():
+    _mpiexec()
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCH_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=halo.ranks_env("cpu"))
+    try:
+        ranks = _wait_for_ranks(proc.pid, 2)
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("launch_halo still waited 60 s after Ctrl-C")
+        assert proc.returncode == 130 and "interrupted" in out, err
+        assert _gone(ranks), "a rank outlived launch_halo"
+    finally:
+        _kill_all([*_descendants(proc.pid), proc.pid])
+        proc.communicate()
+
+
+def test_rank_0_alone_prints_and_labels_modelled_times():
+    p = _run_ranks(2, "--n", "40", "--nt", "20", "--backend", "cpu")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert sum("course_helper: CPU backend" in line for line in lines) == 1, p.stdout
+    timed = [line for line in lines if line.startswith("40x40 grid")]
+    assert len(timed) == 1 and "ms (modelled " in timed[0] and "halo exchanges are not modelled" in timed[0]
+
+
+@pytest.mark.parametrize("kwargs,err,msg", [
+    (dict(check="no"), TypeError, "check must be True or False"),
+    (dict(trace="yes"), TypeError, "trace must be True or False"),
+    (dict(every=0), ValueError, "every must be at least 1"),
+    (dict(every=30, nt=30), ValueError, "every=30 is not below nt=30"),
+    (dict(nt=10**30), ValueError, "2147483647"),
+    (dict(nt=2), ValueError, "at least 3"),
+    (dict(mpiexec_args="-bind-to core"), TypeError, "shlex.split"),
+    (dict(mpiexec_args=["-n", 2]), TypeError, "strings"),
+    (dict(timeout=0), ValueError, "timeout"),
+])
+def test_launch_halo_checks_every_argument_before_starting_mpiexec(kwargs, err, msg, monkeypatch):
+    def started(*args, **kw):
+        raise AssertionError("mpiexec started before the arguments were checked")
+    monkeypatch.setattr(subprocess, "Popen", started)
+    monkeypatch.setattr(subprocess, "run", started)
+    with pytest.raises(err, match=msg):
+        halo.launch_halo(**{"ranks": 2, "n": 40, "backend": "cpu", **kwargs})
+
+
+_FAKE_MPIEXEC = """#!{python}
+import json, pathlib, sys
+args = sys.argv[1:]
+out = pathlib.Path(args[args.index("--out") + 1])
+verdict = {verdict!r}
+if verdict is not None:
+    (out / "summary.json").write_text(json.dumps({{"ranks": 2, "strategy": "overlap", "elapsed_ms": 1.0,
+                                                  "rank_ms": [1.0, 1.0], "identical": verdict}}))
+print("a rank failed", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("verdict", [False, True, None], ids=["differ", "identical", "no summary"])
+def test_exit_status_1_is_a_failure_unless_the_check_reported_a_difference(verdict, tmp_path, monkeypatch):
+    """A rank's crash also exits with status 1: only a summary whose check found a difference
+    makes that status a verdict."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text(_FAKE_MPIEXEC.format(python=sys.executable, verdict=verdict))
+    fake.chmod(0o755)
+    monkeypatch.setenv("COURSE_HELPER_MPIEXEC", str(fake))
+    if verdict is False:
+        assert halo.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu").identical is False
+    else:
+        with pytest.raises(RuntimeError, match="the ranks failed \\(exit 1\\)"):
+            halo.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu")
