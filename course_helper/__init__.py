@@ -12,6 +12,7 @@ The names a learner uses (``__all__``)::
     pinned_empty, is_pinned, copy_to_host_async, copy_to_device_async, measure_bandwidth
     WaveProblem, launch_wave2d, reference_solution, kernel_source   the running example
     solve, prepare, STRATEGIES, compare_strategies, graphs_supported   the IO strategies
+    timing_only                                              sweeps of modelled times, fast
     tracing                                                  timelines of your own loops
     plot_slices, compare_slices, animate, show_code          looking at results and code
     bake_layer, check_layer_cake, LayerCakeError             the exercise
@@ -33,7 +34,7 @@ from .store import open_store
 from .memory import (copy_to_device_async, copy_to_host_async, device_empty, device_zeros, is_pinned,
                      measure_bandwidth, pinned_empty, to_device, to_host)
 from .recording import tracing
-from .solver import STRATEGIES, prepare, solve
+from .solver import STRATEGIES, prepare, solve, timing_only
 from .streams import create_events, create_streams, default_stream, elapsed_ms, synchronize
 from .sanitizer import RaceError, sanitize
 from .viewer import animate, compare_slices, plot_slices, show_code
@@ -47,7 +48,7 @@ __all__ = [
     "device_empty", "device_zeros", "to_device", "to_host",
     "pinned_empty", "is_pinned", "copy_to_host_async", "copy_to_device_async", "measure_bandwidth",
     "WaveProblem", "launch_wave2d", "reference_solution", "kernel_source",
-    "solve", "prepare", "STRATEGIES", "compare_strategies", "graphs_supported",
+    "solve", "prepare", "STRATEGIES", "compare_strategies", "graphs_supported", "timing_only",
     "tracing",
     "plot_slices", "compare_slices", "animate", "show_code",
     "bake_layer", "check_layer_cake", "LayerCakeError",

@@ -24,7 +24,7 @@ from .strategies import COPY_LAG, KERNEL_LEVELS, STRATEGIES, capture_loop, level
 from .streams import create_events, create_streams, synchronize
 from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["prepare", "solve", "Run", "Result", "STRATEGIES", "plan_memory", "saved_levels",
+__all__ = ["prepare", "solve", "timing_only", "Run", "Result", "STRATEGIES", "plan_memory", "saved_levels",
            "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch"]
 
 #: Most buffers one ring may have: each gets its own IO stream and events (a ring needs about
@@ -475,6 +475,9 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
     if store is not None and strategy in STRATEGIES and STRATEGIES[strategy].graph:
         raise ValueError(f"strategy {strategy!r} replays a captured loop without the host, which must hand "
                          "each filled slot to the disk; stream with 'events' or 'staged' instead")
+    if store is not None and not runtime.get().computes_data:
+        raise ValueError("inside timing_only() the modelled GPU computes no data, so a store would hold none; "
+                         "stream to a store outside the timing_only() block")
     if store is not None:          # path, free space and codec, before anything is allocated
         need = plan_memory(problem, strategy, every, nscratch, unsafe=unsafe, nstaging=nstaging, batch=batch)
         disk.check_target(store, need["host"], compress)
@@ -535,10 +538,32 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         sanitizer.stop(watcher)
         run.close()
     images = sink.open_result() if sink is not None else run.images
+    if sink is None and not rt.computes_data:      # timing_only(): nothing was computed, say so
+        images.fill(np.nan)
     return Result(images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
                   backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms, store=store,
                   time_label=runtime.time_label(), nscratch_reason=run.nscratch_reason)
 
+
+
+@contextlib.contextmanager
+def timing_only():
+    """Inside the block, runs are for their times and timelines only.
+
+    On the CPU backend the modelled GPU then skips the NumPy arithmetic: times, timelines and
+    overlap figures are exactly those of a full run, but the images are not computed (they hold NaN), so a
+    sweep of large grids takes seconds instead of minutes. On a GPU the block changes nothing
+    (the device computes anyway, and skipping its work would change the times being measured).
+    Use it for sweeps whose images you do not look at.
+
+    >>> with timing_only():                                                   # doctest: +SKIP
+    ...     r = solve(WaveProblem(n0=2048, n1=2048, nt=320), "events", every=16)
+    >>> r.trace.overlap().hidden_fraction                                      # doctest: +SKIP
+    1.0
+    """
+    rt = runtime.get()
+    with rt.times_only(rt.modelled):
+        yield
 
 _warmed = set()
 

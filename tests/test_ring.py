@@ -188,3 +188,27 @@ def test_pageable_pinned_overlapped_each_step_faster_on_the_model(cpu):
 def test_sanitizer_passes(backend, small, strategy, nscratch):
     r = ch.solve(small, strategy, every=2, nscratch=nscratch, sanitize=True, trace=False)
     assert np.array_equal(r.images, ch.reference_solution(small, 2))
+
+
+def test_timing_only_keeps_the_modelled_times_and_timeline_and_skips_the_arithmetic():
+    import course_helper as ch
+    if ch.backend_name() != "cpu":
+        pytest.skip("the modelled device skips its arithmetic; a GPU computes anyway")
+    p = ch.WaveProblem(n0=64, n1=64, nt=40)
+    full = ch.solve(p, "events", every=4, nscratch=6)
+    with ch.timing_only():
+        quick = ch.solve(p, "events", every=4, nscratch=6)
+    assert quick.elapsed_ms == full.elapsed_ms
+    assert quick.trace.overlap() == full.trace.overlap()
+    assert np.all(np.isfinite(full.images)) and np.all(np.isnan(quick.images))
+    again = ch.solve(p, "events", every=4, nscratch=6)           # the block ends: arithmetic is back
+    assert np.array_equal(again.images, full.images)
+
+
+def test_timing_only_refuses_a_store_before_creating_it(tmp_path):
+    import course_helper as ch
+    if ch.backend_name() != "cpu":
+        pytest.skip("a GPU computes inside timing_only(); the refusal is the modelled device's")
+    with ch.timing_only(), pytest.raises(ValueError, match="computes no data"):
+        ch.solve(ch.WaveProblem(n0=32, n1=32, nt=10), "events", store=tmp_path / "s.zarr")
+    assert not (tmp_path / "s.zarr").exists()
