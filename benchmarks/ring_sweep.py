@@ -34,10 +34,9 @@ DEPTHS = range(5, 25)
 
 def overlap_of(trace):
     """Compute busy, copy busy, overlap (ms) and the hidden fraction of one traced run."""
-    s = trace.summary()
-    shorter = min(s["compute_ms"], s["copy_ms"])
-    return {"compute_ms": s["compute_ms"], "copy_ms": s["copy_ms"], "overlap_ms": s["overlap_ms"],
-            "hidden_fraction": s["overlap_ms"] / shorter if shorter > 0 else 0.0, "timing": s["timing"]}
+    o = trace.overlap()
+    return {"compute_ms": o.compute_ms, "copy_ms": o.copy_ms, "overlap_ms": o.overlap_ms,
+            "hidden_fraction": o.hidden_fraction, "timing": o.timing}
 
 
 def measure(problem, strategy, every, nscratch, repeats):
