@@ -43,10 +43,9 @@ def test_notebook_is_canonical(path):
     spec = get_kernel_dict()
     assert nb.metadata.get("kernelspec") == {"display_name": spec["display_name"], "language": spec["language"],
                                              "name": "python3"}
-    stored, kernel = dict(nb.metadata.get("language_info", {})), dict(IPythonKernel.language_info)
-    stored.pop("version", None)                  # the Python that ran the stored outputs
-    kernel.pop("version")
-    assert stored == kernel
+    kernel = dict(IPythonKernel.language_info)
+    kernel.pop("version")                        # the Python that runs the kernel: not stored
+    assert nb.metadata.get("language_info") == kernel
     assert "widgets" not in nb.metadata, "stray widget state saved in the notebook"
     for cell in nb.cells:
         assert "execution" not in cell.get("metadata", {}), "execution-timing metadata"
@@ -62,6 +61,27 @@ def test_notebook_is_canonical(path):
     # One canonical serialisation: what Jupyter's save writes (nbformat, then a newline).
     assert raw == nbformat.writes(nb) + "\n", \
         f"{path.name} is not saved in canonical nbformat form (run python tools/canonical_notebooks.py)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_metadata_names_no_interpreter(path):
+    """Nothing stored names the Python that executed the notebook: a learner's JupyterLab,
+    on another Python, would otherwise mark the notebook modified as it opens."""
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+
+    def versions(node, where):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from versions(value, f"{where}.{key}")
+        elif isinstance(node, str) and re.fullmatch(r"\d+\.\d+\.\d+\S*", node):
+            yield f"{where} = {node}"
+
+    found = list(versions(nb.metadata, "metadata"))
+    for cell in nb.cells:
+        found += versions(cell.metadata, f"cell {cell.get('id')} metadata")
+    assert not found, f"{path.name} stores interpreter versions {found} (run python tools/canonical_notebooks.py)"
+    assert "version" not in nb.metadata.get("language_info", {})
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
