@@ -6,9 +6,10 @@ Run from the repository root::
     COURSE_HELPER_BACKEND=cpu python benchmarks/ring_sweep.py
                                                # the modelled GPU: benchmarks/ring_sweep_model.json
 
-Two points: the balanced one (2048² x 320 levels, every 16th saved, where a
-copy is about as long as the kernels between two saved levels) and a
-copy-bound one (1024² x 640, every 8th). For each depth from 5 to 24 it
+Two points, each saving every 16th of 320 levels, where a level's copy takes about as long as
+14 kernels: the balanced one (3072², ``bench.BALANCED_POINT``), whose ~50 µs kernels are long
+next to the Python that queues each turn, and 2048², whose ~23 µs kernels are not, so that
+copies also run in the gaps the host leaves on the compute stream. For each depth from 5 to 24 it
 records the loop's time (on a GPU: the median of ``--repeats`` untraced runs;
 on the model: one run, its times are deterministic) and, from one traced run
 (CUPTI on a GPU), compute busy, copy busy, their overlap and the hidden
@@ -28,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import course_helper as ch  # noqa: E402
 from course_helper import runtime, solver, strategies  # noqa: E402
 
-POINTS = ((dict(n0=2048, n1=2048, nt=320), 16), (dict(n0=1024, n1=1024, nt=640), 8))
+POINTS = ((dict(n0=3072, n1=3072, nt=320), 16), (dict(n0=2048, n1=2048, nt=320), 16))
 DEPTHS = range(5, 25)
 
 

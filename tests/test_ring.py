@@ -1,7 +1,7 @@
 """The ring depth as the knob, and the sequential-pinned strategy that separates the two gains.
 
 ``ring_depth`` and the default ``nscratch`` are checked against the formula and
-against what the modelled H200 makes of them at the balanced point (2048² x 320,
+against what the modelled H200 makes of them at the balanced point (3072² x 320,
 every 16th level saved): model outcomes, deterministic, not wall timings.
 """
 import math
@@ -15,7 +15,7 @@ from course_helper.model import kernel_us, link_ms
 from course_helper.strategies import COPY_LAG, level_times, ring_depth
 from course_helper.timeline import _intersection, _length, _union
 
-BALANCED = dict(n0=2048, n1=2048, nt=320)
+BALANCED = dict(n0=3072, n1=3072, nt=320)
 
 
 def hidden_fraction(trace):
