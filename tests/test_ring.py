@@ -58,7 +58,7 @@ def test_level_times_are_what_the_model_charges(cpu):
     assert t.copy_ms == link_ms(profile, "D2H", p.nbytes_level)
     assert t.source == runtime.time_label()
     # and the trace of a run shows the same kernel and copy durations
-    r = modelled(ch.WaveProblem(n0=2048, n1=2048, nt=40), "events", every=16, nscratch=8)
+    r = modelled(ch.WaveProblem(**{**BALANCED, "nt": 40}), "events", every=16, nscratch=8)
     kernel = r.trace.kernels[0].duration_ms
     copy = r.trace.of_kind("D2H")[0].duration_ms
     assert kernel == pytest.approx(t.kernel_ms, rel=1e-4) and copy == pytest.approx(t.copy_ms, rel=1e-3)
