@@ -402,3 +402,37 @@ def test_names_come_from_the_loops_closure_too(cpu):
 def test_a_loop_too_small_to_overlap_is_told_why(cpu):
     msg = verdict(learner("solution", nplanes=6, shape=(64, 64)))
     assert "your loop's order lets a copy run during the next bake" in msg and "a bigger plane" in msg
+
+
+# -- notebook 9: the missing wait shows in the data ---------------------------------------------
+def _notebook_cell(path, defines):
+    import json
+    import pathlib
+    cells = json.loads((pathlib.Path(__file__).resolve().parents[1] / path).read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and defines in "".join(c["source"]))
+
+
+def test_notebook_9s_missing_wait_changes_the_same_levels_on_every_run(backend):
+    """The notebook's own loop (on 48 levels rather than 160, to be quick): the copies that start
+    before their kernel save wrong levels, the same ones on every fresh run of the model."""
+    source = _notebook_cell("notebooks/09_what_goes_wrong.ipynb", "def events_without_copy_wait")
+    assert "nt=160" in source
+    runs = []
+    for _ in range(2 if ch.backend_name() == "cpu" else 1):
+        ns = {"ch": ch, "np": np}
+        exec(source.replace("nt=160", "nt=48"), ns)
+        with ch.tracing() as t:
+            ns["events_without_copy_wait"]()
+            ch.synchronize()
+        run, reference = ns["run"], ns["reference"]
+        wrong = [int(level) for level, a, b in zip(run.levels, run.images, reference.images) if not np.array_equal(a, b)]
+        kernel_end = {e.level: e.end_ms for e in t.trace.kernels}
+        early = [c.level for c in t.trace.copies if c.level in kernel_end and c.start_ms < kernel_end[c.level]]
+        assert wrong, "the race changed no level"
+        if ch.backend_name() == "cpu":              # the model reads a copy's source when it starts
+            assert wrong == early
+        else:                                       # a wrong level comes from a copy that started early
+            assert set(wrong) <= set(early)
+        runs.append(wrong)
+        run.close()
+    assert all(r == runs[0] for r in runs)
