@@ -12,6 +12,7 @@ import linecache
 import os
 import sys
 import threading
+import types
 from collections import Counter
 
 import numpy as np
@@ -385,7 +386,7 @@ def _learner_names(fn, depth=0, found=None):
             pass
     for name, value in values:
         items = value if isinstance(value, (list, tuple)) else [value]
-        if callable(getattr(value, "__code__", None)):
+        if isinstance(value, types.FunctionType):
             _learner_names(value, depth + 1, found)
         elif items and all(isinstance(x, (streams.Stream, streams.Event)) or is_device_array(x) for x in items):
             found.setdefault(name, value)
