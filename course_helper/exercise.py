@@ -175,12 +175,13 @@ def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
                 ": the copy overlapped the bake of the same buffer (pass loop= to find the missing wait)"))
         else:
             problems.append(f"plane {k} (stack[{k}]) has the right layer number but wrong values")
+    wrong = len(problems) + len(unwritten)
     if unwritten:
         problems.append(f"{_planes(unwritten)} never (fully) written" +
                         (": is every plane copied into its own stack[k]?" if program else
                          " - is every plane copied, and did you synchronise before checking?"))
     if problems:
-        head = f"{len(problems) - bool(unwritten) + len(unwritten)} of {nplanes} planes are wrong"
+        head = f"{wrong} of {nplanes} planes are wrong"
         if program:    # ran under the sanitizer and no race was found: the order is right, an index is not
             head += (". The race sanitizer found no race, so your loop's order is right and an index is "
                      "wrong: layer k belongs in stack[k] (check the plane you copy into and the layer you bake)")
@@ -233,11 +234,15 @@ def _check_overlap(loop, program, nplanes):
                 f"{OVERLAP_NEEDED:.0%}.")
     why = program.why_serial()
     if why is None:
-        per_plane = (max(e.end_ms for e in trace.events) - min(e.start_ms for e in trace.events)) / nplanes
+        work = trace.kernels + trace.of_kind("D2H")
+        per_plane = 1e3 * (max(e.end_ms for e in work) - min(e.start_ms for e in work)) / nplanes
+        bake, copy = (1e3 * sum(e.end_ms - e.start_ms for e in es) / len(es) for es in (trace.kernels, trace.of_kind("D2H")))
+        # The order allowed overlap and the host never waited: the work was queued no faster than it ran.
         why = (f"your loop's order lets a copy run during the next bake, but in this run they hardly met: "
-               f"the device spent {per_plane * 1e3:.0f} µs a plane, no more than the host took to queue one, "
-               f"so each bake and copy ran alone (a bigger plane gives them more time to meet)")
-        raise LayerCakeError(f"all {nplanes} layers are correct and the host never waited, but {why}. {measured}")
+               f"a bake took {bake:.0f} µs and a copy {copy:.0f} µs, the run {per_plane:.0f} µs a plane" +
+               (", so the device finished each plane before the host had queued the next" if per_plane >= bake + copy
+                else "") + " (bigger planes give them time to meet)")
+        raise LayerCakeError(f"all {nplanes} layers are correct and the host never waited; {why}. {measured}")
     raise LayerCakeError(f"all {nplanes} layers are correct and the host never waited, but the bakes and "
                          f"the copies ran one after the other: {why}. {measured}")
 

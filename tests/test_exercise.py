@@ -401,7 +401,7 @@ def test_names_come_from_the_loops_closure_too(cpu):
 
 def test_a_loop_too_small_to_overlap_is_told_why(cpu):
     msg = verdict(learner("solution", nplanes=6, shape=(64, 64)))
-    assert "your loop's order lets a copy run during the next bake" in msg and "a bigger plane" in msg
+    assert "your loop's order lets a copy run during the next bake" in msg and "before the host had queued the next" in msg
 
 
 # -- notebook 9: the missing wait shows in the data ---------------------------------------------
