@@ -107,7 +107,7 @@ class _Task:
     """One item of a stream's queue: an operation, an event record, a wait, a host function."""
 
     __slots__ = ("seq", "stream", "name", "engine", "link", "peak", "duration", "remaining",
-                 "deps", "queued", "start", "end", "state", "begin", "finish", "error", "skipped")
+                 "deps", "queued", "start", "end", "state", "begin", "finish", "error", "skipped", "upstream")
 
     def __init__(self, seq, stream, name, queued, deps, begin=None, engine=None, duration=0.0,
                  link=None, peak=None, nbytes=0):
@@ -121,6 +121,7 @@ class _Task:
         self.state = _PENDING
         self.error = None
         self.skipped = False
+        self.upstream = None          # the error of work it waits for that had failed when it was queued
 
     @property
     def done(self):
@@ -288,8 +289,9 @@ class ModelRuntime(Runtime):
         if stream.closed:
             raise RuntimeError(f"stream {stream.name!r} was closed (its run has finished); "
                                "queue work on a stream of your own from create_streams()")
-        deps = [d for d in (*deps, *self._implicit(stream)) if not d.done]
-        task = _Task(next(self._seq), stream, name, self.host_t, deps, **kw)
+        deps = [*deps, *self._implicit(stream)]
+        task = _Task(next(self._seq), stream, name, self.host_t, [d for d in deps if not d.done], **kw)
+        task.upstream = next((d.error for d in deps if d.done and d.error is not None), None)
         stream.pending.append(task)
         stream.last = task
         if stream not in self._busy:
@@ -322,7 +324,7 @@ class ModelRuntime(Runtime):
         if self._captured(stream, "wait_event", stream, event):
             return
         self._call("wait_event")
-        if event.task is not None and not event.task.done:
+        if event.task is not None and (not event.task.done or event.task.error is not None):
             self._queue(stream, "wait event", deps=[event.task])
             self._advance(self.host_t)
 
@@ -500,6 +502,10 @@ class ModelRuntime(Runtime):
         if task.engine in self._engines:
             self._in_use[task.engine] += 1
         self._running.append(task)
+        if s.error is None and not s.disk:
+            # Work that waits for failed work fails too (as a CUDA error is sticky): a copy after
+            # a failed kernel must not ship the stale data that kernel would have replaced.
+            s.error = task.upstream or next((d.error for d in task.deps if d.error is not None), None)
         if task.engine == "copy" and s.error is None:
             self._on_link[task.link] = self._on_link.get(task.link, 0) + 1
         if s.error is not None:                       # work after a failure is skipped
@@ -511,7 +517,10 @@ class ModelRuntime(Runtime):
             try:
                 task.finish = task.begin()
             except BaseException as exc:  # noqa: BLE001 - stored, raised at the next synchronise
-                s.error = exc
+                if s.disk:
+                    task.error = exc      # a disk write's own: its writer raises it (the lane goes on)
+                else:
+                    s.error = exc
             finally:
                 self._inside = None
             if task.engine == "host":
@@ -565,7 +574,7 @@ class ModelRuntime(Runtime):
         task.deps = ()
         task.end = self.t
         task.state = _DONE
-        task.error = s.error
+        task.error = task.error or s.error
         self._running.remove(task)
         if task.engine in self._engines:
             self._in_use[task.engine] -= 1
@@ -630,6 +639,8 @@ class ModelRuntime(Runtime):
         write = DiskWrite(lane)
 
         def begin():
+            if write._ready.is_set():
+                return                                              # cancelled: nobody waits for it
             try:
                 if after.task is not None and after.task.error is not None:
                     raise after.task.error                          # the copy failed: nothing to write
@@ -768,13 +779,24 @@ class DiskWrite:
         """The write's (start, end) in modelled ms, on the host clock's axis (once done)."""
         return self.first.start, self.task.end
 
+    def cancel(self, exc):
+        """The write will never begin (the run stopped before its copy ran): ``result()``
+        raises ``exc`` instead of waiting. Nothing if it has begun."""
+        if not self._ready.is_set():
+            self._error = exc
+            self._ready.set()
+
     def result(self):
         """What ``encode()`` returned, once the write has begun in modelled time (waits in real
-        time, moving no clock); raises what ``encode`` raised."""
-        self._ready.wait()
+        time, moving no clock; one caller takes it); raises what ``encode`` raised."""
+        while not self._ready.wait(0.05):
+            if self.first.done and not self._ready.is_set():
+                # Its start ended without handing over the bytes (a Ctrl-C came in between).
+                raise self.first.error or RuntimeError(f"the write on {self.lane!r} was interrupted")
         if self._error is not None:
             raise self._error
-        return self._result
+        result, self._result = self._result, None      # handed over: the write keeps no hold on the bytes
+        return result
 
 
 def _zero(out):
