@@ -108,7 +108,8 @@ class _Task:
     """One item of a stream's queue: an operation, an event record, a wait, a host function."""
 
     __slots__ = ("seq", "stream", "name", "engine", "link", "peak", "duration", "remaining",
-                 "deps", "queued", "start", "end", "state", "begin", "finish", "error", "skipped", "owner")
+                 "deps", "queued", "start", "end", "state", "begin", "finish", "error", "skipped", "owner",
+                 "upstream")
 
     def __init__(self, seq, stream, name, queued, deps, begin=None, engine=None, duration=0.0,
                  link=None, peak=None, nbytes=0):
@@ -123,6 +124,7 @@ class _Task:
         self.error = None
         self.skipped = False
         self.owner = threading.current_thread()    # the thread that queued it: its failure is that thread's
+        self.upstream = None          # the error of work it waits for that had failed when it was queued
 
     @property
     def done(self):
@@ -323,8 +325,9 @@ class ModelRuntime(Runtime):
         if stream.closed:
             raise RuntimeError(f"stream {stream.name!r} was closed (its run has finished); "
                                "queue work on a stream of your own from create_streams()")
-        deps = [d for d in (*deps, *self._implicit(stream)) if not d.done]
-        task = _Task(next(self._seq), stream, name, self.host_t, deps, **kw)
+        deps = [*deps, *self._implicit(stream)]
+        task = _Task(next(self._seq), stream, name, self.host_t, [d for d in deps if not d.done], **kw)
+        task.upstream = next((d.error for d in deps if d.done and d.error is not None), None)
         stream.pending.append(task)
         stream.last = task
         if stream not in self._busy:
@@ -358,7 +361,7 @@ class ModelRuntime(Runtime):
         if self._captured(stream, "wait_event", stream, event):
             return
         self._call("wait_event")
-        if event.task is not None and not event.task.done:
+        if event.task is not None and (not event.task.done or event.task.error is not None):
             self._queue(stream, "wait event", deps=[event.task])
             self._advance(self.host_t)
 
@@ -551,6 +554,12 @@ class ModelRuntime(Runtime):
 
     def _start(self, task):
         s = task.stream
+        if s.error is None and not s.disk:
+            # Work that waits for failed work fails too (as a CUDA error is sticky): a copy after
+            # a failed kernel must not ship the stale data that kernel would have replaced.
+            upstream = task.upstream or next((d.error for d in task.deps if d.error is not None), None)
+            if upstream is not None:
+                self._fail(task, upstream)
         skip = s.error is not None                    # work after a failure is skipped
         if not skip and task.begin is not None and task.engine != "host":
             # The NumPy work reads its inputs now, before anything changes: a Ctrl-C in it (the
@@ -558,7 +567,10 @@ class ModelRuntime(Runtime):
             try:
                 task.finish = task.begin()
             except Exception as exc:  # noqa: BLE001 - stored, raised at the next synchronise
-                self._fail(task, exc)
+                if s.disk:
+                    task.error = exc      # a disk write's own: its writer raises it (the lane goes on)
+                else:
+                    self._fail(task, exc)
             task.begin = None
         s.pending.pop(0)
         s.running = task
@@ -638,7 +650,7 @@ class ModelRuntime(Runtime):
         task.deps = ()
         task.end = self.t
         task.state = _DONE
-        task.error = s.error
+        task.error = task.error or s.error
         self._running.remove(task)
         if task.engine in self._engines:
             self._in_use[task.engine] -= 1
@@ -703,6 +715,8 @@ class ModelRuntime(Runtime):
         write = DiskWrite(lane)
 
         def begin():
+            if write._ready.is_set():
+                return                                              # cancelled: nobody waits for it
             try:
                 if after.task is not None and after.task.error is not None:
                     raise after.task.error                          # the copy failed: nothing to write
@@ -849,13 +863,24 @@ class DiskWrite:
         """The write's (start, end) in modelled ms, on the host clock's axis (once done)."""
         return self.first.start, self.task.end
 
+    def cancel(self, exc):
+        """The write will never begin (the run stopped before its copy ran): ``result()``
+        raises ``exc`` instead of waiting. Nothing if it has begun."""
+        if not self._ready.is_set():
+            self._error = exc
+            self._ready.set()
+
     def result(self):
         """What ``encode()`` returned, once the write has begun in modelled time (waits in real
-        time, moving no clock); raises what ``encode`` raised."""
-        self._ready.wait()
+        time, moving no clock; one caller takes it); raises what ``encode`` raised."""
+        while not self._ready.wait(0.05):
+            if self.first.done and not self._ready.is_set():
+                # Its start ended without handing over the bytes (a Ctrl-C came in between).
+                raise self.first.error or RuntimeError(f"the write on {self.lane!r} was interrupted")
         if self._error is not None:
             raise self._error
-        return self._result
+        result, self._result = self._result, None      # handed over: the write keeps no hold on the bytes
+        return result
 
 
 def _zero(out):

@@ -560,9 +560,12 @@ def sanitize(names=None, host_sync_fixes=True):
 
 def watch_run(run):
     """Start a sanitizer for one of ``solve``'s runs, with its buffers named (None: not wanted)."""
-    images = run.images if isinstance(run.images, np.ndarray) else None   # a store's ring names its own slots
-    return observe.add(Sanitizer({"U": run.U, "V": run.V, "images": images, "staging": run.staging}),
-                       every_thread=True)
+    buffers = {"U": run.U, "V": run.V, "staging": run.staging}
+    if isinstance(run.images, np.ndarray):
+        buffers["images"] = run.images
+    elif run.images is not None:
+        buffers["ring slot"] = run.images.slots        # a run streamed to a store: its ring's slots
+    return observe.add(Sanitizer(buffers), every_thread=True)
 
 
 def stop(san):

@@ -498,8 +498,10 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
 
     recorder = None
     capture_ms = None
-    watcher = sanitizer.watch_run(run) if sanitize else None
+    watcher = None
     try:
+        if sanitize:
+            watcher = sanitizer.watch_run(run)
         if trace:
             recorder = recording.Recorder({"strategy": strategy, "n0": run.problem.n0, "n1": run.problem.n1,
                                            "nt": run.nt, "every": run.every, "nscratch": run.nscratch,
@@ -523,16 +525,20 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         timeline = recorder.finish() if recorder is not None else None
         if sink is None:
             observe.notify("host_access", run.images, "r", "solve's result")
-    except BaseException:
+    except BaseException as exc:
         # Leave the process usable: drain queued work, stop recording, re-raise.
         if recorder is not None:
             recorder.deactivate()
         try:
             synchronize()
-            if sink is not None:
-                sink.finish()       # copies that landed are written whole; nothing is left torn
         except BaseException:  # noqa: BLE001 - the original error matters more
             pass
+        finally:
+            if sink is not None:
+                # Always, even if the drain failed: the disk threads stop and the ring is let go.
+                # Chunks whose copies landed are written whole; those made by failed or skipped
+                # work are not; the error gets a note saying what the store keeps.
+                sink.finish(error=exc)
         raise
     finally:
         sanitizer.stop(watcher)

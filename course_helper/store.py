@@ -38,12 +38,43 @@ value). (Zarr's own LocalStore also writes through a temporary name, but does
 not fsync, so the disk time would hide in the page cache.) The writers put
 the chunk files themselves, with the bytes Zarr's codecs make (the Zarr v3
 encoding: raw little-endian bytes, or a zstd or blosc frame through numcodecs,
-the library Zarr's codecs wrap): going through the Zarr array for every chunk
-cost about 3 ms of Python per chunk on the H200 machine, a third of a 4 MiB
-chunk's write. The ``complete`` flags are written only after their chunks have
-landed, so a level flagged complete is never torn (a kill before the next
-flags write leaves complete levels that are not flagged: the flags err on the
-safe side).
+the library Zarr's codecs wrap, then the 4-byte CRC32C that Zarr's ``crc32c``
+codec appends): going through the Zarr array for every chunk cost about 3 ms
+of Python per chunk on the H200 machine, a third of a 4 MiB chunk's write.
+
+What the store guarantees
+-------------------------
+* **complete** (the boolean array ``complete``, one entry per saved level):
+  a level is flagged only after its chunk file is on the disk (fsync'ed,
+  renamed) and its peak taken, and only if every operation that produced it
+  succeeded: the copy into the slot, and the work it waited for. After a fault
+  or a Ctrl-C, the device skips the work queued after the failure and the
+  copies that wait for it (the CPU backend's model follows CUDA's sticky
+  errors); a chunk whose copy failed or was skipped is neither written nor
+  flagged. Chunks whose copies had landed are still written and flagged.
+* **A full disk cannot stop the flags.** The ``complete`` and ``peak`` files
+  are written whole (and fsync'ed) when the store is created, and then
+  rewritten in place, which takes no new disk space. The flags only ever go
+  from False to True, so even an interrupted rewrite leaves a valid, safe
+  state. The error of a failed run says how many levels are flagged.
+* **Checksums.** Every chunk of ``u`` ends with its CRC32C (Zarr's ``crc32c``
+  codec, declared in the array's metadata), so a damaged chunk (a flipped
+  bit, a truncated or overwritten file) is reported with its file and levels
+  (:class:`StoreDamaged`), by :func:`open_store`'s images, the slice viewer
+  and any Zarr reader (xarray included), instead of being read as data. Bad
+  metadata gives a StoreDamaged error naming the file.
+* **Interrupted stores.** A store is built under a temporary name and renamed
+  when whole, so a store at the path always opens. Its run's state is kept in
+  the file ``.run-state``, locked (``flock``) by the writing process until the
+  run ends: :attr:`StoredRun.state` is "writing" (a live process holds it),
+  "finished", "failed" (the reason kept), or "interrupted" (killed: the lock
+  died with its process). Opening a killed store removes the temporary files
+  of the chunks that were being written, and reports as complete every level
+  whose chunk file is there (a chunk file only appears whole, after its data
+  were produced without error), so nothing intact is lost to the flags
+  thread's lag; a level whose chunk file was deleted is never reported
+  complete (:attr:`StoredRun.missing`). A run that fails before saving any
+  level removes its store, so that it does not block a run to the same path.
 
 Timing. On a GPU, writer ``i`` times each chunk's write on the host clock
 (lane "disk i" of the timeline). On the CPU backend the disk is a stage of
@@ -60,27 +91,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
+import json
 import math
 import os
 import queue
 import shutil
+import signal
 import threading
 import time
 import uuid
 import warnings
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 
 from . import checks, observe, recording, runtime, streams
 from .memory import pinned_empty
 
-__all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "check_target", "free_bytes",
+__all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "StoredImages", "StoreDamaged", "StoreWriteError", "check_target", "free_bytes",
            "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "FLAGS_EVERY_S"]
 
 DATA = "u"                      # the wavefield array inside the store
 DEFAULT_WRITERS = 4             # enough chunks in flight that one writer's own work leaves the disk busy
 FLAGS_EVERY_S = 0.1             # the flags thread writes ``complete`` and ``peak`` at most this often
+RUN_STATE = ".run-state"        # the run's state inside the store (see _RunState)
+PARTIAL = ".partial"            # the ending of files and folders not yet under their name
+#: the names of the threads this module starts (each followed by a number, or alone)
+THREAD_NAMES = ("disk writer", "disk peaks", "disk flags", "disk bandwidth")
 #: compression choices: name -> a function making the Zarr codec list (None: raw bytes)
 CODECS = {
     None: lambda: None,
@@ -145,12 +184,14 @@ def check_target(path, need_bytes, compress=None):
 # Files that reach the disk before they get their name
 # --------------------------------------------------------------------------
 def _put_durable(path, data, fsync=True):
-    """Write ``data`` to ``path`` through a temporary name: write, fsync, rename."""
+    """Write ``data`` (a buffer, or a tuple of buffers written one after the other) to ``path``
+    through a temporary name: write, fsync, rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{PARTIAL}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            for part in data if isinstance(data, tuple) else (data,):
+                f.write(part)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())   # the bytes are on the disk before the name says so
@@ -161,14 +202,34 @@ def _put_durable(path, data, fsync=True):
         raise
 
 
+def _overwrite(path, data):
+    """Write ``data`` over the first bytes of the existing file ``path``, in place: no new disk
+    space is needed (the flags' space was reserved when the store was created)."""
+    view = memoryview(data).cast("B")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        done = 0
+        while done < len(view):
+            done += os.pwrite(fd, view[done:], done)
+    finally:
+        os.close(fd)
+
+
+def _checksum(payload):
+    """The 4 bytes Zarr's ``crc32c`` codec appends to a chunk: the CRC32C of ``payload``
+    (computed by google-crc32c, the library that codec uses), little-endian."""
+    view = np.frombuffer(payload, np.uint8)
+    view.flags.writeable = False           # google-crc32c takes read-only buffers (no copy made)
+    return int(google_crc32c.value(view)).to_bytes(4, "little")
+
+
 def _durable_store(root, read_only=False):
-    """A Zarr LocalStore whose files appear whole (temporary name, then rename), the
-    wavefield's chunks fsync'ed first. The small flags are not fsync'ed: if a power cut
-    loses one, its level merely reads as incomplete."""
+    """A Zarr LocalStore whose files appear whole (temporary name, then rename), fsync'ed
+    (they are written once, when the store is created)."""
     from zarr.storage import LocalStore
 
     def put(root, key, value):
-        _put_durable(root / key, value.as_buffer_like(), fsync=key.startswith(f"{DATA}/c"))
+        _put_durable(root / key, value.as_buffer_like())
 
     class DurableStore(LocalStore):
         async def set(self, key, value):
@@ -192,36 +253,160 @@ def _problem_attrs(problem, every):
             "source": list(problem.source), "units": "u: pressure amplitude; time: s; x0, x1: m"}
 
 
+# --------------------------------------------------------------------------
+# The run's state: writing (its process holds the lock), finished, failed, or killed
+# --------------------------------------------------------------------------
+class _RunState:
+    """The file :data:`RUN_STATE` of a store being written: created first, locked (``flock``) by
+    the writing process until the run ends, then overwritten in place with how it ended. The
+    kernel drops the lock when the process dies, however it dies: a state still "writing" with
+    no lock held means the run was killed."""
+
+    SIZE = 512           # bytes reserved up front: the final state is written in place, even on a full disk
+
+    def __init__(self, folder):
+        self.fd = os.open(folder / RUN_STATE, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.write("writing")
+            os.fsync(self.fd)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def write(self, text):
+        data = text.encode()[:self.SIZE].ljust(self.SIZE)
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], done)
+
+    def end(self, text):
+        """Write the final state (OSError is kept: the state then stays "writing", which reads
+        as interrupted, a truthful fallback) and release the lock."""
+        try:
+            self.write(text)
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)           # releases the lock
+
+
+def _read_state(folder):
+    """``(state, reason)``: state is "writing" (a live process holds the lock), "finished",
+    "failed" (reason: why), "interrupted" (killed: no lock, never ended), or "finished" for a
+    store without a state file (written before stores had one)."""
+    try:
+        fd = os.open(folder / RUN_STATE, os.O_RDONLY)
+    except FileNotFoundError:
+        return "finished", ""
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "writing", ""
+        text = os.pread(fd, _RunState.SIZE, 0).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
+    if text.startswith("failed"):
+        return "failed", text.partition(":")[2].strip()
+    if text == "finished":
+        return "finished", ""
+    return "interrupted", ""
+
+
+def _remove_partials(folder):
+    """Remove the temporary files of chunk writes a killed run left in the store ``folder``."""
+    for tmp in folder.rglob(f".*{PARTIAL}"):
+        with contextlib.suppress(OSError):
+            tmp.unlink() if tmp.is_file() else shutil.rmtree(tmp)
+
+
+def _remove_stale_creations(path):
+    """Remove the folders that runs killed while creating a store at ``path`` left beside it.
+    A creation is built under a temporary name holding its process id; it is stale when that
+    process has gone and its state file (if it got that far) is not locked."""
+    for tmp in path.absolute().parent.glob(f".{path.name}.*{PARTIAL}"):
+        pid = tmp.name[len(path.name) + 2:].partition("-")[0]
+        if not (tmp.is_dir() and pid.isdigit()) or _alive(int(pid)):
+            continue
+        if not (tmp / RUN_STATE).is_file() or _read_state(tmp)[0] == "interrupted":
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True                       # someone else's process
+    return True
+
+
+def _flag_bytes(landed, peak):
+    """The files of the ``complete`` and ``peak`` arrays (one uncompressed chunk each), as Zarr
+    encodes them: one byte per bool, little-endian float32."""
+    return {"complete": np.asarray(landed, "|b1").tobytes(), "peak": np.asarray(peak, "<f4").tobytes()}
+
+
 def create_store(path, problem, every, chunk, compress=None):
     """Create the (empty) store: ``u`` (time, x0, x1) full of NaN, its coordinates, the
-    ``complete`` and ``peak`` arrays (one entry per level), the problem as attributes."""
+    ``complete`` and ``peak`` arrays (one entry per level, their files written now so that
+    their space is taken before the run), the problem as attributes.
+
+    The store is built under a temporary name beside ``path`` and renamed to ``path`` when
+    whole, so that a store at ``path`` always opens. Returns ``(group, state)``: the group
+    opened at ``path`` and the locked :class:`_RunState` ("writing") of the run."""
     zarr = _zarr()
+    path = Path(path)
     levels = np.arange(0, problem.nt, every)
     nsaved = len(levels)
-    group = zarr.open_group(store=_durable_store(path), mode="w-", zarr_format=3)
-    group.attrs.update(_problem_attrs(problem, every))
-    group.create_array(DATA, shape=(nsaved, *problem.shape), chunks=(chunk, *problem.shape),
-                       dtype="float32", fill_value=np.nan, dimension_names=("time", "x0", "x1"),
-                       compressors=CODECS[compress](), config={"write_empty_chunks": True},
-                       chunk_key_encoding={"name": "default", "separator": "."},   # u/c.K.0.0: one folder
-                       attributes={"long_name": "wavefield", "coordinates": "level"})
-    for name, values in (("time", levels * problem.dt), ("level", levels),
-                         ("x0", np.arange(problem.n0) * problem.dx0),
-                         ("x1", np.arange(problem.n1) * problem.dx1)):
-        dim = "time" if name in ("time", "level") else name
-        a = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=(dim,),
-                               attributes={"units": {"time": "s", "level": "1"}.get(name, "m")})
-        a[:] = values
-    # The flags are one chunk each (one small file, rewritten whole by the flags thread).
-    group.create_array("complete", shape=(nsaved,), chunks=(nsaved,), dtype="bool", fill_value=False,
-                       dimension_names=("time",), compressors=None)
-    group.create_array("peak", shape=(nsaved,), chunks=(nsaved,), dtype="float32", fill_value=np.nan,
-                       dimension_names=("time",), compressors=None,
-                       attributes={"long_name": "largest |u| of the level (for colour scales)"})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")            # "consolidated metadata is not in the v3 spec"
-        zarr.consolidate_metadata(group.store)     # one read opens the whole store (xarray)
-    return group
+    _remove_stale_creations(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}{PARTIAL}")
+    tmp.mkdir()
+    state = None
+    try:
+        state = _RunState(tmp)
+        group = zarr.open_group(store=_durable_store(tmp), mode="a", zarr_format=3)   # a fresh folder
+        group.attrs.update(_problem_attrs(problem, every))
+        group.create_array(DATA, shape=(nsaved, *problem.shape), chunks=(chunk, *problem.shape),
+                           dtype="float32", fill_value=np.nan, dimension_names=("time", "x0", "x1"),
+                           compressors=[*(CODECS[compress]() or []), _zarr().codecs.Crc32cCodec()],
+                           config={"write_empty_chunks": True},
+                           chunk_key_encoding={"name": "default", "separator": "."},   # u/c.K.0.0: one folder
+                           attributes={"long_name": "wavefield", "coordinates": "level"})
+        for name, values in (("time", levels * problem.dt), ("level", levels),
+                             ("x0", np.arange(problem.n0) * problem.dx0),
+                             ("x1", np.arange(problem.n1) * problem.dx1)):
+            dim = "time" if name in ("time", "level") else name
+            a = group.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=(dim,),
+                                   attributes={"units": {"time": "s", "level": "1"}.get(name, "m")})
+            a[:] = values
+        # The flags are one chunk each (one small file, rewritten in place by the flags thread).
+        group.create_array("complete", shape=(nsaved,), chunks=(nsaved,), dtype="bool", fill_value=False,
+                           dimension_names=("time",), compressors=None)
+        group.create_array("peak", shape=(nsaved,), chunks=(nsaved,), dtype="float32", fill_value=np.nan,
+                           dimension_names=("time",), compressors=None,
+                           attributes={"long_name": "largest |u| of the level (for colour scales)"})
+        for name, data in _flag_bytes(np.zeros(nsaved, bool), np.full(nsaved, np.nan)).items():
+            _put_durable(tmp / name / group[name].metadata.encode_chunk_key((0,)), data)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")            # "consolidated metadata is not in the v3 spec"
+            zarr.consolidate_metadata(group.store)     # one read opens the whole store (xarray)
+        try:
+            os.rename(tmp, path)                       # atomic: the store appears whole
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            raise FileExistsError(f"the store {path} was created by someone else while this run created "
+                                  "it; choose a new path (a store is never overwritten)") from None
+        tmp = path
+        return zarr.open_group(store=_durable_store(path), mode="r+"), state
+    except BaseException as exc:
+        if state is not None:
+            state.end(f"failed: {_why(exc)}")
+        shutil.rmtree(tmp, ignore_errors=True)         # (the store, if it was renamed already)
+        raise
 
 
 # --------------------------------------------------------------------------
@@ -297,6 +482,11 @@ class Ring:
         j = first % self.chunk
         return self.slots[s][j] if not isinstance(key, slice) else self.slots[s][j:j + stop - first]
 
+    def let_go(self):
+        """The run is over: drop the slots (pinned memory), whoever still holds the ring."""
+        self.slots = []
+        self.modelled = [None] * len(self.modelled)
+
     def release(self, s):
         """Slot ``s`` is free again (its chunk is on the disk)."""
         with self.freed:
@@ -335,32 +525,40 @@ class DiskSink:
         self.path = Path(path)
         self.nsaved = len(range(0, problem.nt, every))
         check_target(self.path, self.nsaved * problem.nbytes_level, compress)
-        self.group = create_store(self.path, problem, every, chunk, compress)
-        self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
-        self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)
         self.every = every
         self.writers = writers
         self._encode = _encoder(compress)
         rt = runtime.get()
         self._model = rt if rt.modelled else None     # the CPU backend: the disk is modelled
-        self._error = None
+        self._error = None             # the first error of a writer, the peaks or the flags thread
+        self._ended = False            # finish() has run
         self._recorder = None          # the solving thread's recorder (the disk lanes go into it)
         self._intervals = []           # (first level index, lane, nbytes, times) of each chunk written
         self._queue = queue.SimpleQueue()
+        self._peaks_queue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._landed = np.zeros(self.nsaved, bool)                 # what the flags thread writes
         self._peak = np.full(self.nsaved, np.nan, np.float32)
         self._dirty, self._stop = threading.Event(), threading.Event()
-        self._readers = [0] * len(self.ring.slots)     # threads still reading each slot (writer, peaks)
-        self._written = [False] * len(self.ring.slots)  # whether each slot's chunk reached its file
-        self._peaked = [False] * len(self.ring.slots)   # and whether its peaks were taken
-        self._peaks_queue = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self.writer, args=(f"disk {i}",), name=f"disk writer {i}",
                                           daemon=True) for i in range(writers)]
         self._peaker = threading.Thread(target=self.peaker, name="disk peaks", daemon=True)
         self._flagger = threading.Thread(target=self.flagger, name="disk flags", daemon=True)
-        for t in (*self._threads, self._peaker, self._flagger):
-            t.start()
+        self.group, self._state = create_store(self.path, problem, every, chunk, compress)
+        try:
+            self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
+            self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)
+            self._readers = [0] * len(self.ring.slots)     # threads still reading each slot (writer, peaks)
+            self._written = [False] * len(self.ring.slots)  # whether each slot's chunk reached its file
+            self._peaked = [False] * len(self.ring.slots)   # and whether its peaks were taken
+            for t in (*self._threads, self._peaker, self._flagger):
+                t.start()
+        except BaseException as exc:
+            # (a MemoryError for the ring, a Ctrl-C): the threads started stop, the store goes
+            self._stop_threads(cancel=False)
+            self._state.end(f"failed: {_why(exc)}")
+            shutil.rmtree(self.path, ignore_errors=True)      # it holds nothing: it must not block a re-run
+            raise
 
     # -- the solving thread ------------------------------------------------
     def op_issued(self, op):
@@ -422,25 +620,78 @@ class DiskSink:
         finally:
             observe.remove(self)
 
-    def finish(self):
-        """Wait until every handed-over chunk is on the disk (on the CPU backend: the host clock
-        moves to the end of the last modelled write), write the flags, put the disk lanes on the
-        timeline, and raise a writer's error."""
-        if self._model is not None:        # first: the writer threads wait for the modelled writes to begin
+    def finish(self, error=None):
+        """End the run's pipeline, whatever happened; runs once (later calls do nothing).
+
+        Waits until every handed-over chunk is on the disk (on the CPU backend: the host clock
+        moves to the end of the last modelled write), stops the threads, writes the flags and
+        the run's state, and puts the disk lanes on the timeline. Then raises a writer's error,
+        its message saying what is flagged complete.
+
+        ``error``: the exception that stopped the run (it is not raised here). The chunks whose
+        copies landed are still written whole; chunks made by failed or skipped work are not
+        (their copies failed). The exception gets a note saying what the store keeps, and a
+        store that keeps nothing is removed, so that it does not block a run to the same path.
+        """
+        if self._ended:
+            return
+        self._ended = True
+        with _ctrl_c_held():             # a Ctrl-C now is raised once everything has stopped
+            stopped = None               # an error (a second Ctrl-C) while waiting for the modelled writes
+            try:
+                if self._model is not None:    # first: the writer threads wait for the modelled writes to begin
+                    for write in (w for w in self.ring.modelled if w is not None):
+                        self._model.disk_wait(write)
+            except BaseException as exc:  # noqa: BLE001 - raised below, once everything is stopped
+                stopped = exc
+            self._stop_threads(cancel=error is not None or stopped is not None)
+            flagged = self._write_flags()
+            self.ring.let_go()
+            self._add_lanes()
+            failure = next((e for e in (error, stopped, self._error) if e is not None), None)
+            if failure is None:
+                self._state.end("finished")
+                return
+            self._state.end(f"failed: {_why(failure)}")
+            what = self._what_is_kept(flagged)
+            if isinstance(failure, StoreWriteError):
+                failure.strerror = f"{failure.strerror}; {what}"       # the truth, now that the flags are written
+            else:
+                failure.add_note(what)
+            if failure is not error:
+                raise failure
+
+    def _stop_threads(self, cancel):
+        """Let the writer, peaks and flags threads end. ``cancel``: the run stopped early, and
+        the model may never begin some writes (their copies never ran, or the host stopped
+        waiting): they are cancelled, so that no writer thread waits for them for ever."""
+        if cancel:
             for write in (w for w in self.ring.modelled if w is not None):
-                self._model.disk_wait(write)
-        for _ in self._threads:
-            self._queue.put(None)
+                write.cancel(RuntimeError("the run stopped before this chunk's copy ran"))
+        started = lambda threads: [t for t in threads if t.ident is not None]   # noqa: E731
         for t in self._threads:
+            self._queue.put(None)
+        for t in started(self._threads):
             t.join()
-        self._peaks_queue.put(None)
-        self._peaker.join()
+        self._peaks_queue.put(None)            # after the writers, which hand their slots to it
+        for t in started([self._peaker]):
+            t.join()
         self._stop.set()
         self._dirty.set()
-        self._flagger.join()
-        self._write_flags()
-        self._add_lanes()
-        self.raise_error()
+        for t in started([self._flagger]):
+            t.join()
+
+    def _what_is_kept(self, flagged):
+        """A sentence saying what the store keeps after a failed run (removing it if nothing)."""
+        if flagged is not True:
+            return (f"the flags of the store {self.path} could not be written ({flagged}); open_store() "
+                    "finds its complete levels from their chunk files")
+        n = int(self._landed.sum())
+        if n == 0 and not any((self.path / DATA).glob("c.*")):
+            shutil.rmtree(self.path, ignore_errors=True)
+            return f"no level was saved; the store {self.path} was removed"
+        return (f"{n} of {self.nsaved} levels are complete and flagged in 'complete' of the store {self.path} "
+                "(open_store reads them); remove it, or choose another path, to run again")
 
     def _add_lanes(self):
         rec = self._recorder
@@ -525,34 +776,38 @@ class DiskSink:
         return self._encode(block)
 
     def _write_chunk(self, first, payload):
-        """The chunk's file, whole or absent: written under a temporary name, fsync'ed, renamed."""
+        """The chunk's file, whole or absent: its bytes and their checksum (as the array's
+        ``crc32c`` codec appends it), written under a temporary name, fsync'ed, renamed."""
         key = self.data.metadata.encode_chunk_key((first // self.ring.chunk, 0, 0))
-        _put_durable(self.path / DATA / key, payload)
+        _put_durable(self.path / DATA / key, (payload, _checksum(payload)))
 
     # -- the flags thread ---------------------------------------------------
     def flagger(self):
-        """Write ``peak`` and ``complete`` (for the levels whose chunks have landed) whenever
-        chunks have landed since the last write, at most every :data:`FLAGS_EVERY_S`."""
-        while not self._stop.is_set():
+        """Write ``peak`` and ``complete`` (for the levels whose chunks have landed) as soon as
+        chunks have landed, then at most every :data:`FLAGS_EVERY_S`."""
+        while True:
             self._dirty.wait()
-            if self._stop.wait(FLAGS_EVERY_S):
+            if self._stop.is_set():
                 return                                   # finish() writes the last flags
             self._dirty.clear()
-            if not self._write_flags():
+            if self._write_flags() is not True:
                 return
+            self._stop.wait(FLAGS_EVERY_S)
 
     def _write_flags(self):
-        """Write the flags of the chunks landed so far; False (the error kept for the solving
-        thread) if that failed."""
+        """Write the flags of the chunks landed so far, in place (their space was taken when the
+        store was created, so a full disk cannot stop them). True, or the OSError (also kept
+        for the solving thread)."""
         with self._lock:
-            landed, peak = self._landed.copy(), self._peak.copy()
+            files = _flag_bytes(self._landed, self._peak)
         try:
-            self.peak[:] = peak
-            self.complete[:] = landed      # after the chunks and their peaks: never ahead of the data
+            for name in ("peak", "complete"):   # complete last: never ahead of the data and peaks
+                array = self.peak if name == "peak" else self.complete
+                _overwrite(self.path / name / array.metadata.encode_chunk_key((0,)), files[name])
         except OSError as exc:
             with self._lock:
                 self._error = self._error or _disk_error(exc, self.path, 0, self.every, "its flags")
-            return False
+            return exc
         return True
 
     def open_result(self):
@@ -560,30 +815,148 @@ class DiskSink:
         return open_store(self.path).images
 
 
+@contextlib.contextmanager
+def _ctrl_c_held():
+    """Hold a Ctrl-C (SIGINT) that comes inside the block and raise it at the block's end, so
+    that a clean-up runs to its end (threads stopped, flags and state written). A second
+    Ctrl-C is not held. Only where Python's own handler is in place (the main thread)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    held = []
+
+    def hold(signum, frame):
+        if held:
+            raise KeyboardInterrupt          # pressed again: the user insists
+        held.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if held:
+            raise KeyboardInterrupt
+
+
+def _why(exc):
+    """An exception in one line: its type, and its message if it has one."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class StoreWriteError(OSError):
+    """Writing a run's store failed (a full disk, an I/O error); the message names the store
+    and the level, and, once the run has stopped, what the store keeps."""
+
+
 def _disk_error(exc, path, first, every, what=None):
     what = what or f"level {first * every}"
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return OSError(errno.ENOSPC, f"the disk holding the store {path} is full (writing {what}); "
-                       "earlier levels are complete and flagged in 'complete'", str(path))
+        return StoreWriteError(errno.ENOSPC, f"the disk holding the store {path} is full (writing {what})",
+                               str(path))
     if isinstance(exc, OSError):
-        return OSError(exc.errno, f"writing {what} to the store {path} failed: {exc}", str(path))
+        return StoreWriteError(exc.errno, f"writing {what} to the store {path} failed: {exc}", str(path))
     return exc
 
 
 # --------------------------------------------------------------------------
 # Reading a store back
 # --------------------------------------------------------------------------
+class StoreDamaged(ValueError):
+    """A file of a store is damaged (bad metadata, a chunk failing its checksum): the message
+    names the file, and for a chunk its levels."""
+
+
+def _damaged(path, what, exc):
+    """The StoreDamaged error for ``what`` (words) of the store ``path`` that could not be read:
+    a metadata file that is not valid JSON is named first, since every read goes through it."""
+    for meta in sorted(Path(path).rglob("zarr.json")):
+        try:
+            json.loads(meta.read_bytes())
+        except (ValueError, OSError) as bad:
+            return StoreDamaged(f"the metadata file {meta} of the store {path} is damaged ({bad}); the "
+                                "store cannot be read")
+    if isinstance(exc, KeyError):
+        return StoreDamaged(f"the store {path} has no array {exc.args[0]!r}: it was not written by "
+                            "solve(..., store=PATH), or it is damaged")
+    return StoreDamaged(f"cannot read {what} of the store {path}: {type(exc).__name__}: {exc}")
+
+
+class StoredImages:
+    """A store's wavefield ``(nsaved, n0, n1)``, read lazily: indexing reads only the chunks it
+    needs (a Zarr array underneath). A chunk whose bytes fail their checksum (or cannot be
+    decoded) raises :class:`StoreDamaged` naming the chunk's file and levels, instead of being
+    read as data."""
+
+    def __init__(self, array, path, levels):
+        self.array = array                   # the zarr.Array
+        self.path = Path(path)
+        self.levels = levels
+
+    shape = property(lambda self: self.array.shape)
+    dtype = property(lambda self: self.array.dtype)
+    ndim = property(lambda self: self.array.ndim)
+    chunks = property(lambda self: self.array.chunks)
+    nbytes = property(lambda self: self.array.nbytes)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        try:
+            return self.array[key]
+        except Exception as exc:  # noqa: BLE001 - told apart below, by reading chunk by chunk
+            raise self._damaged(key, exc) from exc
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self[:], dtype)
+
+    def __iter__(self):
+        return (self[k] for k in range(len(self)))
+
+    def __repr__(self):
+        return f"<StoredImages {str(self.path)!r} {self.shape} float32>"
+
+    def _damaged(self, key, exc):
+        """Find which chunk of those ``key`` reads is damaged, and say so."""
+        chunk = self.chunks[0]
+        try:
+            wanted = np.atleast_1d(np.arange(len(self))[key[0] if isinstance(key, tuple) else key])
+        except (IndexError, TypeError, ValueError):
+            return exc if isinstance(exc, (IndexError, TypeError)) else _damaged(self.path, "the wavefield", exc)
+        for k in sorted({int(i) // chunk for i in wanted}):
+            first, stop = k * chunk, min((k + 1) * chunk, len(self))
+            try:
+                self.array[first:stop]
+            except Exception as bad:  # noqa: BLE001 - this chunk is the damaged one
+                file = self.path / DATA / self.array.metadata.encode_chunk_key((k, 0, 0))
+                return StoreDamaged(f"the chunk file {file} (levels {self.levels[first]}..{self.levels[stop - 1]}) "
+                                    f"is damaged and is not read as data ({bad}); these levels are lost: run the "
+                                    "solve again to get them")
+        return _damaged(self.path, "the wavefield", exc)
+
+
 class StoredRun:
     """A store opened lazily: nothing is read until a slice is indexed.
 
     Attributes
     ----------
-    images : zarr.Array
-        (nsaved, n0, n1); ``images[k]`` reads one level (NaN where it was never written).
+    images : StoredImages
+        (nsaved, n0, n1); ``images[k]`` reads one level (NaN where it was never written; a
+        damaged chunk raises :class:`StoreDamaged`).
     levels, times_ms : numpy.ndarray
         Time level and simulated time of each slice.
     complete : numpy.ndarray of bool
-        Which levels were written completely.
+        Which levels are complete: flagged in the store's ``complete`` array and their chunk
+        file is there. For a run that was killed, every level whose chunk file is there (a chunk
+        file appears only whole, after its data were produced without error and fsync'ed).
+    missing : numpy.ndarray of bool
+        Levels flagged complete whose chunk file has gone (deleted after the run).
+    state : str
+        "finished", "failed" (``reason`` says why), "interrupted" (killed before it ended) or
+        "writing" (a live process is writing it now).
     attrs : dict
         The problem's parameters.
     """
@@ -591,15 +964,47 @@ class StoredRun:
     def __init__(self, path):
         zarr = _zarr()
         path = Path(path)
+        if not path.exists():
+            _remove_stale_creations(path)
+            raise FileNotFoundError(f"there is no store at {path}")
         if not (path / "zarr.json").is_file():
             raise FileNotFoundError(f"{path} is not a course store (no zarr.json inside)")
         self.path = path
-        self.group = zarr.open_group(store=_durable_store(path, read_only=True), mode="r")
-        self.images = self.group[DATA]
-        self.levels = self.group["level"][:]
-        self.times_ms = self.group["time"][:] * 1e3
-        self.complete = self.group["complete"][:]
+        self.state, self.reason = _read_state(path)
+        if self.state == "interrupted":
+            _remove_partials(path)            # temporary files of the chunks being written when killed
+
+        def read(what, get):
+            try:
+                return get()
+            except Exception as exc:  # noqa: BLE001 - reported with the file's name
+                raise _damaged(path, what, exc) from exc
+
+        self.group = read("the metadata", lambda: zarr.open_group(store=_durable_store(path, read_only=True),
+                                                                   mode="r"))
+        self.levels = read("the array 'level'", lambda: self.group["level"][:])
+        self.images = StoredImages(read("the array 'u'", lambda: self.group[DATA]), path, self.levels)
+        self.times_ms = read("the array 'time'", lambda: self.group["time"][:]) * 1e3
+        flagged = read("the array 'complete'", lambda: self.group["complete"][:])
         self.attrs = dict(self.group.attrs)
+        present = self._chunk_files_present()
+        self.missing = flagged & ~present
+        self.complete = present if self.state == "interrupted" else flagged & present
+
+    def _chunk_files_present(self):
+        """Per level: whether its chunk file is there."""
+        data = self.images.array
+        names = set(os.listdir(self.path / DATA)) if (self.path / DATA).is_dir() else set()
+        chunk = data.chunks[0]
+        present = np.zeros(len(self.levels), bool)
+        for k in range(math.ceil(len(present) / chunk)):
+            present[k * chunk:(k + 1) * chunk] = data.metadata.encode_chunk_key((k, 0, 0)) in names
+        return present
+
+    @property
+    def interrupted(self):
+        """Whether the run stopped before it ended (killed, or failed)."""
+        return self.state in ("interrupted", "failed")
 
     def peak_amplitude(self):
         """The largest |u| of all complete levels (read from the small ``peak`` array)."""
@@ -612,12 +1017,18 @@ class StoredRun:
         return sum(f.stat().st_size for f in (self.path / DATA).glob("c.*") if f.is_file())
 
     def __repr__(self):
+        how = {"finished": "", "writing": ", being written now",
+               "interrupted": ", interrupted: the run was killed before it ended",
+               "failed": f", interrupted: the run failed ({self.reason})"}[self.state]
+        if self.missing.any():
+            how += f", {int(self.missing.sum())} flagged levels have lost their chunk files"
         return (f"<StoredRun {str(self.path)!r}: {int(self.complete.sum())}/{len(self.complete)} levels "
-                f"complete, {self.images.shape[1]}x{self.images.shape[2]}>")
+                f"complete, {self.images.shape[1]}x{self.images.shape[2]}{how}>")
 
 
 def open_store(path):
-    """Open a store written by ``solve(..., store=path)`` lazily (see :class:`StoredRun`)."""
+    """Open a store written by ``solve(..., store=path)`` lazily (see :class:`StoredRun`).
+    A store opens whatever moment its run was killed at, and says so (``state``)."""
     return StoredRun(path)
 
 
@@ -666,7 +1077,7 @@ def measure_disk_bandwidth(folder, mib=256, chunk_mib=4, writers=DEFAULT_WRITERS
                 errors.append(exc)
                 return
 
-    threads = [threading.Thread(target=writer) for _ in range(writers)]
+    threads = [threading.Thread(target=writer, name=f"disk bandwidth {i}") for i in range(writers)]
     t0 = time.perf_counter()
     try:
         for t in threads:

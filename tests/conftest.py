@@ -56,8 +56,9 @@ def small():
 
 
 def course_threads():
+    """The live threads the course's package started (the disk pipeline's: see store.THREAD_NAMES)."""
     gc.collect()
-    return [t for t in threading.enumerate() if t.name.startswith("course_helper-") and t.is_alive()]
+    return [t for t in threading.enumerate() if t.name.startswith(ch.store.THREAD_NAMES) and t.is_alive()]
 
 
 def pytest_report_header(config):

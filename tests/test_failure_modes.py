@@ -306,3 +306,90 @@ def test_threads_do_not_pile_up_over_many_solves(cpu):
         ch.solve(ch.WaveProblem(16, 16, nt=8), "events")
     time.sleep(0.2)
     assert threading.active_count() <= before + 1
+
+
+# --- a failing streamed run leaves nothing behind ---------------------------------------
+def _deferred_copy_fault(monkeypatch, call):
+    """A Ctrl-C while the ``call``-th copy of the modelled device runs: raised at once, as on a
+    GPU, and the copy, left pending, runs again whole when the device is next drained."""
+    from course_helper import model
+    real, calls = model.ModelRuntime._begin_copy, []
+
+    def failing(self, dst, src):
+        calls.append(1)
+        if len(calls) != call:
+            return real(self, dst, src)
+        interrupted = []
+
+        def begin():
+            if not interrupted:
+                interrupted.append(1)
+                raise KeyboardInterrupt
+            return real(self, dst, src)()
+        return begin
+
+    monkeypatch.setattr(model.ModelRuntime, "_begin_copy", failing)
+
+
+@pytest.mark.parametrize("strategy", ["events", "staged"])
+@pytest.mark.parametrize("fault", ["deferred", "in the loop"])
+def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monkeypatch, strategy, fault):
+    import weakref
+    from course_helper import store
+    slots = []
+    real_ring = store.Ring.__init__
+
+    def ring(self, *args, **kwargs):
+        real_ring(self, *args, **kwargs)
+        slots.extend(weakref.ref(s) for s in self.slots)
+
+    monkeypatch.setattr(store.Ring, "__init__", ring)
+    if fault == "deferred":
+        _deferred_copy_fault(monkeypatch, 30)
+        expected = KeyboardInterrupt
+    else:
+        real, calls = strategies.launch_wave2d, Counter()
+
+        def flaky(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 25:
+                raise RuntimeError("simulated fault in the middle of the loop")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(strategies, "launch_wave2d", flaky)
+        expected = RuntimeError
+    with pytest.raises(expected) as info:
+        ch.solve(ch.WaveProblem(48, 48, nt=60), strategy, store=tmp_path / "s.zarr", batch=2 if strategy == "staged"
+                 else None)
+    assert not course_threads()                          # disk writers, peaks and flags threads stopped
+    assert any("levels are complete and flagged" in note and "to run again" in note
+               for note in info.value.__notes__)          # what the store keeps, and how to run again
+    # The ring is let go once the error is (its traceback's frames name a few slots until then)
+    del info
+    gc.collect()
+    assert slots and not [s for s in slots if s() is not None]
+    monkeypatch.undo()
+    s = ch.store.open_store(tmp_path / "s.zarr")
+    assert s.state == "failed" and 0 < s.complete.sum() < len(s.levels)
+
+
+def test_sanitize_works_on_a_streamed_run(cpu, tmp_path):
+    p = ch.WaveProblem(40, 40, nt=30)
+    for strategy in ("events", "staged"):
+        r = ch.solve(p, strategy, sanitize=True, store=tmp_path / f"{strategy}.zarr")
+        assert np.array_equal(r.images[:], ch.solve(p, strategy, trace=False).images)
+    with pytest.raises(ch.RaceError, match="ring slot|U\\["):     # a race is still caught with a store
+        ch.solve(p, "events", nscratch=3, unsafe=True, sanitize=True, store=tmp_path / "race.zarr")
+    assert not course_threads()
+
+
+def test_a_failed_run_that_saved_nothing_leaves_no_store_in_the_way(cpu, tmp_path, monkeypatch):
+    p = ch.WaveProblem(40, 40, nt=30)
+    _deferred_copy_fault(monkeypatch, 1)
+    with pytest.raises(KeyboardInterrupt) as info:
+        ch.solve(p, "events", store=tmp_path / "s.zarr")
+    assert not (tmp_path / "s.zarr").exists()
+    assert any("no level was saved" in note for note in info.value.__notes__)
+    monkeypatch.undo()
+    r = ch.solve(p, "events", store=tmp_path / "s.zarr")          # the same path runs again
+    assert ch.store.open_store(tmp_path / "s.zarr").complete.all() and r.store == tmp_path / "s.zarr"

@@ -484,3 +484,246 @@ def test_on_a_gpu_the_disk_lanes_are_timed_on_the_real_clock(tmp_path):
     assert all(e.start_ms < e.end_ms for e in writes)
     # host-clock intervals of the run, which ends when the last write has ended
     assert max(e.end_ms for e in writes) - min(e.start_ms for e in writes) <= r.elapsed_ms
+
+
+# --------------------------------------------------------------------------
+# Nothing wrong is flagged, whatever stops the run (faults, Ctrl-C, a full disk, kills)
+# --------------------------------------------------------------------------
+def _assert_only_right_levels(path, ref_images):
+    """Every level the store holds (and so every level it reports complete) is the reference's:
+    no level made by failed or skipped work was written."""
+    s = disk.open_store(path)
+    images = s.images[:]
+    for k, got in enumerate(images):
+        if not np.isnan(got).all():
+            assert np.array_equal(got, ref_images[k]), f"level index {k} holds wrong data"
+    assert not np.isnan(images[s.complete]).any()
+    return s
+
+
+def _fail_copy(monkeypatch, call, deferred):
+    """Make the ``call``-th copy of the modelled device fail with KeyboardInterrupt: when it is
+    queued (the host's Ctrl-C), or when it runs (``deferred``: kept by its stream, as a Ctrl-C
+    during the device's NumPy work is, and raised at the next synchronise)."""
+    from course_helper import model
+    real, calls = model.ModelRuntime._begin_copy, []
+
+    def failing(self, dst, src):
+        calls.append(1)
+        if len(calls) != call:
+            return real(self, dst, src)
+        if not deferred:
+            raise KeyboardInterrupt
+
+        def begin():
+            raise KeyboardInterrupt
+        return begin
+
+    monkeypatch.setattr(model.ModelRuntime, "_begin_copy", failing)
+
+
+@pytest.mark.parametrize("strategy", ["staged", "events"])
+@pytest.mark.parametrize("call, deferred", [(5, True), (5, False), (23, True), (40, True)])
+def test_a_failed_copy_leaves_no_level_made_by_failed_or_skipped_work(tmp_path, monkeypatch, strategy,
+                                                                      call, deferred):
+    p = ch.WaveProblem(n0=64, n1=64, nt=60)
+    ref = ch.solve(p, strategy, trace=False)
+    _fail_copy(monkeypatch, call, deferred)
+    with pytest.raises(KeyboardInterrupt):
+        ch.solve(p, strategy, store=tmp_path / "s.zarr")
+    monkeypatch.undo()
+    if (tmp_path / "s.zarr").exists():                 # (a store that keeps nothing is removed)
+        s = _assert_only_right_levels(tmp_path / "s.zarr", ref.images)
+        assert s.state == "failed" and s.interrupted and "KeyboardInterrupt" in s.reason
+        assert not s.complete.all()
+
+
+_SIGINT_CHILD = textwrap.dedent("""
+    import sys, course_helper as ch
+    ch.set_backend("cpu")
+    ch.solve(ch.WaveProblem(n0=128, n1=128, nt=300), "staged", trace=False, store=sys.argv[1])
+""")
+
+
+def test_a_real_ctrl_c_flags_only_right_levels(tmp_path):
+    """SIGINT to a process running a streamed staged run, at several moments after its store
+    appears: every level it holds (and flags) is the in-memory solve's."""
+    ref = ch.solve(ch.WaveProblem(n0=128, n1=128, nt=300), "staged", trace=False).images
+    interrupted = 0
+    for i, delay in enumerate((0.0, 0.01, 0.02, 0.05, 0.1, 0.2)):
+        path = tmp_path / f"i{i}.zarr"
+        child = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD, str(path)], env=CHILD_ENV,
+                                 stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while not path.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(delay)
+        child.send_signal(signal.SIGINT)
+        err = child.communicate(timeout=120)[1].decode()
+        assert child.returncode in (0, -signal.SIGINT), err[-2000:]      # (-SIGINT: Python's exit on Ctrl-C)
+        if not path.exists():
+            interrupted += 1                           # stopped before a level was saved: store removed
+            continue
+        s = _assert_only_right_levels(path, ref)
+        if s.state != "finished":                      # (the SIGINT may come after the run has ended)
+            assert s.interrupted and s.state == "failed" and s.reason == "KeyboardInterrupt"
+            assert np.array_equal(s.images[np.flatnonzero(s.complete)], ref[s.complete])
+            interrupted += 1
+    assert interrupted, "no run was still going when its SIGINT came"
+
+
+def _tmpfs(folder, size):
+    """Mount a tmpfs of ``size`` at ``folder`` (skips the test, saying why, where that cannot be done)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("a full disk is made with a small tmpfs, which only root can mount")
+    folder.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+
+
+@pytest.mark.parametrize("strategy", ["events", "staged"])
+def test_on_a_full_disk_the_flags_survive_and_the_error_says_what_is_flagged(tmp_path, strategy):
+    p = ch.WaveProblem(n0=64, n1=64, nt=70)
+    ref = ch.solve(p, strategy, trace=False)
+    mount = tmp_path / "small"
+    _tmpfs(mount, "1160k")
+    try:
+        with pytest.raises(OSError, match="is full") as info:
+            ch.solve(p, strategy, trace=False, store=mount / "s.zarr", batch=_batch(strategy))
+        assert info.value.errno == errno.ENOSPC
+        s = _assert_only_right_levels(mount / "s.zarr", ref.images)
+        flagged = disk._zarr().open_group(str(mount / "s.zarr"), mode="r")["complete"][:]   # the file itself
+        chunk = s.images.chunks[0]
+        intact = [k for k in range(len(ref.levels)) if (mount / "s.zarr" / "u" / f"c.{k // chunk}.0.0").is_file()]
+        assert 0 < len(intact) < len(ref.levels)
+        assert list(np.flatnonzero(flagged)) == intact                 # every landed level is flagged
+        assert f"{len(intact)} of {len(ref.levels)} levels are complete and flagged" in str(info.value)
+        assert s.state == "failed"
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+_KILL_CHILD = textwrap.dedent("""
+    import sys, course_helper as ch
+    ch.set_backend("cpu")
+    ch.solve(ch.WaveProblem(n0=96, n1=96, nt=int(sys.argv[2])), sys.argv[3], trace=False, store=sys.argv[1])
+""")
+
+
+def _kill_when(path, strategy, moment, nt=600):
+    """Start a streamed run into ``path`` in a child process and SIGKILL it at ``moment``."""
+    problem = ch.WaveProblem(n0=96, n1=96, nt=nt)
+    creating = lambda: any(path.parent.glob(f".{path.name}.*.partial"))        # noqa: E731
+    chunks = lambda: list((path / "u").glob("c.*")) if (path / "u").is_dir() else []   # noqa: E731
+    until = {"creating": creating,
+             "created": path.exists,
+             "first chunk": lambda: len(chunks()) >= 1,
+             "chunk being written": lambda: any((path / "u").glob(".c.*.partial")) if path.exists() else False,
+             "many chunks": lambda: len(chunks()) >= nt // ch.solver.chunk_levels(problem, strategy) // 2}[moment]
+    child = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(path), str(nt), strategy], env=CHILD_ENV,
+                             stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not until() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    child.send_signal(signal.SIGKILL)
+    err = child.communicate()[1]
+    assert child.returncode == -signal.SIGKILL, err.decode()[-2000:]
+
+
+@pytest.mark.parametrize("strategy", ["events", "staged"])
+@pytest.mark.parametrize("moment", ["creating", "created", "first chunk", "chunk being written", "many chunks"])
+def test_a_store_opens_whenever_its_run_was_killed(tmp_path, strategy, moment):
+    path = tmp_path / "k.zarr"
+    _kill_when(path, strategy, moment)
+    ref = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=600), strategy, trace=False).images
+    if not path.exists():                              # killed before the store appeared whole
+        with pytest.raises(FileNotFoundError, match="there is no store"):
+            disk.open_store(path)
+    else:
+        s = _assert_only_right_levels(path, ref)
+        assert s.state == "interrupted" and s.interrupted and "killed" in repr(s)
+        intact = np.array([not np.isnan(level).all() for level in s.images])
+        assert np.array_equal(s.complete, intact)     # every intact level, and only those, is complete
+    assert not list(tmp_path.rglob("*.partial"))       # the temporary files are gone
+    ch.solve(ch.WaveProblem(n0=96, n1=96, nt=30), strategy, trace=False, store=tmp_path / "again.zarr")
+
+
+def test_opening_an_interrupted_store_removes_its_temporary_files_but_not_a_live_ones(tmp_path):
+    p = _problem()
+    ch.solve(p, "events", trace=False, store=tmp_path / "done.zarr")
+    leftover = tmp_path / "done.zarr" / "u" / ".c.3.0.0.abc.partial"
+    leftover.write_bytes(b"half a chunk")
+    disk.open_store(tmp_path / "done.zarr")
+    assert leftover.exists()                           # a finished store: nothing to clean, nothing touched
+    sink = disk.DiskSink(tmp_path / "live.zarr", p, 1, 1)
+    try:
+        leftover = tmp_path / "live.zarr" / "u" / ".c.0.0.0.abc.partial"
+        leftover.parent.mkdir(exist_ok=True)
+        leftover.write_bytes(b"being written")
+        s = disk.open_store(tmp_path / "live.zarr")
+        assert s.state == "writing" and leftover.exists()          # its writer is alive: left alone
+    finally:
+        sink.finish()
+    assert disk.open_store(tmp_path / "live.zarr").state == "finished"
+
+
+def test_a_deleted_chunk_is_not_reported_complete(tmp_path):
+    p = _problem()
+    ch.solve(p, "events", trace=False, store=tmp_path / "d.zarr")
+    (tmp_path / "d.zarr" / "u" / "c.3.0.0").unlink()
+    s = disk.open_store(tmp_path / "d.zarr")
+    assert not s.complete[3] and s.complete.sum() == len(s.levels) - 1
+    assert s.missing[3] and s.missing.sum() == 1 and "lost their chunk files" in repr(s)
+
+
+def test_chunks_carry_zarrs_crc32c_checksum(tmp_path):
+    """The writers' chunk files are byte for byte what Zarr's own codecs (crc32c last) make."""
+    zarr = disk._zarr()
+    p = _problem()
+    for compress in (None, "zstd"):
+        r = ch.solve(p, "staged", trace=False, store=tmp_path / f"{compress}.zarr", compress=compress, batch=4)
+        written = r.images.array
+        assert [c.to_dict()["name"] for c in written.compressors][-1] == "crc32c"
+        twin = zarr.create_array(str(tmp_path / f"twin-{compress}.zarr"), shape=written.shape, chunks=written.chunks,
+                                 dtype="float32", fill_value=np.nan, compressors=written.compressors,
+                                 chunk_key_encoding={"name": "default", "separator": "."})
+        twin[:] = written[:]
+        for k in (0, 3):
+            mine = (tmp_path / f"{compress}.zarr" / "u" / f"c.{k}.0.0").read_bytes()
+            assert mine == (tmp_path / f"twin-{compress}.zarr" / f"c.{k}.0.0").read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["random bytes", "truncated", "one bit"])
+def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(tmp_path, damage):
+    p = ch.WaveProblem(n0=32, n1=32, nt=30)
+    ch.solve(p, "staged", trace=False, store=tmp_path / "c.zarr", batch=4, every=2)
+    chunk = tmp_path / "c.zarr" / "u" / "c.2.0.0"                 # levels 16..22 (indices 8..11)
+    data = bytearray(chunk.read_bytes())
+    if damage == "random bytes":
+        data = np.random.default_rng(1).integers(0, 256, len(data), dtype=np.uint8).tobytes()
+    elif damage == "truncated":
+        data = data[:25]
+    else:
+        data[100] ^= 4
+    chunk.write_bytes(bytes(data))
+    s = disk.open_store(tmp_path / "c.zarr")
+    for read in (lambda: s.images[9], lambda: s.images[:], lambda: np.asarray(s.images),
+                 lambda: ch.plot_slices(tmp_path / "c.zarr").show(9)):
+        with pytest.raises(disk.StoreDamaged, match="levels 16..22") as info:
+            read()
+        assert str(chunk) in str(info.value)
+    assert np.isfinite(s.images[7]).all()                         # the other chunks still read
+    xr = pytest.importorskip("xarray")
+    with pytest.raises(ValueError, match="checksum"):              # xarray reads through Zarr's codec
+        xr.open_zarr(tmp_path / "c.zarr")["u"].isel(time=9).values
+
+
+def test_bad_store_metadata_gives_an_error_naming_the_file(tmp_path):
+    ch.solve(_problem(), "events", trace=False, store=tmp_path / "j.zarr")
+    meta = tmp_path / "j.zarr" / "zarr.json"
+    meta.write_text(meta.read_text()[:-40])
+    with pytest.raises(disk.StoreDamaged, match="is damaged") as info:
+        disk.open_store(tmp_path / "j.zarr")
+    assert str(meta) in str(info.value)

@@ -1,28 +1,45 @@
-"""The test suite itself: no test leaks its backend into the next one, and every GPU case of the
-graph strategies runs on the GPU. Both need a GPU to mean anything (on a CPU-only machine there is
-no other backend to leak), so they run pytest in a subprocess on a GPU machine only."""
+"""The test suite itself: its thread-leak check sees the threads the package really starts; no
+test leaks its backend into the next one, and every GPU case of the graph strategies runs on the
+GPU. The last two need a GPU to mean anything (on a CPU-only machine there is no other backend to
+leak), so they run pytest in a subprocess on a GPU machine only."""
 import os
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
 import course_helper as ch
+from conftest import course_threads
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
-pytestmark = pytest.mark.gpu
 
-
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _needs_a_gpu():
     if not ch.backend.gpu_available():
         pytest.skip("no working CUDA GPU here: with one backend nothing can leak")
+
+
+def test_the_thread_leak_check_sees_every_thread_the_package_starts(tmp_path, cpu):
+    """course_threads() (the leak check of test_failure_modes and others) finds a live disk
+    pipeline's threads, and each of them has a name from store.THREAD_NAMES."""
+    before = set(threading.enumerate())
+    sink = ch.store.DiskSink(tmp_path / "s.zarr", ch.WaveProblem(n0=16, n1=16, nt=8), 1, 1)
+    try:
+        started = {t for t in threading.enumerate() if t not in before and t.name.startswith("disk ")}
+        assert len(started) == sink.writers + 2
+        assert started <= set(course_threads())
+    finally:
+        sink.finish()
+    assert not course_threads()
+    ch.store.measure_disk_bandwidth(tmp_path, mib=1, chunk_mib=1, writers=2)
+    assert not course_threads()
 
 
 def run_pytest(*args, cwd):
@@ -33,6 +50,8 @@ def run_pytest(*args, cwd):
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=500)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("_needs_a_gpu")
 def test_a_cli_run_on_the_cpu_does_not_leak_into_the_next_test(tmp_path):
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_leak.py").write_text(textwrap.dedent("""
@@ -50,6 +69,8 @@ def test_a_cli_run_on_the_cpu_does_not_leak_into_the_next_test(tmp_path):
     assert p.returncode == 0, p.stdout[-4000:]
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("_needs_a_gpu")
 def test_graph_cases_run_on_the_gpu_after_a_cpu_cli_run():
     """The CLI test leaves nothing behind, and each graph case runs on its own backend: the
     [gpu-graph*] cases on the GPU, the [cpu-graph*] cases on the modelled GPU; none is skipped."""
