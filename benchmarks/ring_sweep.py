@@ -6,9 +6,10 @@ Run from the repository root::
     COURSE_HELPER_BACKEND=cpu python benchmarks/ring_sweep.py
                                                # the modelled GPU: benchmarks/ring_sweep_model.json
 
-Two points: the balanced one (2048² x 320 levels, every 16th saved, where a
-copy is about as long as the kernels between two saved levels) and a
-copy-bound one (1024² x 640, every 8th). For each depth from 5 to 24 it
+Two points, each saving every 16th of 320 levels, where a level's copy takes about as long as
+14 kernels: the balanced one (3072², ``bench.BALANCED_POINT``), whose ~50 µs kernels are long
+next to the Python that queues each turn, and 2048², whose ~23 µs kernels are not, so that
+copies also run in the gaps the host leaves on the compute stream. For each depth from 5 to 24 it
 records the loop's time (on a GPU: the median of ``--repeats`` untraced runs;
 on the model: one run, its times are deterministic) and, from one traced run
 (CUPTI on a GPU), compute busy, copy busy, their overlap and the hidden
@@ -28,16 +29,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import course_helper as ch  # noqa: E402
 from course_helper import runtime, solver, strategies  # noqa: E402
 
-POINTS = ((dict(n0=2048, n1=2048, nt=320), 16), (dict(n0=1024, n1=1024, nt=640), 8))
+POINTS = ((dict(n0=3072, n1=3072, nt=320), 16), (dict(n0=2048, n1=2048, nt=320), 16))
 DEPTHS = range(5, 25)
 
 
 def overlap_of(trace):
     """Compute busy, copy busy, overlap (ms) and the hidden fraction of one traced run."""
-    s = trace.summary()
-    shorter = min(s["compute_ms"], s["copy_ms"])
-    return {"compute_ms": s["compute_ms"], "copy_ms": s["copy_ms"], "overlap_ms": s["overlap_ms"],
-            "hidden_fraction": s["overlap_ms"] / shorter if shorter > 0 else 0.0, "timing": s["timing"]}
+    o = trace.overlap()
+    return {"compute_ms": o.compute_ms, "copy_ms": o.copy_ms, "overlap_ms": o.overlap_ms,
+            "hidden_fraction": o.hidden_fraction, "timing": o.timing}
 
 
 def measure(problem, strategy, every, nscratch, repeats):

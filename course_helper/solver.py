@@ -557,7 +557,7 @@ def timing_only():
     Use it for sweeps whose images you do not look at.
 
     >>> with timing_only():                                                   # doctest: +SKIP
-    ...     r = solve(WaveProblem(n0=2048, n1=2048, nt=320), "events", every=16)
+    ...     r = solve(WaveProblem(n0=3072, n1=3072, nt=320), "events", every=16)
     >>> r.trace.overlap().hidden_fraction                                      # doctest: +SKIP
     1.0
     """

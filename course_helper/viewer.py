@@ -203,38 +203,25 @@ def compare_slices(a, b, index=None, clip=0.05, labels=("a", "b")):
 
 
 class Animation:
-    """A JavaScript animation with a still picture beside it.
+    """An animated GIF of the wavefield with a still strip beside it.
 
-    Displayed, it shows ``strip`` (PNG: a few of the animated levels side by side, which
-    every reader sees, with or without a kernel or JavaScript) and then ``html`` (the
-    self-contained animation, which needs a trusted notebook or an HTML export).
-    ``levels`` are the animated levels, in order.
+    Displayed, it shows ``strip`` (PNG: a few of the animated levels side by side) and then
+    ``gif`` (the animation, looping). Both are plain images: they play and show in an
+    untrusted notebook, on GitHub, in an HTML export and on the course site, with no
+    JavaScript and nothing fetched from the web. ``levels`` are the animated levels, in order.
     """
 
-    def __init__(self, html, strip, levels):
-        self.html, self.strip, self.levels = html, strip, levels
+    def __init__(self, gif, strip, levels):
+        self.gif, self.strip, self.levels = gif, strip, levels
 
     @property
     def data(self):
-        return self.html
+        return self.gif
 
     def _ipython_display_(self):
-        from IPython.display import HTML, Image, display
+        from IPython.display import Image, display
         display(Image(data=self.strip, format="png"))
-        display(HTML(self.html))
-
-
-def _with_poster(html):
-    """The animation's first frame as its image's source, so that where the JavaScript does
-    not run (an untrusted notebook, a sanitised HTML view) the first frame shows, not a
-    broken image."""
-    import re
-    first = re.search(r'frames\[0\] = "(data:image/[a-z]+;base64,[^"]*)"', html)
-    if first is None:
-        return html
-    data = first.group(1).replace("\\\n", "")          # the writer breaks the string with \<newline>
-    return re.sub(r'<img id="(_anim_img[0-9a-f]+)">', lambda m: f'<img id="{m.group(1)}" src="{data}">', html,
-                  count=1)
+        display(Image(data=self.gif, format="gif"))
 
 
 def _first_visible(images, vlim):
@@ -245,17 +232,18 @@ def _first_visible(images, vlim):
 
 
 def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield", dpi=60):
-    """A self-contained HTML/JavaScript animation (it survives notebook export), with a still
-    strip of four of its levels beside it.
+    """An animated GIF of the slices (a plain image: it plays in an untrusted notebook and in
+    any export), with a still strip of four of its levels beside it.
 
-    ``step`` shows every ``step``-th slice to keep the HTML small; the animation starts at
-    the first slice that reaches the colour scale's limit, so its first frame is never a blank box. ``dpi``
-    sets the frames' resolution (and so the size of the HTML). Returns an :class:`Animation`.
+    ``step`` shows every ``step``-th slice to keep the GIF small; the animation starts at
+    the first slice that reaches the colour scale's limit, so its first frame is never a blank
+    box. ``interval`` is each frame's time in milliseconds; ``dpi`` sets the frames' resolution
+    (and so the size of the GIF). Returns an :class:`Animation`.
     """
     import io
 
     import matplotlib.pyplot as plt
-    from matplotlib import animation
+    from PIL import Image
 
     images, levels, times = _stack_of(result_or_images)
     if not isinstance(step, int) or step < 1:
@@ -267,17 +255,16 @@ def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield",
     im = ax.imshow(images[frames[0]], cmap="seismic", vmin=-vlim, vmax=vlim)
     ax.set_xlabel("cell index (dimension 1)")
     ax.set_ylabel("cell index (dimension 0)")
-
-    def draw(i):
+    pictures = []
+    for i in frames:
         im.set_data(images[i])
         ax.set_title(f"{title}: level {int(levels[i])}")
-        return (im,)
-
-    draw(frames[0])
-    anim = animation.FuncAnimation(fig, draw, frames=frames, interval=interval, blit=False)
-    with plt.rc_context({"animation.frame_format": "jpeg"}):   # a quarter of PNG's size for these fields
-        html = _with_poster(anim.to_jshtml())
+        fig.canvas.draw()
+        pictures.append(Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3]))
     plt.close(fig)
+    buffer = io.BytesIO()
+    pictures[0].save(buffer, format="GIF", save_all=True, append_images=pictures[1:], duration=interval, loop=0)
+    gif = buffer.getvalue()
 
     shown = [frames[round(j * (len(frames) - 1) / 3)] for j in range(4)] if len(frames) >= 4 else frames
     with plt.ioff():
@@ -291,7 +278,7 @@ def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield",
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=72, bbox_inches="tight")
     plt.close(fig)
-    return Animation(html, buffer.getvalue(), [int(levels[i]) for i in frames])
+    return Animation(gif, buffer.getvalue(), [int(levels[i]) for i in frames])
 
 
 class SourceCode:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper import bench, checks
+from course_helper import bench, checks, runtime
 from course_helper.cli import main
 
 
@@ -236,8 +236,17 @@ def test_parse_nscratch_refuses_what_is_not_a_ring_depth(text):
         bench.parse_nscratch(text)
 
 
-def test_the_sweep_has_a_balanced_point():
-    assert bench.BALANCED_POINT == (2048, 320, 16) and bench.BALANCED_POINT in bench.DEFAULT_POINTS
+def test_the_sweep_has_a_balanced_point(cpu):
+    """At the balanced point a copy fits between two saved levels (not copy-bound), spans many
+    kernels (so overlap pays), and a kernel outlasts the host's turn (launch, record, wait_event)."""
+    from course_helper.strategies import level_times
+    assert bench.BALANCED_POINT in bench.DEFAULT_POINTS
+    n, nt, every = bench.BALANCED_POINT
+    t = level_times(ch.WaveProblem(n0=n, n1=n, nt=nt))
+    host_us = runtime.get().profile["host_us"]
+    turn_ms = (host_us["launch"] + host_us["record"] + host_us["wait_event"] + host_us["loop_turn"]) * 1e-3
+    assert 8 * t.kernel_ms < t.copy_ms < every * t.kernel_ms
+    assert t.kernel_ms > 2 * turn_ms
 
 
 def test_bench_cli_sweeps_the_ring_depth(cpu, tmp_path, capsys):

@@ -43,10 +43,9 @@ def test_notebook_is_canonical(path):
     spec = get_kernel_dict()
     assert nb.metadata.get("kernelspec") == {"display_name": spec["display_name"], "language": spec["language"],
                                              "name": "python3"}
-    stored, kernel = dict(nb.metadata.get("language_info", {})), dict(IPythonKernel.language_info)
-    stored.pop("version", None)                  # the Python that ran the stored outputs
-    kernel.pop("version")
-    assert stored == kernel
+    kernel = dict(IPythonKernel.language_info)
+    kernel.pop("version")                        # the Python that runs the kernel: not stored
+    assert nb.metadata.get("language_info") == kernel
     assert "widgets" not in nb.metadata, "stray widget state saved in the notebook"
     for cell in nb.cells:
         assert "execution" not in cell.get("metadata", {}), "execution-timing metadata"
@@ -62,6 +61,27 @@ def test_notebook_is_canonical(path):
     # One canonical serialisation: what Jupyter's save writes (nbformat, then a newline).
     assert raw == nbformat.writes(nb) + "\n", \
         f"{path.name} is not saved in canonical nbformat form (run python tools/canonical_notebooks.py)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_metadata_names_no_interpreter(path):
+    """Nothing stored names the Python that executed the notebook: a learner's JupyterLab,
+    on another Python, would otherwise mark the notebook modified as it opens."""
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+
+    def versions(node, where):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from versions(value, f"{where}.{key}")
+        elif isinstance(node, str) and re.fullmatch(r"\d+\.\d+\.\d+\S*", node):
+            yield f"{where} = {node}"
+
+    found = list(versions(nb.metadata, "metadata"))
+    for cell in nb.cells:
+        found += versions(cell.metadata, f"cell {cell.get('id')} metadata")
+    assert not found, f"{path.name} stores interpreter versions {found} (run python tools/canonical_notebooks.py)"
+    assert "version" not in nb.metadata.get("language_info", {})
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -81,21 +101,39 @@ def test_the_package_namespace_is_its_short_public_list():
     public = {n for n in dir(ch) if not n.startswith("_") and not isinstance(getattr(ch, n), types.ModuleType)}
     assert public == set(ch.__all__), "names outside __all__ belong in their module"
     assert len(ch.__all__) <= 40
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## The helper package", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "helper-package.md").read_text()
+    section = page.split("# The helper package", 1)[1].split("\n## ", 1)[0]
     for name in ch.__all__:
-        assert f"`{name}" in section, f"the README's helper package section does not list {name}"
+        assert f"`{name}" in section, f"docs/helper-package.md does not list {name}"
         if callable(getattr(ch, name)):
             assert getattr(ch, name).__doc__, f"{name} has no docstring"
 
 
-def test_ci_runs_the_readme_test_command_with_the_browser_test():
+def test_ci_runs_the_readme_test_command_with_the_browser_tests():
     readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    tests = (ROOT / "docs" / "tests.md").read_text()
     learner = re.search(r'pip install -e "\.\[([a-z0-9,]+)\]" && (python3 -m pytest --nbval)', readme)
     contributor = re.search(r'pip install -e "\.\[([a-z0-9,]+)\]" && COURSE_E2E_REQUIRED=1 (python3 -m pytest --nbval)',
-                            readme)
-    assert learner and contributor, "the README's two test commands"
-    assert "e2e" not in learner.group(1).split(","), "the learner's install leaves the browser test out"
-    assert set(contributor.group(1).split(",")) == set(learner.group(1).split(",")) | {"e2e"}
+                            tests)
+    assert learner and contributor, "the README's test command and docs/tests.md's"
+    assert not {"e2e", "site"} & set(learner.group(1).split(",")), "the learner's install leaves the browsers out"
+    assert set(contributor.group(1).split(",")) == set(learner.group(1).split(",")) | {"e2e", "site"}
     assert f'-e ".[{contributor.group(1)}]"' in ci
     assert contributor.group(2) in ci and "COURSE_E2E_REQUIRED=1" in ci and "apt-get install" in ci
+    # CI builds the site with the README's command and hands it to the site's browser test.
+    site = re.search(r"&& (python3 tools/build_site\.py)", readme)
+    assert site and site.group(1) in ci and "COURSE_SITE_DIR" in ci
+
+
+def test_readme_is_a_front_door_that_links_every_docs_page():
+    readme = (ROOT / "README.md").read_text()
+    words = len(readme.split())
+    print(f"README: {words} words")
+    assert words <= 1300, f"the README has {words} words; details belong in docs/"
+    toc = (ROOT / "docs" / "_toc.yml").read_text()
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        assert f"(docs/{page.name})" in readme, f"the README does not link docs/{page.name}"
+        assert f"docs/{page.stem}" in toc, f"the site's table of contents leaves out docs/{page.name}"
+    for path in NOTEBOOKS:
+        name = path.relative_to(ROOT).with_suffix("").as_posix()
+        assert f"file: {name}\n" in toc, f"the site's table of contents leaves out {name}"

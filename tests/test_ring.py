@@ -1,7 +1,7 @@
 """The ring depth as the knob, and the sequential-pinned strategy that separates the two gains.
 
 ``ring_depth`` and the default ``nscratch`` are checked against the formula and
-against what the modelled H200 makes of them at the balanced point (2048² x 320,
+against what the modelled H200 makes of them at the balanced point (3072² x 320,
 every 16th level saved): model outcomes, deterministic, not wall timings.
 """
 import math
@@ -15,7 +15,7 @@ from course_helper.model import kernel_us, link_ms
 from course_helper.strategies import COPY_LAG, level_times, ring_depth
 from course_helper.timeline import _intersection, _length, _union
 
-BALANCED = dict(n0=2048, n1=2048, nt=320)
+BALANCED = dict(n0=3072, n1=3072, nt=320)
 
 
 def hidden_fraction(trace):
@@ -58,7 +58,7 @@ def test_level_times_are_what_the_model_charges(cpu):
     assert t.copy_ms == link_ms(profile, "D2H", p.nbytes_level)
     assert t.source == runtime.time_label()
     # and the trace of a run shows the same kernel and copy durations
-    r = modelled(ch.WaveProblem(n0=2048, n1=2048, nt=40), "events", every=16, nscratch=8)
+    r = modelled(ch.WaveProblem(**{**BALANCED, "nt": 40}), "events", every=16, nscratch=8)
     kernel = r.trace.kernels[0].duration_ms
     copy = r.trace.of_kind("D2H")[0].duration_ms
     assert kernel == pytest.approx(t.kernel_ms, rel=1e-4) and copy == pytest.approx(t.copy_ms, rel=1e-3)

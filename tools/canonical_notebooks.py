@@ -4,8 +4,9 @@ Run from the repository root:  python tools/canonical_notebooks.py [NOTEBOOK ...
 
 It keeps outputs (the stored GPU run) but drops what changes from run to run
 without meaning anything: widget state, execution timing. The notebook's
-metadata is exactly what JupyterLab writes when it starts ipykernel's
-``python3`` kernel (kernelspec and language_info), and the file ends with the
+metadata is what JupyterLab writes when it starts ipykernel's ``python3``
+kernel (kernelspec and language_info) less anything that names the Python
+that ran it (language_info's version), and the file ends with the
 newline Jupyter's save adds: otherwise opening a notebook marks it modified at
 once, and autosave rewrites it. tests/test_repository.py checks that notebooks
 stay this way.
@@ -20,7 +21,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # What ipykernel's kernelspec and kernel_info reply say; JupyterLab copies both into the
 # notebook when the kernel starts. language_info's "version" (the Python that ran the
-# stored outputs) is kept as execution recorded it.
+# stored outputs) is left out: it would differ from a learner's Python and mark every
+# notebook modified on opening. The course's JupyterLab settings (jupyter-config/) fill it
+# in with the server's own Python when a notebook opens and drop it again when one is saved.
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
                  "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
@@ -30,8 +33,7 @@ LANGUAGE_INFO = {"codemirror_mode": {"name": "ipython", "version": 3}, "file_ext
 def canonical(nb):
     nb.metadata.pop("widgets", None)
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
-    version = nb.metadata.get("language_info", {}).get("version")
-    nb.metadata["language_info"] = dict(LANGUAGE_INFO, **({"version": version} if version else {}))
+    nb.metadata["language_info"] = dict(LANGUAGE_INFO)
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         cell.metadata.pop("collapsed", None)
