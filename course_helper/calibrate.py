@@ -330,7 +330,7 @@ def calibrate(progress=print):
 
     def bake(n):
         plane = planes.setdefault(n, device_zeros((n, n)))
-        return (lambda: bake_layer(plane, 1, s)), plane.nbytes
+        return (lambda: bake_layer(plane, 1, s, oven=False)), plane.nbytes   # the model adds the oven
 
     def fill(n):
         a = planes.setdefault(("fill", n), device_zeros((n, n)))

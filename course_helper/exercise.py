@@ -7,30 +7,55 @@ expected content of a plane.
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import sys
 import threading
+import types
 from collections import Counter
 
 import numpy as np
 
-from . import checks, observe, runtime, streams
+from . import checks, observe, recording, runtime, streams
 from .memory import is_device_array, is_pinned
-from .sanitizer import RaceError, sanitize
+from .sanitizer import RaceError, Sanitizer, byte_span
 from .streams import synchronize
 
 __all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
 
 _SOURCE = r"""
-extern "C" __global__ void bake_layer(float* plane, const int n0, const int n1, const int k) {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    const int i = blockIdx.y * blockDim.y + threadIdx.y;
-    if (i >= n0 || j >= n1) return;
-    // Layer k holds k + a small pattern in [0, 0.5): the integer part says which layer it is.
-    plane[(long long)i * n1 + j] = (float)k + 0.5f * (float)((i * 7 + j * 3) % 64) / 64.0f;
+extern "C" __global__ void bake_layer(float* plane, const int n0, const int n1, const int k,
+                                      const unsigned long long oven_ns) {
+    // The oven: each block's first thread waits oven_ns on the GPU's global timer. The grid is
+    // small enough that every block is resident at once, so the blocks wait together and the
+    // kernel takes about oven_ns plus the time to write the plane.
+    if (oven_ns > 0 && threadIdx.x == 0) {
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < oven_ns);
+    }
+    __syncthreads();
+    const long long size = (long long)n0 * n1;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < size;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int i = (int)(idx / n1), j = (int)(idx % n1);
+        // Layer k holds k + a small pattern in [0, 0.5): the integer part says which layer it is.
+        plane[idx] = (float)k + 0.5f * (float)((i * 7 + j * 3) % 64) / 64.0f;
+    }
 }
 """
+
+#: How fast the oven bakes: a plane of ``nbytes`` stays ``nbytes / OVEN_GBPS`` ns in it. At about 1.5
+#: times the rate of a pinned device-to-host copy on the course's H200 (55 GB/s), a bake takes about
+#: two thirds of its plane's copy: long enough that overlapping them matters, short enough that the
+#: bakes can hide under the copies.
+OVEN_GBPS = 80.0
+
+
+def oven_us(nbytes):
+    """How long (µs) :func:`bake_layer` keeps a plane of ``nbytes`` in the oven."""
+    return nbytes / (OVEN_GBPS * 1e3)
 
 
 class LayerCakeError(AssertionError):
@@ -46,41 +71,77 @@ def layer_values(k, shape):
     return np.float32(k) + np.float32(0.5) * pattern / np.float32(64.0)
 
 
+_compiled = {}
+
+
 def _kernel():
-    import cupy          # called by the GPU runtime only; the CPU backend never imports CuPy
-    return cupy.RawKernel(_SOURCE, "bake_layer")
+    """The compiled kernel and the largest grid whose blocks are all resident at once."""
+    if not _compiled:
+        import cupy      # called by the GPU runtime only; the CPU backend never imports CuPy
+        _compiled["kernel"] = cupy.RawKernel(_SOURCE, "bake_layer")
+        # Two blocks of 256 threads per multiprocessor always fit (every CUDA GPU holds at least 1,024
+        # threads per multiprocessor): all blocks are in the oven at the same time.
+        _compiled["blocks"] = 2 * cupy.cuda.Device().attributes["MultiProcessorCount"]
+    return _compiled["kernel"], _compiled["blocks"]
 
 
-def bake_layer(plane, k, stream=None):
-    """Queue the kernel that fills the device array ``plane`` with layer ``k``."""
+def bake_layer(plane, k, stream=None, *, oven=True):
+    """Queue the kernel that bakes layer ``k`` into the device array ``plane`` on ``stream``.
+
+    The kernel keeps the plane in the oven for :func:`oven_us` (``plane.nbytes`` at
+    ``OVEN_GBPS``), about two thirds of the time its copy to the host takes on the course's
+    H200, then fills it with :func:`layer_values` ``(k, plane.shape)``. ``oven=False`` leaves out
+    the oven (the calibration times the kernel's own work this way; the model adds the oven).
+    """
     if not is_device_array(plane):
         raise TypeError("plane must be a device array (device_empty/device_zeros)")
     if plane.ndim != 2 or plane.dtype != np.float32 or not plane.flags.c_contiguous:
         raise ValueError(f"plane must be a C-contiguous 2D float32 array, got {plane.dtype} {plane.shape}")
     k = checks.positive_int("k (layer number)", k, minimum=0)
+    oven = checks.flag("oven", oven)
     stream = streams.resolve(stream)
     n0, n1 = plane.shape
+    hold_us = oven_us(plane.nbytes) if oven else 0.0
 
     def cuda(raw_stream):
+        kernel, most = _kernel()
+        blocks = max(1, min(most, -(-plane.size // 256)))
         with raw_stream:
-            _kernel()(((n1 + 31) // 32, (n0 + 7) // 8), (32, 8), (plane, np.int32(n0), np.int32(n1), np.int32(k)))
+            kernel((blocks,), (256,), (plane, np.int32(n0), np.int32(n1), np.int32(k),
+                                       np.uint64(round(hold_us * 1e3))))
 
     def numpy(out):
         np.copyto(out, layer_values(k, (n0, n1)))
 
     op = observe.Op("kernel", f"bake layer {k}", stream, k, 0, (), (plane,))
-    runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost={"kernel": "bake", "bytes": plane.nbytes})
+    runtime.submit(stream, op, cuda=cuda, numpy=numpy,
+                   cost={"kernel": "bake", "bytes": plane.nbytes, "hold_us": hold_us})
+
+
+#: The share of the shorter of the two (bakes or copies) that must run under the other: the
+#: solution hides all bakes but the first (about 0.96 with 24 planes), a serial loop none.
+OVERLAP_NEEDED = 0.5
 
 
 def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
     """Check a layer cake; raise :class:`LayerCakeError` saying what is wrong.
 
+    Without ``loop``, it checks that every plane of ``stack`` holds its own layer.
     With ``loop`` (a function of no arguments that queues the whole cake into
-    ``stack``), the checker first runs it under the race sanitizer: a missing
-    or misplaced dependency fails every time, whatever the timing, with the
-    dependency to add. It also reports host waits inside the loop (rule 3).
-    ``buffers`` (the device plane buffers) lets messages name them.
-    Returns a one-line success message when every plane holds its own layer.
+    ``stack``), the checker runs the loop three ways and asks for three things:
+
+    1. no race: run under the race sanitizer, a missing or misplaced dependency
+       fails every time, whatever the timing, with the dependency to add;
+    2. the right cake, and the host never waiting inside the loop (rule 3);
+    3. overlap: run again under :func:`course_helper.tracing` (CUPTI on the GPU,
+       the model on the CPU backend), at least ``OVERLAP_NEEDED`` of the bakes'
+       or the copies' busy time (the shorter) must run under the other. A loop
+       that runs them one after the other is told what ordered them so.
+
+    Messages name the streams, events and buffers as the loop's own variables
+    do (``io[0]``, ``baked[1]``, ``buffers[2]``); ``buffers`` names the device
+    plane buffers where the loop's variables do not. Returns a one-line success
+    message.
     """
     __tracebackhide__ = True       # a failure shows the learner's cell, not this file
     if is_device_array(stack):
@@ -92,14 +153,13 @@ def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
     nplanes = stack.shape[0] if nplanes is None else checks.positive_int("nplanes", nplanes)
     if stack.shape[0] != nplanes:
         raise LayerCakeError(f"the stack has {stack.shape[0]} planes but the cake has {nplanes}")
-    waits = _run_checked(loop, stack, buffers) if loop is not None else []
+    program = _run_checked(loop, stack, buffers) if loop is not None else None
     observe.notify("host_access", stack, "r", "check_layer_cake")
-    problems = []
+    problems, unwritten = [], []
     for k in range(nplanes):
         plane = stack[k]
         if np.isnan(plane).any():
-            problems.append(f"plane {k} was never (fully) written - is every plane copied, and did you "
-                            "synchronise before checking?")
+            unwritten.append(k)
             continue
         if not np.isfinite(plane).all():
             problems.append(f"plane {k} holds non-finite values (inf): it was never a layer - check what "
@@ -110,24 +170,85 @@ def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
             continue
         layers = np.unique(np.floor(plane).astype(np.int64))
         if len(layers) == 1 and layers[0] != k:
-            problems.append(f"plane {k} holds layer {int(layers[0])}: its buffer was refilled before the copy "
-                            "read it (a race) - make the bake of a buffer wait for the copy out of it "
-                            "(record an event after the copy; compute_stream.wait_event(it))")
+            problems.append(f"plane {k} (stack[{k}]) holds layer {int(layers[0])}" + (
+                "" if program else ": either an index is wrong (the plane you copy into, the layer you bake) "
+                "or its buffer was refilled before the copy read it (a race: pass loop= to tell which)"))
         elif len(layers) > 1:
-            problems.append(f"plane {k} mixes layers {[int(x) for x in layers]}: the copy overlapped the bake of the "
-                            "same buffer - the IO stream must wait for the event recorded after the bake")
+            problems.append(f"plane {k} (stack[{k}]) mixes layers {[int(x) for x in layers]}" + (
+                ": parts of it come from different bakes - check what you copy into it" if program else
+                ": the copy overlapped the bake of the same buffer (pass loop= to find the missing wait)"))
         else:
-            problems.append(f"plane {k} has the right layer number but wrong values")
+            problems.append(f"plane {k} (stack[{k}]) has the right layer number but wrong values")
+    wrong = len(problems) + len(unwritten)
+    if unwritten:
+        problems.append(f"{_planes(unwritten)} never (fully) written" +
+                        (": is every plane copied into its own stack[k]?" if program else
+                         " - is every plane copied, and did you synchronise before checking?"))
     if problems:
-        head = f"{len(problems)} of {nplanes} planes are wrong:\n  - "
-        raise LayerCakeError(head + "\n  - ".join(problems[:6]) + ("\n  ..." if len(problems) > 6 else ""))
-    if waits:
+        head = f"{wrong} of {nplanes} planes are wrong"
+        if program:    # ran under the sanitizer and no race was found: the order is right, an index is not
+            head += (". The race sanitizer found no race, so your loop's order is right and an index is "
+                     "wrong: layer k belongs in stack[k] (check the plane you copy into and the layer you bake)")
+        raise LayerCakeError(head + ":\n  - " + "\n  - ".join(problems[:6]) + ("\n  ..." if len(problems) > 6 else ""))
+    if program and program.host_waits:
+        waits = program.host_waits
         counts = ", ".join(f"{what} x{n}" for what, n in Counter(waits).items())
         raise LayerCakeError(f"all {nplanes} layers are correct, but the host waited inside the loop "
                              f"{len(waits)} times ({counts}); rule 3: the host never waits in the loop - "
                              "let the streams wait for events instead (stream.wait_event(event))")
     pinned = "" if is_pinned(stack) else " (note: the host stack is not pinned, so copies could not overlap)"
-    return f"all {nplanes} layers are correct{pinned}"
+    if program is None:
+        return f"all {nplanes} layers are correct{pinned}"
+    if not _check_overlap(loop, program, nplanes):
+        return (f"all {nplanes} layers are correct and the host never waited in the loop (the overlap was not "
+                f"measured: the loop queued its work from another thread, which a trace does not see){pinned}")
+    return (f"all {nplanes} layers are correct, the host never waited in the loop, and the copies ran "
+            f"while the next planes baked{pinned}")
+
+
+def _planes(ks):
+    """"plane 3 was" or "planes 3, 4, 9-23 were", the planes ``ks`` (sorted) in runs."""
+    runs = []
+    for k in ks:
+        if runs and k == runs[-1][1] + 1:
+            runs[-1][1] = k
+        else:
+            runs.append([k, k])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+    return f"plane {text} was" if len(ks) == 1 else f"planes {text} were"
+
+
+def _check_overlap(loop, program, nplanes):
+    """Run ``loop`` again, traced, and raise :class:`LayerCakeError` when too little of the bakes
+    and copies ran at the same time: why, from the order the loop set (``program``). True when
+    it passed, False when the trace saw no bake or copy (queued by another thread)."""
+    __tracebackhide__ = True
+    with recording.tracing(strategy="layer cake check") as handle:
+        loop()
+        synchronize()
+    trace = handle.trace
+    if not trace.kernels or not trace.of_kind("D2H"):
+        return False
+    ov = trace.overlap()
+    if ov.hidden_fraction >= OVERLAP_NEEDED:
+        return True
+    measured = (f"In this run's trace ({trace.clock}) the bakes kept the device busy {ov.compute_ms:.2f} ms "
+                f"and the copies {ov.copy_ms:.2f} ms, at the same time for {ov.overlap_ms:.2f} ms: "
+                f"{ov.hidden_fraction:.0%} of the shorter ran under the other; the exercise asks for "
+                f"{OVERLAP_NEEDED:.0%}.")
+    why = program.why_serial()
+    if why is None:
+        work = trace.kernels + trace.of_kind("D2H")
+        per_plane = 1e3 * (max(e.end_ms for e in work) - min(e.start_ms for e in work)) / nplanes
+        bake, copy = (1e3 * sum(e.end_ms - e.start_ms for e in es) / len(es) for es in (trace.kernels, trace.of_kind("D2H")))
+        # The order allowed overlap and the host never waited: the work was queued no faster than it ran.
+        why = (f"your loop's order lets a copy run during the next bake, but in this run they hardly met: "
+               f"a bake took {bake:.0f} µs and a copy {copy:.0f} µs, the run {per_plane:.0f} µs a plane" +
+               (", so the device finished each plane before the host had queued the next" if per_plane >= bake + copy
+                else "") + " (bigger planes give them time to meet)")
+        raise LayerCakeError(f"all {nplanes} layers are correct and the host never waited; {why}. {measured}")
+    raise LayerCakeError(f"all {nplanes} layers are correct and the host never waited, but the bakes and "
+                         f"the copies ran one after the other: {why}. {measured}")
 
 
 class _HostWaits:
@@ -170,22 +291,152 @@ def _caller_line():
     return f"`{line}`" if line else None
 
 
+class _Program(Sanitizer):
+    """The race sanitizer, keeping what the checker needs to say why a loop ran serially: each
+    operation with its vector clock (what is ordered before it) and the waits queued before it,
+    and after which operation each event was last recorded."""
+
+    def __init__(self, names, stack):
+        super().__init__(names, host_sync_fixes=False)       # rule 3: the host never waits in the loop
+        self.stack = stack
+        self.queued = []              # (op, its position on its stream, its clock, the waits before it)
+        self.last_op = {}             # stream -> the last operation queued on it
+        self.after = {}               # id(event) -> (event, the operation its latest record follows)
+        self.pending = {}             # stream -> [(event, operation)] waited since its last operation
+        self.host_waits = []
+
+    def op_queued(self, op):
+        super().op_queued(op)
+        with self._lock:
+            if self.failed:
+                return
+            vc = self.clocks[op.stream]
+            self.queued.append((op, vc[op.stream], dict(vc), self.pending.pop(op.stream, [])))
+            self.last_op[op.stream] = op
+
+    def event_recorded(self, stream, event):
+        super().event_recorded(stream, event)
+        with self._lock:
+            self.after[id(event)] = (event, self.last_op.get(stream))
+
+    def event_waited(self, stream, event):
+        super().event_waited(stream, event)
+        with self._lock:
+            known = self.after.get(id(event))
+            self.pending.setdefault(stream, []).append((event, known[1] if known and known[0] is event else None))
+
+    # -- why the bakes and the copies did not overlap ------------------------------------------
+    def _plane(self, op):
+        """The plane of the stack a copy writes (None for other operations)."""
+        if op.kind != "D2H" or not op.writes:
+            return None
+        space, lo, _ = byte_span(op.writes[0])
+        _, first, end = byte_span(self.stack)
+        return (lo - first) // self.stack.strides[0] if space == "host" and first <= lo < end else None
+
+    def _name_op(self, op):
+        plane = self._plane(op)
+        if plane is not None:
+            return f"the copy of plane {plane}"
+        return f"the bake of layer {op.level}" if op.kind == "kernel" else f"the {op.kind} `{op.name}`"
+
+    def why_serial(self):
+        """Why no copy could run during a bake, in the learner's names; None when some could."""
+        bakes = [q for q in self.queued if q[0].kind == "kernel"]
+        copies = [q for q in self.queued if self._plane(q[0]) is not None]
+
+        def before(a, b):            # a is ordered before b
+            return b[2].get(a[0].stream, 0) >= a[1]
+        alone = [c for c in copies if all(before(b, c) or before(c, b) for b in bakes)]
+        if not copies or not bakes or len(alone) < len(copies) - 1:
+            return None
+        bake_streams = {id(b[0].stream) for b in bakes}
+        shared = [c for c in alone if id(c[0].stream) in bake_streams]
+        if shared:
+            name = self._stream(shared[0][0].stream)
+            return (f"the copies ran on `{name}`, the stream that bakes, and a stream runs its work one "
+                    "item at a time, in the order queued; copy on the IO streams instead")
+        for c in alone:              # the wait that put a later bake after this copy
+            for b in bakes:
+                if b[0] is c[0] or not before(c, b):
+                    continue
+                for event, follows in b[3]:
+                    if follows is not None and follows.stream is c[0].stream:
+                        label = self._label(event)
+                        event_name = f"`{label}`" if label else "an event"
+                        nbuf = len({id(q[0].writes[0]) for q in bakes if q[0].writes})
+                        return (f"before {self._name_op(b[0])} your loop makes `{self._stream(b[0].stream)}` wait "
+                                f"for {event_name}, recorded after {self._name_op(follows)} on "
+                                f"`{self._stream(follows.stream)}`, so each bake waited for the copy before "
+                                "it, and each copy for its bake. A bake needs only the copy out of the buffer it "
+                                f"refills, {nbuf} planes back, done long before if each buffer has its own events")
+                break
+        return ("every copy is ordered before or after every bake by the events your streams wait for, "
+                "so none could run during a bake")
+
+
+def _learner_names(fn, depth=0, found=None):
+    """The loop's own names for the streams, events and arrays it uses: the globals and closure
+    variables its code reads (and those of the functions it calls, a few deep)."""
+    found = {} if found is None else found
+    code = getattr(fn, "__code__", None)
+    if code is None or depth > 3:
+        return found
+    names, codes = set(), [code]
+    while codes:                     # nested code (a comprehension, an inner function) reads names too
+        c = codes.pop()
+        names.update(c.co_names)
+        codes += [k for k in c.co_consts if hasattr(k, "co_names")]
+    values = [(n, fn.__globals__[n]) for n in sorted(names) if n in fn.__globals__]
+    for n, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            values.append((n, cell.cell_contents))
+        except ValueError:           # a closure variable not bound yet
+            pass
+    for name, value in values:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if isinstance(value, types.FunctionType):
+            _learner_names(value, depth + 1, found)
+        elif items and all(isinstance(x, (streams.Stream, streams.Event)) or is_device_array(x) for x in items):
+            found.setdefault(name, value)
+        elif isinstance(value, np.ndarray) and value.ndim == 3:
+            found.setdefault(name, value)
+    return found
+
+
 def _run_checked(loop, stack, buffers):
-    """Run the learner's loop into a fresh (NaN) stack under the sanitizer; the host waits in it."""
+    """Run the learner's loop into a fresh (NaN) stack under the sanitizer: the :class:`_Program`
+    that watched it, with the host waits in it."""
     __tracebackhide__ = True
     if not callable(loop):
         raise TypeError(f"loop must be a function that queues the whole cake, got {type(loop).__name__}")
     synchronize()                                  # nothing earlier still writes the stack
     observe.notify("host_access", stack, "w", "check_layer_cake")
     stack.fill(np.nan)
+    names = dict(_learner_names(loop), stack=stack)
+    names.setdefault("buffers", list(buffers or []))
+    program = _Program(names, stack)
     waits = observe.add(_HostWaits(), every_thread=True)   # a loop may queue its body from a thread
+    observe.add(program, every_thread=True)
     try:
-        with sanitize(names={"stack": stack, "buffers": list(buffers or [])}):
+        try:
             loop()
-    except RaceError as err:
-        raise LayerCakeError(f"your loop has a race: it can bake a wrong cake on any run, "
-                             f"whatever the timing.\n{err}") from None
-    finally:
-        observe.remove(waits)
+        finally:
+            observe.remove(waits)
+            program.close()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):      # drain what was queued; the loop's error is the news
+            synchronize()
+        if isinstance(exc, RaceError):
+            raise LayerCakeError(f"your loop has a race: it can bake a wrong cake on any run, "
+                                 f"whatever the timing.\n{exc}") from None
+        if isinstance(exc, NotImplementedError):
+            raise LayerCakeError(f"`{getattr(loop, '__name__', 'the loop')}` is not written yet: replace its "
+                                 "`raise NotImplementedError` with the loop, then run this cell again") from None
+        raise
     synchronize()
-    return waits.inside
+    if program.race is not None:                   # found in work another thread queued
+        raise LayerCakeError(f"your loop has a race: it can bake a wrong cake on any run, "
+                             f"whatever the timing.\n{program.race[0]}")
+    program.host_waits = waits.inside
+    return program

@@ -5,7 +5,8 @@ run *asynchronously* (return at once and overlap with kernels) when the host
 buffer is **pinned** (page-locked). From ordinary pageable memory the driver
 first stages the data through a pinned buffer of its own, and the "async"
 call returns only after the copy has finished. :func:`copy_to_host_async` and
-:func:`copy_to_device_async` therefore refuse pageable buffers.
+:func:`copy_to_device_async` therefore refuse pageable buffers (``copy_to_host_async``
+takes one on request, ``allow_pageable=True``, to show what such a copy does).
 
 On the CPU backend "device" arrays are NumPy arrays of the type
 :class:`CpuDeviceArray`, and pinned arrays are ordinary arrays registered as
@@ -204,13 +205,22 @@ def _queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
     return stream
 
 
-def copy_to_host_async(dst, src, stream=None, *, level=None):
+def copy_to_host_async(dst, src, stream=None, *, level=None, allow_pageable=False):
     """Queue a device-to-host copy of ``src`` into the pinned host array ``dst``.
 
     Returns at once; the data is in ``dst`` only after the stream (or an event
     recorded after the copy) has been synchronised. ``dst`` may be a slice of
     a larger pinned allocation, e.g. ``images[k]``. ``level`` labels the copy
     on timelines.
+
+    Parameters
+    ----------
+    allow_pageable : bool
+        Accept a pageable ``dst`` (by default it is refused with a ValueError).
+        CUDA then copies synchronously: the host waits. The call queues the copy
+        as ``cudaMemcpyAsync`` does and returns only when it, and everything queued
+        before it on ``stream``, has finished; timelines show that wait on the host
+        lane as "pageable copy". Notebook 3 uses it to show the pitfall.
     """
     stream = streams.resolve(stream)
     ptr = _usual_host_target(dst, src, stream)
@@ -218,9 +228,24 @@ def copy_to_host_async(dst, src, stream=None, *, level=None):
         _require_host("dst", dst)
         _require_device("src", src)
         checks.same_layout(dst, src)
+        if allow_pageable and not is_pinned(dst):
+            _require_writable("dst", dst)
+            _pageable_copy(dst, src, stream, level)
+            return
         ptr = _require_pinned("dst", dst, "device-to-host")
         _require_writable("dst", dst)
     _queue_copy("D2H", dst, src, stream, level, host_ptr=ptr)
+
+
+def _pageable_copy(dst, src, stream, level):
+    """An "asynchronous" copy into pageable ``dst``, as the driver runs it: staged through a
+    pinned buffer of its own, the last leg written by the host, and the call returns only when
+    the copy has finished. The host's wait goes to the timelines; afterwards the host knows the
+    stream's work done (the sanitizer hears it as a synchronise of ``stream``)."""
+    observe.notify("host_access", dst, "w", "copy_to_host_async(allow_pageable=True)")
+    with streams.host_wait("pageable copy"):
+        _queue_copy("D2H", dst, src, stream, level, pageable=True)
+    observe.notify("host_synced", stream)
 
 
 def _usual_host_target(dst, src, stream):
@@ -305,15 +330,6 @@ def _label(kind, level):
 # --------------------------------------------------------------------------
 # Bandwidth
 # --------------------------------------------------------------------------
-def _copy_any(dst_host, src_dev, stream):
-    """A raw 'async' D2H copy that accepts pageable memory, as the driver does.
-
-    Pageable: the driver stages the copy and the call returns only when it has
-    finished. Pinned: queued on the stream, returns at once.
-    """
-    _queue_copy("D2H", dst_host, src_dev, stream, None, pageable=not is_pinned(dst_host))
-
-
 def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
     """Measure device-to-host copy speed from pinned and from pageable host memory.
 
@@ -353,7 +369,7 @@ def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
                 dst[...] = -1
                 stream.synchronize()
                 start.record(stream)
-                _copy_any(dst, src, stream)
+                copy_to_host_async(dst, src, stream, allow_pageable=True)
                 returned_before_done = not stream.query()
                 end.record(stream)
                 end.synchronize()

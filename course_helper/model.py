@@ -19,7 +19,8 @@ device with a modelled host in front of it:
   or, where that is 0, any number sharing its bandwidth. A copy from pageable
   host memory is staged: it runs at the pageable bandwidth and the host waits
   for it. A kernel takes the time the profile measured for its shape and size
-  (interpolated in the bytes it moves).
+  (interpolated in the bytes it moves), plus any time it spends by design (the
+  layer cake's oven: its cost's ``hold_us``).
 * **Ordering** is CUDA's: a stream runs its work in order; ``wait_event``
   waits for the event's record current at call time; a never-recorded event
   counts as done; the legacy default stream waits for the work queued before
@@ -493,8 +494,9 @@ class ModelRuntime(Runtime):
                         nbytes=op.nbytes + setup_ms * peak)
         shape = "fill" if "fill" in cost else cost["kernel"]
         nbytes = op.nbytes if "fill" in cost else cost["bytes"]
-        return dict(engine="compute",
-                    duration=_ticks((kernel_us(self.profile, shape, nbytes) + graph.get("kernel_node_us", 0.0)) * 1e-3))
+        # hold_us: time a kernel spends by design on top of its work (the layer cake's oven).
+        us = kernel_us(self.profile, shape, nbytes) + cost.get("hold_us", 0.0) + graph.get("kernel_node_us", 0.0)
+        return dict(engine="compute", duration=_ticks(us * 1e-3))
 
     def _begin_op(self, writes, numpy):
         """An operation that reads at its start and writes ``writes`` at its end."""

@@ -56,7 +56,7 @@ import threading
 import numpy as np
 
 from . import observe
-from .streams import synchronize
+from .streams import Event, Stream, synchronize
 
 __all__ = ["RaceError", "Sanitizer", "sanitize", "byte_span"]
 
@@ -238,15 +238,18 @@ class Sanitizer:
     """Happens-before race detector; an observer of :mod:`course_helper.observe`.
 
     Use :func:`sanitize` (or ``solve(..., sanitize=True)``) rather than this
-    class directly. ``names`` maps a name to an array or a list of arrays
-    (named ``name[i]``); stacks of three or more dimensions are named per
-    slice (``images[5]``).
+    class directly. ``names`` maps a name to an array, a stream or an event,
+    or a list of them (named ``name[i]``); stacks of three or more dimensions
+    are named per slice (``images[5]``). ``host_sync_fixes=False`` never
+    suggests a host synchronise as a fix (for a loop whose rules forbid it).
     """
 
-    def __init__(self, names=None):
+    def __init__(self, names=None, host_sync_fixes=True):
         self.names = _Names()
+        self.labels = {}                     # id(stream or event) -> (it, its name in messages)
+        self.host_sync_fixes = host_sync_fixes
         for name, arrays in (names or {}).items():
-            self.names.add(name, arrays)
+            self.name(name, arrays)
         self.host = {}                       # the host's vector clock
         self.host_version = 0                # bumped whenever the host's clock changes
         self.joined = {}                     # stream -> host_version last joined into its clock
@@ -254,7 +257,9 @@ class Sanitizer:
         self.roles = {}                      # stream -> its part in the default stream's ordering
         self.spans = {}                      # id(array) -> (array, its memory range)
         self.events = {}                     # id(event) -> (event, clock at its latest record)
-        self.records = {}                    # stream -> [(position, event)] of its records
+        self.records = {}                    # stream -> [(position, event, order)] of its records
+        self.waited = {}                     # stream -> {id(event): (event, order)}: its latest wait on each
+        self.order = 0                       # counts records and waits, in the order they were queued
         self.shadow = _Shadow()
         self.capture = None                  # saved state while a graph is being captured
         self.graphs = {}                     # id(graph) -> (graph, captured accesses)
@@ -268,8 +273,22 @@ class Sanitizer:
         self.shadow, self.spans, self.graphs, self.capture = _Shadow(), {}, {}, None
 
     def name(self, name, arrays):
-        """Name an array (or a list of arrays) in race messages."""
-        self.names.add(name, arrays)
+        """Name an array, a stream or an event (or a list of them) in race messages."""
+        if isinstance(arrays, (Stream, Event)):
+            self.labels[id(arrays)] = (arrays, name)
+        elif isinstance(arrays, (list, tuple)) and arrays and all(isinstance(x, (Stream, Event)) for x in arrays):
+            for i, x in enumerate(arrays):
+                self.labels[id(x)] = (x, f"{name}[{i}]")
+        else:
+            self.names.add(name, arrays)
+
+    def _label(self, obj):
+        """The name given to a stream or an event, or None."""
+        known = self.labels.get(id(obj))
+        return known[1] if known is not None and known[0] is obj else None
+
+    def _stream(self, stream):
+        return self._label(stream) or stream.name
 
     # -- clocks -------------------------------------------------------------
     def _clock(self, stream):
@@ -327,7 +346,8 @@ class Sanitizer:
             return
         vc = self._enqueue(stream)
         self.events[id(event)] = (event, dict(vc))
-        self.records.setdefault(stream, []).append((vc.get(stream, 0), event))
+        self.order += 1
+        self.records.setdefault(stream, []).append((vc.get(stream, 0), event, self.order))
 
     @_serialised
     def event_waited(self, stream, event):
@@ -335,6 +355,8 @@ class Sanitizer:
             return
         known = self.events.get(id(event))
         vc = self._enqueue(stream)
+        self.order += 1
+        self.waited.setdefault(stream, {})[id(event)] = (event, self.order)
         if known is not None and known[0] is event:
             _join(vc, known[1])
 
@@ -368,7 +390,7 @@ class Sanitizer:
         if self.failed:
             return
         saved = ({s: dict(c) for s, c in self.clocks.items()}, dict(self.host), dict(self.events),
-                 {s: list(r) for s, r in self.records.items()}, self.shadow)
+                 {s: list(r) for s, r in self.records.items()}, self.shadow, {s: dict(w) for s, w in self.waited.items()})
         self.capture = (saved, [])
         self.host_version += 1               # clocks are swapped in and out around the capture
         self.shadow = _Shadow()              # nothing captured runs now: check it within the capture
@@ -378,7 +400,7 @@ class Sanitizer:
         """The capture on ``stream`` ended with ``graph`` (None: it failed or was abandoned)."""
         if self.capture is None:
             return
-        (self.clocks, self.host, self.events, self.records, self.shadow), captured = self.capture
+        (self.clocks, self.host, self.events, self.records, self.shadow, self.waited), captured = self.capture
         self.capture = None
         self.host_version += 1
         if graph is not None:
@@ -434,7 +456,7 @@ class Sanitizer:
         what2, _ = self._what(acc)
         fix = (f"{_describe(acc.op)} must be ordered before {buffer} is overwritten with level "
                f"{int(last.op.level)}: give each level in flight its own buffer (more buffers), and make "
-               f"`{last.op.stream.name}` wait for an event recorded after the copy before it writes {buffer} again")
+               f"`{self._stream(last.op.stream)}` wait for an event recorded after the copy before it writes {buffer} again")
         self._raise(_error(f"{_describe(acc.op)} reads {buffer}, which no longer holds level {int(acc.op.level)}",
                            f"{what1} (level {int(last.op.level)})", what2,
                            f"so the copy saves level {int(last.op.level)} as level {int(acc.op.level)}", fix))
@@ -445,27 +467,41 @@ class Sanitizer:
         verb = "writes" if acc.write else "reads"
         if acc.op is None:
             return f"the host ({acc.where}) {verb} {buffer}", buffer
-        replay = f" (replayed in a graph on `{acc.replay.name}`)" if acc.replay is not None else ""
-        return f"{_describe(acc.op)} on `{acc.op.stream.name}`{replay} {verb} {buffer}", buffer
+        replay = f" (replayed in a graph on `{self._stream(acc.replay)}`)" if acc.replay is not None else ""
+        return f"{_describe(acc.op)} on `{self._stream(acc.op.stream)}`{replay} {verb} {buffer}", buffer
 
     def _race(self, first, second):
         what1, buffer = self._what(first)
         what2, _ = self._what(second)
         op1 = _describe(first.op) if first.op is not None else "the host's access"
-        s1 = first.thread.name if first.thread != _HOST else None
+        s1 = self._stream(first.thread) if first.thread != _HOST else None
+        consequence = "and nothing orders the second after the first"
         if second.thread == _HOST:
             fix = (f"synchronise `{s1}` (or an event recorded after {op1} on it) before "
                    f"{second.where} touches {buffer}")
+            return _error(f"race on {buffer} ({first.span[0]} memory)", what1, what2, consequence, fix)
+        s2 = self._stream(second.thread)
+        # The events recorded on the first access's stream after it: waiting for any of them orders the second.
+        after = [(e, order) for p, e, order in self.records.get(first.thread, []) if p >= first.clock]
+        waited = self.waited.get(second.thread, {})
+        early = [e for e, order in after if id(e) in waited and waited[id(e)][0] is e and waited[id(e)][1] < order]
+        named = [e for e, _ in after if self._label(e)]
+        if early:
+            event = f"`{self._label(early[0])}`" if self._label(early[0]) else "the event"
+            consequence += (f": `{s2}` waited for {event} before `{s1}` recorded it after {op1}, and "
+                            "`wait_event` takes the event's latest record at the moment of the call, so that "
+                            "wait was for an earlier record (or for nothing, if it had never been recorded)")
+            fix = (f"queue the wait for {event} on `{s2}` after the record of {event} on `{s1}` "
+                   f"and before {_describe(second.op)}")
+        elif after:
+            event = f"`{self._label(named[0])}`" if named else "the event"
+            fix = f"make `{s2}` wait for {event} recorded after {op1} on `{s1}` (with `wait_event`)"
         else:
-            s2 = second.thread.name
-            after = [p for p, _ in self.records.get(first.thread, []) if p >= first.clock]
-            if after:
-                fix = f"make `{s2}` wait for the event recorded after {op1} on `{s1}` (with `wait_event`)"
-            else:
-                fix = (f"record an event on `{s1}` after {op1} and make `{s2}` wait for it "
-                       f"(with `record` and `wait_event`), or have the host synchronise `{s1}` first")
-        return _error(f"race on {buffer} ({first.span[0]} memory)", what1, what2,
-                      "and nothing orders the second after the first", fix)
+            fix = (f"record an event on `{s1}` after {op1} and make `{s2}` wait for it "
+                   f"(with `record` and `wait_event`)")
+            if self.host_sync_fixes:
+                fix += f", or have the host synchronise `{s1}` first"
+        return _error(f"race on {buffer} ({first.span[0]} memory)", what1, what2, consequence, fix)
 
 
 def _error(headline, what1, what2, consequence, fix):
@@ -485,11 +521,14 @@ def _describe(op):
 
 
 @contextlib.contextmanager
-def sanitize(names=None):
+def sanitize(names=None, host_sync_fixes=True):
     """Check every operation queued inside the block for races; raise :class:`RaceError` at the first.
 
-    ``names`` maps names to arrays (or lists of arrays) so that messages can
-    say ``U[2]`` or ``images[5]`` instead of "a 256x256 float32 device array".
+    ``names`` maps names to arrays, streams or events (or lists of them) so
+    that messages can say ``U[2]``, ``images[5]``, ``io[0]`` or ``baked[1]``
+    instead of "a 256x256 float32 device array", "io 0" or "the event".
+    ``host_sync_fixes=False`` keeps a host synchronise out of the fixes it
+    suggests (for a loop whose rules forbid host waits).
     The check reasons about the program, not about timing: a missing
     dependency fails every time, on either backend. On a race, the work
     already queued is drained before the error leaves the block. Work queued
@@ -503,7 +542,7 @@ def sanitize(names=None):
     ...     for k in range(nplanes):
     ...         ...
     """
-    san = observe.add(Sanitizer(names), every_thread=True)
+    san = observe.add(Sanitizer(names, host_sync_fixes), every_thread=True)
     try:
         yield san
     except BaseException:

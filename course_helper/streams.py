@@ -120,10 +120,9 @@ class Stream:
         if type(event) is not Event or event.runtime is not self.runtime:
             checks.instance("event", event, Event, "an Event from create_events()")
             _same_backend(self, event)
-        if not event.recorded:
-            return      # as in CUDA, a never-recorded event counts as complete: nothing to wait for
-        self.runtime.wait_event(self.raw, event.raw)
-        if observe.listening["event_waited"]:
+        if event.recorded:  # as in CUDA, a never-recorded event counts as complete: nothing to wait for
+            self.runtime.wait_event(self.raw, event.raw)
+        if observe.listening["event_waited"]:   # heard even so: a wait queued before the record it meant
             observe.notify("event_waited", self, event)
 
     def wait_stream(self, other):

@@ -44,7 +44,9 @@ def test_checker_names_missing_and_swapped_planes(cpu):
     with pytest.raises(ch.exercise.LayerCakeError) as info:
         ch.check_layer_cake(stack)
     msg = str(info.value)
-    assert "plane 2 was never" in msg and "plane 4 holds layer 5" in msg and "wait_event" in msg
+    assert msg.startswith("2 of 6 planes are wrong")
+    assert "plane 2 was never" in msg and "plane 4 (stack[4]) holds layer 5" in msg
+    assert "pass loop=" in msg          # without the loop it cannot tell an index from a race
 
 
 def test_checker_refuses_device_and_misshaped_stacks(backend):
@@ -99,10 +101,15 @@ def cake_loop(stack, buffers, mistake=None):
     return loop
 
 
+#: Big enough planes that a bake and a copy take longer than the host needs to queue them (on the
+#: GPU and on the modelled H200), so that they can overlap.
+BIG = (1024, 1024)
+
+
 def test_checker_runs_a_correct_loop(backend):
-    stack, buffers = ch.pinned_empty((9, 16, 16)), [ch.device_empty((16, 16)) for _ in range(3)]
+    stack, buffers = ch.pinned_empty((8, *BIG)), [ch.device_empty(BIG) for _ in range(3)]
     assert ch.check_layer_cake(stack, loop=cake_loop(stack, buffers), buffers=buffers) == \
-        "all 9 layers are correct"
+        "all 8 layers are correct, the host never waited in the loop, and the copies ran while the next planes baked"
 
 
 @pytest.mark.parametrize("mistake", ["no wait for copy", "no record of bake", "no wait for bake",
@@ -115,6 +122,7 @@ def test_every_missing_or_misplaced_dependency_fails_every_time(backend, mistake
             ch.check_layer_cake(stack, loop=cake_loop(stack, buffers, mistake), buffers=buffers)
         msg = str(info.value)
         assert "buffers[" in msg and "wait" in msg and "np.int64" not in msg
+        assert "synchronise" not in msg            # rule 3 forbids it: never suggested
 
 
 def test_host_waits_inside_the_loop_break_rule_3(backend):
@@ -199,10 +207,232 @@ def _in_a_thread(body):
 def test_a_loop_queued_from_a_thread_is_checked(backend):
     stack, buffers = ch.pinned_empty((6, 8, 8)), [ch.device_empty((8, 8)) for _ in range(3)]
     with pytest.raises(ch.LayerCakeError, match="race") as info:
-        ch.check_layer_cake(stack, loop=_in_a_thread(cake_loop(stack, buffers, "no wait for bake")),
-                            buffers=buffers)
-    assert "buffers[" in str(info.value)
+        ch.check_layer_cake(stack, loop=_in_a_thread(cake_loop(stack, buffers, "no wait for bake")))
+    assert "buffers[0]" in str(info.value) and "`io[0]`" in str(info.value)   # names found through the thread
     with pytest.raises(ch.LayerCakeError, match="host waited inside the loop 6 times"):
         ch.check_layer_cake(stack, loop=_in_a_thread(cake_loop(stack, buffers, "host waits")), buffers=buffers)
     assert ch.check_layer_cake(stack, loop=_in_a_thread(cake_loop(stack, buffers)), buffers=buffers) == \
-        "all 6 layers are correct"
+        ("all 6 layers are correct and the host never waited in the loop (the overlap was not measured: "
+         "the loop queued its work from another thread, which a trace does not see)")
+
+
+# -- the bake's oven ----------------------------------------------------------------------------
+def test_a_bake_takes_its_oven_time_on_the_model(cpu):
+    plane = ch.device_empty(BIG)
+    with ch.tracing() as t:
+        ch.bake_layer(plane, 1)
+        ch.bake_layer(plane, 2, oven=False)
+        ch.synchronize()
+    with_oven, without = [e.end_ms - e.start_ms for e in t.trace.kernels]
+    assert with_oven - without == pytest.approx(ch.exercise.oven_us(plane.nbytes) * 1e-3, abs=1e-5)
+    np.testing.assert_array_equal(ch.to_host(plane), ch.exercise.layer_values(2, BIG))
+
+
+def test_bake_layer_refuses_a_non_flag_oven(backend):
+    with pytest.raises(TypeError, match="oven must be True or False"):
+        ch.bake_layer(ch.device_empty((4, 4)), 0, oven="no")
+
+
+# -- overlap: the solution passes with margin, serial loops cannot reach it --------------------
+def exercise_setup(nplanes=24, nbuf=3, shape=BIG):
+    """The notebook's set-up; returns its variables as a namespace for loops defined with exec()
+    (so that they read them as globals, as a notebook's function does)."""
+    stack = ch.pinned_empty((nplanes, *shape))
+    buffers = [ch.device_empty(shape) for _ in range(nbuf)]
+    (compute,) = ch.create_streams(1, name="compute")
+    io = ch.create_streams(nbuf, name="io")
+    baked, copied = ch.create_events(nbuf), ch.create_events(nbuf)
+    return dict(ch=ch, nplanes=nplanes, nbuf=nbuf, stack=stack, buffers=buffers, compute=compute, io=io,
+                baked=baked, copied=copied)
+
+
+LOOPS = {
+    "solution": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        io[b].wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], io[b])
+        io[b].record(copied[b])
+""",
+    # The rows of the table in the issue "Exercises that teach", as a learner wrote them.
+    "all on compute": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        ch.bake_layer(buffers[b], k, compute)
+        ch.copy_to_host_async(stack[k], buffers[b], compute)
+""",
+    "one event pair": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[0])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[0])
+        io[0].wait_event(baked[0])
+        ch.copy_to_host_async(stack[k], buffers[b], io[0])
+        io[0].record(copied[0])
+""",
+    "copy into stack[b]": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        io[b].wait_event(baked[b])
+        ch.copy_to_host_async(stack[b], buffers[b], io[b])
+        io[b].record(copied[b])
+""",
+    "wait before record": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[b])
+        io[b].wait_event(baked[b])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], io[b])
+        io[b].record(copied[b])
+""",
+    "no events": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        ch.bake_layer(buffers[b], k, compute)
+        ch.copy_to_host_async(stack[k], buffers[b], io[b])
+""",
+    "not written yet": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        raise NotImplementedError("write the loop body here")
+""",
+}
+
+
+def learner(name, **setup):
+    """The notebook's variables and the learner's ``bake_cake`` written as ``LOOPS[name]``."""
+    ns = exercise_setup(**setup)
+    exec(LOOPS[name], ns)
+    return ns
+
+
+def verdict(ns):
+    with pytest.raises(ch.LayerCakeError) as info:
+        ch.check_layer_cake(ns["stack"], loop=ns["bake_cake"])
+    return str(info.value)
+
+
+def hidden_fraction(ns):
+    with ch.tracing() as t:
+        ns["bake_cake"]()
+        ch.synchronize()
+    return t.trace.overlap().hidden_fraction
+
+
+def test_the_solution_passes_with_margin(backend):
+    ns = learner("solution")
+    assert ch.check_layer_cake(ns["stack"], loop=ns["bake_cake"]).startswith("all 24 layers are correct, the host")
+    assert hidden_fraction(ns) >= ch.exercise.OVERLAP_NEEDED + 0.3
+
+
+@pytest.mark.parametrize("name", ["all on compute", "one event pair"])
+def test_a_serial_loop_cannot_reach_the_threshold(backend, name):
+    ns = learner(name)
+    assert hidden_fraction(ns) < ch.exercise.OVERLAP_NEEDED / 5
+    msg = verdict(ns)
+    assert msg.startswith("all 24 layers are correct and the host never waited, but the bakes and the copies "
+                          "ran one after the other")
+    assert f"the exercise asks for {ch.exercise.OVERLAP_NEEDED:.0%}" in msg
+    assert any(clock in msg for clock in (("CUPTI", "CUDA events") if ch.backend_name() == "gpu" else
+                                          ("modelled H200",)))
+
+
+def test_row_everything_on_the_compute_stream(backend):
+    msg = verdict(learner("all on compute"))
+    assert "the copies ran on `compute`, the stream that bakes" in msg and "copy on the IO streams" in msg
+
+
+def test_row_one_io_stream_and_one_event_pair(backend):
+    msg = verdict(learner("one event pair"))
+    assert ("before the bake of layer 1 your loop makes `compute` wait for `copied[0]`, recorded after the "
+            "copy of plane 0 on `io[0]`") in msg
+    assert "3 planes back" in msg                       # nbuf, counted from the loop's buffers
+
+
+def test_row_copy_into_the_wrong_plane_is_an_indexing_bug(backend):
+    msg = verdict(learner("copy into stack[b]"))
+    assert "found no race" in msg and "an index is wrong" in msg
+    assert "plane 0 (stack[0]) holds layer 21" in msg and "planes 3-23 were never (fully) written" in msg
+    assert "race:" not in msg and "wait_event" not in msg         # the waits are right: none suggested
+
+
+def test_row_wait_queued_before_the_record(backend):
+    msg = verdict(learner("wait before record"))
+    assert "`io[0]` waited for `baked[0]` before `compute` recorded it" in msg
+    assert "`wait_event` takes the event's latest record at the moment of the call" in msg
+    assert "Fix: queue the wait for `baked[0]` on `io[0]` after the record of `baked[0]` on `compute`" in msg
+
+
+def test_row_no_events_at_all(backend):
+    msg = verdict(learner("no events"))
+    assert "race on buffers[0]" in msg and "on `io[0]` reads buffers[0]" in msg
+    assert "Fix: record an event on `compute` after the kernel `bake layer 0` and make `io[0]` wait for it" in msg
+    assert "synchronise" not in msg                     # rule 3 forbids it
+
+
+def test_a_fresh_notebook_is_told_the_loop_is_not_written_yet(cpu):
+    msg = verdict(learner("not written yet", nplanes=3, shape=(8, 8)))
+    assert msg == ("`bake_cake` is not written yet: replace its `raise NotImplementedError` with the loop, "
+                   "then run this cell again")
+
+
+def test_names_come_from_the_loops_closure_too(cpu):
+    stack, buffers = ch.pinned_empty((6, 8, 8)), [ch.device_empty((8, 8)) for _ in range(3)]
+    with pytest.raises(ch.LayerCakeError) as info:
+        ch.check_layer_cake(stack, loop=cake_loop(stack, buffers, "no wait for bake"))
+    assert "on `io[0]` reads buffers[0]" in str(info.value)
+
+
+def test_a_loop_too_small_to_overlap_is_told_why(cpu):
+    msg = verdict(learner("solution", nplanes=6, shape=(64, 64)))
+    assert "your loop's order lets a copy run during the next bake" in msg and "before the host had queued the next" in msg
+
+
+# -- notebook 9: the missing wait shows in the data ---------------------------------------------
+def _notebook_cell(path, defines):
+    import json
+    import pathlib
+    cells = json.loads((pathlib.Path(__file__).resolve().parents[1] / path).read_text())["cells"]
+    return next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and defines in "".join(c["source"]))
+
+
+def test_notebook_9s_missing_wait_changes_the_same_levels_on_every_run(backend):
+    """The notebook's own loop (on 48 levels rather than 160, to be quick): the copies that start
+    before their kernel save wrong levels, the same ones on every fresh run of the model."""
+    source = _notebook_cell("notebooks/09_what_goes_wrong.ipynb", "def events_without_copy_wait")
+    assert "nt=160" in source
+    runs = []
+    for _ in range(2 if ch.backend_name() == "cpu" else 1):
+        ns = {"ch": ch, "np": np}
+        exec(source.replace("nt=160", "nt=48"), ns)
+        with ch.tracing() as t:
+            ns["events_without_copy_wait"]()
+            ch.synchronize()
+        run, reference = ns["run"], ns["reference"]
+        wrong = [int(level) for level, a, b in zip(run.levels, run.images, reference.images) if not np.array_equal(a, b)]
+        kernel_end = {e.level: e.end_ms for e in t.trace.kernels}
+        early = [c.level for c in t.trace.copies if c.level in kernel_end and c.start_ms < kernel_end[c.level]]
+        assert wrong, "the race changed no level"
+        if ch.backend_name() == "cpu":              # the model reads a copy's source when it starts
+            assert wrong == early
+        else:                                       # a wrong level comes from a copy that started early
+            assert set(wrong) <= set(early)
+        runs.append(wrong)
+        run.close()
+    assert all(r == runs[0] for r in runs)

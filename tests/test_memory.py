@@ -61,6 +61,53 @@ def test_pageable_buffer_is_refused_with_the_reason(backend):
         ch.copy_to_device_async(src, np.zeros(8, np.float32))
 
 
+def _busy_stream_then_copy(dst, src):
+    """A stream kept busy for 0.2 s by a host function, then the copy into ``dst``; returns
+    the stream, whether it was done right after the copy call returned, and the trace."""
+    import time
+    (s,) = ch.create_streams(1, name="io")
+    with ch.tracing() as trace:
+        s.launch_host_func(lambda: time.sleep(0.2))
+        ch.copy_to_host_async(dst, src, s, allow_pageable=True)
+        done_at_return = s.query()
+        ch.synchronize()
+    return s, done_at_return, trace
+
+
+def test_a_pageable_copy_on_request_returns_only_when_it_has_finished(backend):
+    """cudaMemcpyAsync into pageable memory blocks the host until the copy is done (on a GPU
+    really, on the CPU backend as modelled); a pinned target, for contrast, returns at once."""
+    x = np.arange(4 * 2**20, dtype=np.float32)
+    src = ch.to_device(x)
+    pageable = np.full_like(x, -1)
+    s, done_at_return, trace = _busy_stream_then_copy(pageable, src)
+    assert done_at_return, "the call returned before the copy (and the work before it) had finished"
+    np.testing.assert_array_equal(pageable, x)
+    assert [e.name for e in trace.of_kind("host wait")] == ["pageable copy"]
+    _, pinned_done_at_return, pinned_trace = _busy_stream_then_copy(ch.pinned_empty(x.shape), src)
+    assert not pinned_done_at_return and not pinned_trace.of_kind("host wait")
+    with pytest.raises(ValueError, match="pageable"):           # the default is still the refusal
+        ch.copy_to_host_async(pageable, src, s)
+
+
+def test_the_modelled_host_waits_for_a_pageable_copy_on_its_timeline(cpu):
+    from course_helper import model, runtime
+    rt = runtime.get()
+    (s,) = ch.create_streams(1)
+    n = 4 * 2**20
+    src, dst = ch.device_zeros(n), np.empty(n, np.float32)
+    with ch.tracing() as trace:
+        t0 = rt.host_ms()
+        ch.copy_to_host_async(dst, src, s, allow_pageable=True)
+        waited = rt.host_ms() - t0
+    assert waited >= model.link_ms(rt.profile, "D2H_pageable", 4 * n)   # the host's clock covers the copy
+    (copy,), (wait,) = trace.copies, trace.of_kind("host wait")
+    assert copy.duration_ms >= model.link_ms(rt.profile, "D2H_pageable", 4 * n) * (1 - 1e-6)
+    assert wait.track == "host" and wait.name == "pageable copy"
+    assert wait.start_ms <= copy.start_ms and wait.end_ms == pytest.approx(copy.end_ms, abs=1e-5)
+    assert trace.clock                                              # labelled modelled
+
+
 def test_mismatches_are_refused_before_anything_is_queued(backend):
     (s,) = ch.create_streams(1)
     src = ch.device_zeros((4, 4))

@@ -100,7 +100,7 @@ def test_pageable_copies_block_the_host_and_pinned_ones_do_not(rt):
     assert not s.query()
     s.synchronize()
     t0 = rt.host_ms()
-    ch.memory._copy_any(np.empty(4 * MIB, np.float32), src, s)            # what the driver does with pageable
+    ch.copy_to_host_async(np.empty(4 * MIB, np.float32), src, s, allow_pageable=True)   # what the driver does
     assert rt.host_ms() - t0 >= model.link_ms(rt.profile, "D2H_pageable", 16 * MIB)
     assert s.query()                                                     # it returned when the copy was done
     rows = {r["memory"]: r for r in ch.measure_bandwidth(sizes_mib=(16,), repeats=2)}

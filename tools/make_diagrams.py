@@ -4,10 +4,12 @@ Run from the repository root:  python tools/make_diagrams.py
 The output is deterministic (fixed hash salt, no date), so re-running it only
 changes files whose drawing code changed.
 """
+import json
 import pathlib
 import sys
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -19,9 +21,12 @@ from course_helper.strategies import COPY_LAG, ring_depth  # noqa: E402
 plt.rcParams.update({"svg.hashsalt": "course", "font.size": 11, "font.family": "DejaVu Sans"})
 OUT = pathlib.Path(__file__).resolve().parents[1] / "images"
 KERNEL, COPY, WAIT, IDLE = "#1f77b4", "#ff7f0e", "#7f7f7f", "#eeeeee"
-#: Measured on an H200 at the balanced point (issue 26's table: a plain-CuPy loop, medians of 5):
-#: compute alone 7.47 ms for 320 levels of 2048², the copies alone 5.88 ms for its 20 saved levels.
-KERNEL_MS, COPY_MS = 7.47 / 320, 5.88 / 20
+#: One level's kernel and copy at the balanced point, as measured on the GPU by
+#: benchmarks/ring_sweep.py (events timed around a busy stream; see strategies.level_times).
+_BALANCED = json.loads((pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "ring_sweep.json")
+                       .read_text())["points"][0]
+KERNEL_MS, COPY_MS = _BALANCED["kernel_ms"], _BALANCED["copy_ms"]
+GRID, DEVICE = _BALANCED["n0"], _BALANCED["times_from"].removeprefix("measured on ").removeprefix("NVIDIA ")
 
 
 def save(fig, name):
@@ -106,8 +111,9 @@ def lanes(ax, y, kern, copy, label, every, until, one_stream=False):
 
 
 def sequential_vs_concurrent():
-    """Three loops at the balanced point (2048² levels, every 16th saved), in measured proportions."""
-    nt, every, until = 52, 16, 2.1
+    """Three loops at the balanced point (every 16th level saved), in measured proportions."""
+    nt, every = 52, 16
+    until = 90 * KERNEL_MS                   # about 90 kernels: a few saved levels at every depth
     deep = ring_depth(KERNEL_MS, COPY_MS)
     rows = [("sequential-pinned", pinned_schedule(nt, every)),
             ("events, nscratch 5", events_schedule(nt, every, 5)),
@@ -122,11 +128,11 @@ def sequential_vs_concurrent():
                 xy=(copy[16][0], 0.3 - 0.42 + 0.34), xytext=(copy[16][0] + 0.05, -0.55), fontsize=8,
                 color=COPY, arrowprops=dict(arrowstyle="->", color=COPY))
     ax.axvline(k19[0], ymin=0.12, ymax=0.3, color="#999999", lw=0.8, ls=":")
-    ax.set_title(f"Saving every {every}th 2048\u00b2 level on an H200: kernel {KERNEL_MS * 1e3:.0f} \u00b5s, "
+    ax.set_title(f"Saving every {every}th {GRID}\u00b2 level on an {DEVICE}: kernel {KERNEL_MS * 1e3:.0f} \u00b5s, "
                  f"copy {COPY_MS * 1e3:.0f} \u00b5s (the copy of level L-{COPY_LAG} is queued beside kernel L)",
                  fontsize=10, loc="left")
     ax.text(until, -0.95, "ms", ha="left", fontsize=8, color="#666666")
-    for t in (0, 0.5, 1.0, 1.5, 2.0):
+    for t in np.arange(0, until, 1.0 if until > 3 else 0.5):
         ax.text(t, -0.95, f"{t:g}", ha="center", fontsize=8, color="#666666")
     ax.text(0, -1.3, f"blue: one kernel per level (numbers: saved levels); orange: a saved level's copy. "
             f"A deep enough ring (COPY_LAG + copy / kernel + 1 = {deep}) never makes compute wait.",
