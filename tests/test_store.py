@@ -502,9 +502,9 @@ def _assert_only_right_levels(path, ref_images):
 
 
 def _fail_copy(monkeypatch, call, deferred):
-    """Make the ``call``-th copy of the modelled device fail with KeyboardInterrupt: when it is
-    queued (the host's Ctrl-C), or when it runs (``deferred``: kept by its stream, as a Ctrl-C
-    during the device's NumPy work is, and raised at the next synchronise)."""
+    """A Ctrl-C at the ``call``-th copy of the modelled device: when it is queued, or while it
+    runs (``deferred``: raised at once, as on a GPU; the copy, left pending, runs again whole
+    when the device is next drained, so the Ctrl-C is one-shot, as a real one is)."""
     from course_helper import model
     real, calls = model.ModelRuntime._begin_copy, []
 
@@ -514,9 +514,13 @@ def _fail_copy(monkeypatch, call, deferred):
             return real(self, dst, src)
         if not deferred:
             raise KeyboardInterrupt
+        interrupted = []
 
         def begin():
-            raise KeyboardInterrupt
+            if not interrupted:
+                interrupted.append(1)
+                raise KeyboardInterrupt
+            return real(self, dst, src)()
         return begin
 
     monkeypatch.setattr(model.ModelRuntime, "_begin_copy", failing)
