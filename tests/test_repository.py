@@ -137,3 +137,14 @@ def test_readme_is_a_front_door_that_links_every_docs_page():
     for path in NOTEBOOKS:
         name = path.relative_to(ROOT).with_suffix("").as_posix()
         assert f"file: {name}\n" in toc, f"the site's table of contents leaves out {name}"
+
+
+def test_the_readme_results_table_is_the_committed_sweep():
+    """The headline table is printed from benchmarks/bench.json, so it cannot drift from it."""
+    import json
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    from results_table import headline_table
+    table = headline_table(json.loads((ROOT / "benchmarks" / "bench.json").read_text()))
+    assert table in (ROOT / "README.md").read_text()
+    assert table in (ROOT / "docs" / "results.md").read_text()
