@@ -413,14 +413,14 @@ def _notebook_cell(path, defines):
 
 
 def test_notebook_9s_missing_wait_changes_the_same_levels_on_every_run(backend):
-    """The notebook's own loop (on 48 levels rather than 160, to be quick): the copies that start
+    """The notebook's own loop (on 48 levels rather than 96, to be quick): the copies that start
     before their kernel save wrong levels, the same ones on every fresh run of the model."""
     source = _notebook_cell("notebooks/09_what_goes_wrong.ipynb", "def events_without_copy_wait")
-    assert "nt=160" in source
+    assert "nt=96" in source
     runs = []
     for _ in range(2 if ch.backend_name() == "cpu" else 1):
         ns = {"ch": ch, "np": np}
-        exec(source.replace("nt=160", "nt=48"), ns)
+        exec(source.replace("nt=96", "nt=48"), ns)
         with ch.tracing() as t:
             ns["events_without_copy_wait"]()
             ch.synchronize()
