@@ -413,14 +413,16 @@ def _notebook_cell(path, defines):
 
 
 def test_notebook_9s_missing_wait_changes_the_same_levels_on_every_run(backend):
-    """The notebook's own loop (on 48 levels rather than 96, to be quick): the copies that start
-    before their kernel save wrong levels, the same ones on every fresh run of the model."""
+    """The notebook's own loop (on the CPU backend on 48 levels rather than 96, to be quick): the
+    copies that start before their kernel save wrong levels, the same ones on every fresh run of
+    the model."""
     source = _notebook_cell("notebooks/09_what_goes_wrong.ipynb", "def events_without_copy_wait")
     assert "nt=96" in source
     runs = []
     for _ in range(2 if ch.backend_name() == "cpu" else 1):
         ns = {"ch": ch, "np": np}
-        exec(source.replace("nt=96", "nt=48"), ns)
+        # the model shows it within 48 levels; on a GPU the host gets far enough ahead later on
+        exec(source.replace("nt=96", "nt=48") if ch.backend_name() == "cpu" else source, ns)
         with ch.tracing() as t:
             ns["events_without_copy_wait"]()
             ch.synchronize()
