@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -379,13 +380,22 @@ def test_a_chunk_that_fails_before_its_rename_leaves_no_file(tmp_path, monkeypat
     p = _problem()
     ref = ch.solve(p, "events", trace=False)
     chunks = tmp_path / "e.zarr" / "u"          # chunk K is the file c.K.0.0, written as .c.K.0.0.*.partial
-    real_fsync, failed = os.fsync, []
+    real_fsync, failed, landed = os.fsync, [], []
+    others_landed = threading.Event()
 
-    def failing_fsync(fd):              # the first wavefield chunk fails after its bytes were written
+    def failing_fsync(fd):              # chunk 2 fails after its bytes were written, once two others landed
         name = Path(os.readlink(f"/proc/self/fd/{fd}"))
-        if name.parent == chunks and name.name.startswith(".c.") and not failed:
-            failed.append(int(name.name.split(".")[2]))      # its level index
-            raise OSError(errno.EIO, "Input/output error")
+        if name.parent == chunks and name.name.startswith(".c."):
+            index = int(name.name.split(".")[2])             # its level index
+            if index == 2 and not failed:
+                others_landed.wait(timeout=30)               # (writers run in parallel: let two finish first)
+                failed.append(index)
+                raise OSError(errno.EIO, "Input/output error")
+            real_fsync(fd)
+            landed.append(index)
+            if len(landed) >= 2:
+                others_landed.set()
+            return
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
