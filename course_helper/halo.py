@@ -24,10 +24,11 @@ memory on IO streams while the next levels compute, and handed to an optional
 ``on_snapshot(level, rows, data)`` hook once it has landed (the place for a
 writer that stores each rank's slab on disk).
 
-Transport: on the GPU backend NCCL (``cupy.cuda.nccl``) sends and receives the
-halo rows on the halo stream, device to device; on the CPU backend the host
-moves them with MPI (``Isend``/``Irecv`` on NumPy buffers) once the boundary
-rows are computed. The link's time is not modelled on the CPU backend.
+Transport: the exchange is one operation on the halo stream (:class:`HaloLink`).
+On the GPU backend NCCL (``cupy.cuda.nccl``) sends and receives the halo rows,
+device to device; on the CPU backend the modelled device runs the same
+operation, its NumPy work moving the rows with MPI (``Isend``/``Irecv``), timed
+by the profile's ``peer`` link where the profile has one.
 
 Processes are started with ``mpiexec`` through ``mpi4py``::
 
@@ -59,7 +60,7 @@ from .streams import create_events, create_streams, stream_priority_range, synch
 from .timeline import Trace, TraceEvent
 from .wave import PAD, WaveProblem, launch_wave2d
 
-__all__ = ["HALO", "STRATEGIES", "Slab", "Window", "NcclTransport", "MpiTransport", "decompose", "owner_of", "Team", "run_rank", "gather",
+__all__ = ["HALO", "STRATEGIES", "Slab", "Window", "HaloLink", "decompose", "owner_of", "Team", "run_rank", "gather",
            "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
            "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
            "ranks_env", "world"]
@@ -251,63 +252,55 @@ def _pick_gpu(comm):
         cupy.cuda.Device(local % count).use()
 
 
-class NcclTransport:
-    """GPU halos: NCCL send/recv of the edge rows on the halo stream, device to device."""
+class HaloLink:
+    """The halo exchange as device work: one operation on the halo stream that sends this rank's
+    edge rows and receives the neighbours' into the halo rows.
+
+    On the GPU backend it is NCCL's send/recv (``cupy.cuda.nccl``), device to device, queued
+    like a kernel (and captured into a CUDA graph like one). On the CPU backend the modelled
+    device runs it as any operation: when it starts, its NumPy work moves the rows with MPI
+    (``Isend``/``Irecv``, then waiting for both), and it takes the profile's ``peer`` link time
+    (latency + bytes / bandwidth; none where the profile has no ``peer`` link). Either way the
+    streams order it with events, and the sanitizer sees what it reads and writes.
+    """
 
     def __init__(self, team, slab, halo_stream):
-        self.comm, self.slab, self.stream = team.nccl, slab, halo_stream
+        self.comm, self.nccl, self.slab, self.stream = team.comm, team.nccl, slab, halo_stream
         self.done = create_events(1)[0]
 
     def exchange(self, U, level, after):
-        """Queue the swap of ``U``'s edge rows after event ``after``; returns at once."""
+        """Queue the swap of ``U``'s edge rows on the halo stream after event ``after``; returns at once."""
         self.stream.wait_event(after)
-        if self.comm is not None:
-            sends, recvs = _edges(self.slab, U)
+        sends, recvs = _edges(self.slab, U)
+        if sends:
             nbytes = sum(a.nbytes for _, a in sends)
             op = observe.Op("halo", f"halo level {level}", self.stream, level, nbytes,
-                            tuple(a for _, a in sends), tuple(a for _, a in recvs))
-            runtime.submit(self.stream, op, cuda=lambda raw: self.swap(sends, recvs), numpy=None,
-                           cost={"kernel": "halo", "bytes": nbytes})
+                            tuple(a for _, a in sends), tuple(b for _, b in recvs))
+            runtime.submit(self.stream, op, cuda=lambda raw: self.nccl_swap(sends, recvs),
+                           numpy=lambda *rows: self.mpi_swap(sends, recvs, rows), cost={"peer": nbytes})
         self.stream.record(self.done)
 
-    def swap(self, sends, recvs):
+    def nccl_swap(self, sends, recvs):
+        """GPU: the sends and receives to both neighbours in one group, so that NCCL runs them
+        together and two ranks never wait for each other."""
         nccl = cupy_module().cuda.nccl
         ptr = self.stream.raw.ptr
         nccl.groupStart()
         for (peer, a), (_, b) in zip(sends, recvs):
-            self.comm.send(a.data.ptr, a.size, nccl.NCCL_FLOAT32, peer, ptr)
-            self.comm.recv(b.data.ptr, b.size, nccl.NCCL_FLOAT32, peer, ptr)
+            self.nccl.send(a.data.ptr, a.size, nccl.NCCL_FLOAT32, peer, ptr)
+            self.nccl.recv(b.data.ptr, b.size, nccl.NCCL_FLOAT32, peer, ptr)
         nccl.groupEnd()
+
+    def mpi_swap(self, sends, recvs, rows):
+        """CPU backend: post every receive (into ``rows``, the halo rows the operation writes
+        when it ends) and every send, then wait for all of them."""
+        reqs = [self.comm.Irecv(out, source=peer, tag=_TAG) for (peer, _), out in zip(recvs, rows)]
+        reqs += [self.comm.Isend(a.view(np.ndarray), dest=peer, tag=_TAG) for peer, a in sends]
+        _mpi().Request.Waitall(reqs)
 
     def join(self, stream):
         """Make ``stream`` wait until the halo rows have arrived (device-side)."""
         stream.wait_event(self.done)
-
-
-class MpiTransport:
-    """CPU halos: the host sends and receives the edge rows with MPI once they are computed."""
-
-    def __init__(self, team, slab):
-        self.comm, self.slab, self.pending = team.comm, slab, None
-
-    def exchange(self, U, level, after):
-        """Wait for ``after`` on the host, then post the sends and receives; returns at once."""
-        after.synchronize()
-        sends, recvs = _edges(self.slab, U)
-        start = runtime.host_ms()
-        reqs = [self.comm.Irecv(b.view(np.ndarray), source=peer, tag=_TAG) for peer, b in recvs]
-        reqs += [self.comm.Isend(a.view(np.ndarray), dest=peer, tag=_TAG) for peer, a in sends]
-        self.pending = (reqs, level, start)
-
-    def join(self, stream):
-        """Wait on the host until the halo rows have arrived; later work is queued after that."""
-        if self.pending is None:
-            return
-        reqs, level, start = self.pending
-        _mpi().Request.Waitall(reqs)
-        self.pending = None
-        if reqs:
-            observe.notify("host_waited", f"halo level {level}", start, runtime.host_ms())
 
 
 def _edges(slab, U):
@@ -350,7 +343,7 @@ class _RankRun:
         self.io = create_streams(self.m, name="io")
         self.ready, self.copied = create_events(self.m), create_events(self.m)
         self.edges_done, self.computed = create_events(2)
-        self.link = NcclTransport(team, s, halo_stream) if team.backend == "gpu" else MpiTransport(team, s)
+        self.link = HaloLink(team, s, halo_stream)
         self.on_snapshot = on_snapshot
         self.unsent = deque()          # (level, k, event) copies not yet handed to on_snapshot
         self._streams = [self.compute, self.boundary, halo_stream, *self.io]
@@ -382,11 +375,15 @@ class _RankRun:
 
     def hand_over(self, wait=False):
         """Give the landed snapshots, in order, to ``on_snapshot`` (all of them when ``wait``)."""
+        if self.on_snapshot is None:
+            # Nobody to hand them to: no polling either (a poll that finds a copy done orders the
+            # host after it, which would hide a missing wait from the sanitizer in this run).
+            self.unsent.clear()
+            return
         while self.unsent and (wait or self.unsent[0][2].done):
             level, k, event = self.unsent.popleft()
-            if self.on_snapshot is not None:
-                event.synchronize()
-                self.on_snapshot(level, slice(self.slab.first, self.slab.stop), self.images[k])
+            event.synchronize()
+            self.on_snapshot(level, slice(self.slab.first, self.slab.stop), self.images[k])
 
     def close(self):
         for s in self._streams:
@@ -400,7 +397,8 @@ def blocking_step(run, level):
     b = level % run.m
     run.compute.wait_event(run.copied[b])            # the IO stream has finished reading U[b]
     run.launch(run.whole, level, run.compute)
-    run.link.exchange(run.U[b], level, after=run.compute.record(run.computed))
+    run.compute.record(run.computed)
+    run.link.exchange(run.U[b], level, after=run.computed)
     run.link.join(run.compute)                       # the next level needs the neighbours' rows
     run.compute.record(run.ready[b])
 
@@ -419,8 +417,7 @@ def overlap_step(run, level):
     if run.inner is not None:
         run.launch(run.inner, level, run.compute)    # the interior, while the halos travel
     run.link.exchange(run.U[b], level, after=run.edges_done)
-    run.compute.wait_event(run.edges_done)
-    run.link.join(run.compute)
+    run.link.join(run.compute)                       # the halos, and so the edges they were sent after
     run.compute.record(run.ready[b])
 
 
@@ -554,7 +551,8 @@ def _warm_up(run):
     """One untimed step on zero data: loads the kernel and opens the NCCL connections."""
     for window in [run.whole, *run.edges]:
         run.launch(window, 2, run.compute)
-    run.link.exchange(run.U[2], 2, after=run.compute.record(run.computed))
+    run.compute.record(run.computed)
+    run.link.exchange(run.U[2], 2, after=run.computed)
     run.link.join(run.compute)
     zero_async(run.U[2], run.compute)                # the warm-up wrote the source into level 2
     synchronize()

@@ -99,11 +99,52 @@ def _run_ranks(ranks, *args, timeout=240):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("strategy", ["blocking", "overlap"])
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
 def test_check_passes_on_several_ranks(ranks, strategy):
     p = _run_ranks(ranks, "--n", "40", "--nt", "45", "--every", "2", "--strategy", strategy, "--check")
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"on {ranks} ranks" in p.stdout and "identical to the single-device solve" in p.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+def test_check_passes_for_an_odd_size_of_1023(ranks, strategy, tmp_path):
+    """1023 rows: 1019 interior rows, slabs of unequal size; on 2 ranks the centred source sits on
+    rank 0's last row, so its wave crosses the slabs' border at once."""
+    p = _run_ranks(ranks, "--n", "1023", "--nt", "60", "--every", "59", "--strategy", strategy, "--check",
+                   "--out", str(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "identical to the single-device solve" in p.stdout
+    last = np.load(tmp_path / "images.npy")[-1]
+    if ranks == 2:
+        border = halo.decompose(1023, 2)[1].first
+        assert np.all(last[border - 4:border + 4, 505:518] != 0)    # the wave is on both sides of the border
+
+
+_BORDERS_SCRIPT = """
+import sys, numpy as np, course_helper as ch
+from course_helper import halo
+team = halo.Team()
+for s in halo.decompose(1023, team.size)[1:]:
+    problem = ch.WaveProblem(n0=1023, n1=33, nt=40, source=(s.first, 16))   # on this slab's first row
+    for strategy in halo.STRATEGIES:
+        images = halo.gather(team, halo.run_rank(team, problem, strategy, every=3), problem)
+        if team.rank == 0:
+            single = ch.solve(problem, "events", every=3, trace=False).images
+            crossed = bool(np.all(images[-1][s.first - 6:s.first + 6, 10:23] != 0))
+            same = np.array_equal(images.view(np.uint32), single.view(np.uint32))
+            print(f"border {s.first} {strategy}: identical={same} crossed={crossed}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_wave_crossing_every_border_of_an_odd_grid_matches_bit_for_bit(ranks):
+    p = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-c", _BORDERS_SCRIPT], capture_output=True,
+                       text=True, timeout=240, env=halo.ranks_env("cpu"))
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stdout.splitlines() if line.startswith("border")]
+    assert len(lines) == (ranks - 1) * len(halo.STRATEGIES), p.stdout
+    assert all(line.endswith("identical=True crossed=True") for line in lines), p.stdout
 
 
 def test_the_source_off_centre_and_uneven_slabs_still_match(tmp_path):
