@@ -401,7 +401,7 @@ def _halo_ranks(args, problem):
     summary = {"ranks": team.size, "strategy": args.strategy, "n0": problem.n0, "n1": problem.n1,
                "nt": problem.nt, "every": args.every, "backend": team.backend, "device": team.device,
                "elapsed_ms": max(rank_ms), "rank_ms": rank_ms, "identical": identical, "time_label": label}
-    clock = f" ({label} time; the halo exchanges are not modelled)" if label else ""
+    clock = f" ({label} time; {halo.link_note()})" if label else ""
     print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels on {team.size} ranks ({team.backend}, "
           f"{args.strategy}): {max(rank_ms):.1f} ms{clock}")
     if args.out:

@@ -62,7 +62,7 @@ from .wave import PAD, WaveProblem, launch_wave2d
 
 __all__ = ["HALO", "STRATEGIES", "Slab", "Window", "HaloLink", "decompose", "owner_of", "Team", "run_rank", "gather",
            "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
-           "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
+           "measure_parts", "link_note", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
            "ranks_env", "world"]
 
 HALO = PAD                  #: halo rows on each inner side: the stencil's reach
@@ -631,6 +631,17 @@ def chrome_trace(traces):
     return doc
 
 
+def link_note():
+    """How printed times count the halo exchanges: on the CPU backend, on the profile's ``peer``
+    link, or not at all where the profile has none; on a GPU, measured (``""``)."""
+    rt = runtime.get()
+    if not rt.modelled:
+        return ""
+    if "peer" in rt.profile["links"]:
+        return "halo exchanges on the profile's peer link"
+    return "the halo exchanges are not modelled"
+
+
 def halo_bound(compute_ms, exchange_ms, io_ms):
     """The distributed run's physical limit: with perfect overlap a rank can finish no sooner
     than the busiest of its compute, its halo exchanges and its copies to the host (each alone)."""
@@ -679,8 +690,8 @@ class HaloResult:
     identical : bool or None
         With ``check=True``: whether they equal the single-device solve bit for bit.
     elapsed_ms : float
-        The slowest rank's loop time (on the CPU backend: modelled, as ``time_label`` says,
-        without the halo exchanges).
+        The slowest rank's loop time (on the CPU backend: modelled, as ``time_label`` says, the
+        halo exchanges on the profile's ``peer`` link where it has one, see :func:`link_note`).
     rank_ms : list of float
     traces : list of Trace
         Each rank's timeline (with ``trace=True``).

@@ -176,6 +176,35 @@ def test_launch_halo_returns_the_gathered_levels_and_every_ranks_timeline():
     assert names[0].startswith("rank 0") and names[1].startswith("rank 1")
 
 
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+def test_each_ranks_halo_transfers_are_bars_on_a_lane_of_their_own(strategy):
+    """In the merged Chrome trace every rank (a process) has a `halo` lane (a thread) holding one
+    bar per step, with the bytes it sent, each starting after the kernels that computed the rows it
+    sends and ending before the next level's kernels read the rows it received."""
+    _mpiexec()
+    nt = 20
+    r = halo.launch_halo(ranks=3, n=40, nt=nt, every=5, strategy=strategy, trace=True, backend="cpu")
+    doc = r.chrome()
+    assert r.traces[0].meta.get("clock", "").startswith("modelled")
+    for rank, s in enumerate(halo.decompose(40, 3)):
+        mine = [e for e in doc["traceEvents"] if e["pid"] == rank + 1]
+        lanes = {e["tid"]: e["args"]["name"] for e in mine if e.get("name") == "thread_name"}
+        bars = [e for e in mine if e["ph"] == "X" and lanes[e["tid"]] == "halo"]
+        assert [b["args"]["level"] for b in bars] == list(range(2, nt)) and all(b["cat"] == "halo" for b in bars)
+        neighbours = (s.up is not None) + (s.down is not None)
+        assert all(b["args"]["bytes"] == neighbours * halo.HALO * 40 * 4 for b in bars)
+        assert all(b["dur"] > 0 for b in bars)                 # the link is modelled: bars, not ticks
+        kernels = [e for e in mine if e["ph"] == "X" and e["cat"] == "kernel"]
+        for b in bars:
+            level = b["args"]["level"]
+            sent = [k for k in kernels if k["args"]["level"] == level and
+                    (strategy == "blocking" or lanes[k["tid"]] == "boundary")]
+            after = [k for k in kernels if k["args"]["level"] == level + 1]
+            assert sent and max(k["ts"] + k["dur"] for k in sent) <= b["ts"]
+            assert all(b["ts"] + b["dur"] <= k["ts"] for k in after)
+    assert [t for t in r.trace.tracks if t.endswith(" halo")] == ["rank 0 halo", "rank 1 halo", "rank 2 halo"]
+
+
 def test_bad_sizes_stop_every_rank_with_a_message():
     p = _run_ranks(2, "--n", "11", "--nt", "10")
     assert p.returncode == 2
@@ -356,7 +385,7 @@ def test_rank_0_alone_prints_and_labels_modelled_times():
     lines = p.stdout.splitlines()
     assert sum("course_helper: CPU backend" in line for line in lines) == 1, p.stdout
     timed = [line for line in lines if line.startswith("40x40 grid")]
-    assert len(timed) == 1 and "ms (modelled " in timed[0] and "halo exchanges are not modelled" in timed[0]
+    assert len(timed) == 1 and "ms (modelled " in timed[0] and "halo exchanges on the profile's peer link" in timed[0]
 
 
 @pytest.mark.parametrize("kwargs,err,msg", [
