@@ -177,9 +177,10 @@ def _halo_parser(sub):
     h.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
     h.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     h.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
-    h.add_argument("--strategy", choices=("blocking", "overlap"), default="overlap",
+    h.add_argument("--strategy", choices=halo.STRATEGIES, default="overlap",
                    help="blocking: compute, then exchange; overlap: boundary rows first, "
-                        "exchanged while the interior computes (default)")
+                        "exchanged while the interior computes (default); overlap-graph: the overlap "
+                        "loop captured once into a CUDA graph and replayed")
     h.add_argument("--check", action="store_true",
                    help="gather on rank 0 and compare bit for bit with the single-device solve (exit 1 if they differ)")
     h.add_argument("--trace", action="store_true", help="record every rank's timeline (needs --out)")

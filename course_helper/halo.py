@@ -57,16 +57,16 @@ from . import checks, observe, recording, runtime, streams
 from .backend import backend_name, cupy_module
 from .memory import copy_to_host_async, device_zeros, measure_bandwidth, pinned_empty, to_device, zero_async
 from .streams import create_events, create_streams, stream_priority_range, synchronize
+from .graphs import capture_graph
 from .timeline import Trace, TraceEvent
 from .wave import PAD, WaveProblem, launch_wave2d
 
-__all__ = ["HALO", "STRATEGIES", "Slab", "Window", "HaloLink", "decompose", "owner_of", "Team", "run_rank", "gather",
+__all__ = ["HALO", "STRATEGIES", "REGISTRY", "HaloStrategy", "capture_rank_loop", "Slab", "Window", "HaloLink", "decompose", "owner_of", "Team", "run_rank", "gather",
            "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
            "measure_parts", "link_note", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
            "ranks_env", "world"]
 
 HALO = PAD                  #: halo rows on each inner side: the stencil's reach
-STRATEGIES = ("blocking", "overlap")
 NSCRATCH = 5                #: slab buffers per rank (level L lives in U[L % 5], as in solve)
 _TAG = 18                   # MPI tag of halo messages: one tag will do, MPI keeps each pair's messages in order
 
@@ -421,20 +421,66 @@ def overlap_step(run, level):
     run.compute.record(run.ready[b])
 
 
-_STEPS = {"blocking": blocking_step, "overlap": overlap_step}
+@dataclass(frozen=True)
+class HaloStrategy:
+    """A registered halo strategy: the step every level runs, and whether the whole loop is
+    captured once into a CUDA graph and replayed (one launch a run, instead of a dozen calls a
+    level: the cure for a loop the host cannot queue fast enough)."""
+    step: object
+    graph: bool = False
 
 
-def _loop(run):
+#: The halo strategies by name.
+REGISTRY = {"blocking": HaloStrategy(blocking_step), "overlap": HaloStrategy(overlap_step),
+            "overlap-graph": HaloStrategy(overlap_step, graph=True)}
+STRATEGIES = tuple(REGISTRY)
+
+
+def _levels(run, hand_over=True):
+    step = REGISTRY[run.strategy].step
     for level in range(run.problem.nt):
         if level >= 2:                               # levels 0 and 1 are the zero initial state
-            _STEPS[run.strategy](run, level)
+            step(run, level)
         else:
             run.compute.record(run.ready[level % run.m])
         k = run.slot(level)
         if k is not None:
             run.save(level, k)
-        run.hand_over()
+        if hand_over:
+            run.hand_over()
+
+
+def _loop(run):
+    _levels(run)
     run.hand_over(wait=True)
+
+
+def capture_rank_loop(run):
+    """Capture this rank's whole loop - boundary kernels, halo exchanges, interior kernels,
+    copies to the host and the events that order them - into a CUDA graph on the compute
+    stream, once. Nothing runs during the capture; each replay starts from the buffers as
+    they are (``run_rank`` zeroes them first). The copies share one IO stream (one chain of
+    copies in the graph, as ``solve``'s graph strategies do)."""
+    io = run.io
+    run.io = [io[0]] * run.m
+    try:
+        with capture_graph(run.compute) as cap:
+            _levels(run, hand_over=False)            # a capture cannot wait for anything
+            for stream in (run.boundary, run.link.stream, *run.io[:1 if len(run.levels) else 0]):
+                run.compute.wait_stream(stream)      # every stream the capture forked joins it again
+    finally:
+        run.io = io
+    run.unsent.clear()
+    cap.graph.upload()
+    return cap.graph
+
+
+def _replay(run, graph):
+    graph.launch(run.compute)
+    if run.on_snapshot is not None:
+        run.compute.synchronize()
+        for k, level in enumerate(run.levels):
+            run.on_snapshot(int(level), slice(run.slab.first, run.slab.stop), run.images[k])
 
 
 @dataclass
@@ -456,7 +502,9 @@ def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapsho
     team : Team
     problem : WaveProblem
         The global problem (the same on every rank).
-    strategy : {"blocking", "overlap"}
+    strategy : {"blocking", "overlap", "overlap-graph"}
+        See :data:`REGISTRY`; ``"overlap-graph"`` captures the loop once (after the warm-up,
+        untimed) and each repeat replays it.
     every : int or None
         Save every ``every``-th level (None or 0: save nothing).
     trace : bool
@@ -479,29 +527,35 @@ def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapsho
             raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
     decompose(problem.n0, team.size)                 # a clear error before anything is allocated
     run = _RankRun(team, problem, strategy, every, on_snapshot)
-    times, timeline = [], None
+    times, timeline, recorder, graph = [], None, None, None
+    meta = {"strategy": strategy, "rank": team.rank, "ranks": team.size, "device": team.device,
+            "n0": problem.n0, "n1": problem.n1, "nt": problem.nt}
     try:
         _warm_up(run)
+        if REGISTRY[strategy].graph:
+            if trace:                                # a replay's timeline is read from its capture's nodes
+                recorder = recording.Recorder(meta).activate()
+            graph = capture_rank_loop(run)           # once; every repeat replays it
         for i in range(repeats):
             for u in run.U:
                 zero_async(u, run.compute)
             synchronize()
-            recorder = None
-            if trace and i == repeats - 1:
-                recorder = recording.Recorder({"strategy": strategy, "rank": team.rank, "ranks": team.size,
-                                               "device": team.device, "n0": problem.n0, "n1": problem.n1,
-                                               "nt": problem.nt}).activate()
-            try:
-                with streams.host_wait("start"):
-                    team.comm.Barrier()              # all ranks start together (and the time origin)
-                t0 = runtime.host_ms()
+            if trace and i == repeats - 1 and recorder is None:
+                recorder = recording.Recorder(meta).activate()
+            with streams.host_wait("start"):
+                team.comm.Barrier()                  # all ranks start together (and the time origin)
+            t0 = runtime.host_ms()
+            if graph is not None:
+                _replay(run, graph)
+            else:
                 _loop(run)
-                synchronize()
-                times.append(runtime.host_ms() - t0)
-            finally:
-                if recorder is not None:
-                    timeline = recorder.finish()
+            synchronize()
+            times.append(runtime.host_ms() - t0)
+        if recorder is not None:
+            timeline = recorder.finish()
     finally:
+        if recorder is not None and timeline is None:
+            recorder.deactivate()
         run.close()
     if timeline is not None:
         timeline = _rank_timeline(timeline, sum(a.nbytes for _, a in _edges(run.slab, run.U[0])[0]))
@@ -560,10 +614,10 @@ def _warm_up(run):
 
 def _rank_timeline(trace, halo_bytes):
     """Put the halo exchange on its own lane and time zero at the end of the start barrier."""
-    start = next(e for e in trace.events if e.name == "start")
+    start = [e for e in trace.events if e.name == "start"][-1]   # the last repeat's (a graph's recording spans all)
     events = []
     for e in trace.events:
-        if e is start:
+        if e is start or e.end_ms < start.end_ms:
             continue
         if e.name.startswith("halo level"):
             e = TraceEvent("halo", "halo", e.name, e.start_ms, e.end_ms, halo_bytes, int(e.name.split()[-1]))

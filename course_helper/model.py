@@ -136,7 +136,7 @@ class ModelStream:
 
     def __init__(self, model, non_blocking, priority, name, legacy_default=False):
         self.non_blocking = bool(non_blocking)
-        self.priority = priority
+        self.priority = 0 if priority is None else priority    # None: CUDA's default, the lowest (0)
         self.name = name
         self.legacy_default = legacy_default
         self.pending = []         # queued, not started (in order)

@@ -434,3 +434,29 @@ def test_exit_status_1_is_a_failure_unless_the_check_reported_a_difference(verdi
     else:
         with pytest.raises(RuntimeError, match="the ranks failed \\(exit 1\\)"):
             halo.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu")
+
+
+# -- two GPUs (skipped with fewer) -------------------------------------------------
+def _two_gpus():
+    if not ch.backend.gpu_available():
+        pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs: one rank per GPU, halos by NCCL")
+    return _mpiexec()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1024, 1023])
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+def test_two_gpus_give_the_single_device_result_bit_for_bit(strategy, n, tmp_path):
+    """NCCL between two GPUs, the captured loop's NCCL send/recv replayed from a CUDA graph included."""
+    mpiexec = _two_gpus()
+    p = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "course_helper", "halo", "--n", str(n), "--nt", "300",
+                        "--every", "50", "--strategy", strategy, "--check", "--trace", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=halo.ranks_env("gpu"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "(gpu, " in p.stdout and "identical to the single-device solve" in p.stdout
+    traces = halo.traces_from_chrome(json.loads((tmp_path / "trace.json").read_text()))
+    for t in traces:
+        assert "halo" in t.tracks and len(t.of_kind("halo")) == 300 - 2, t.tracks   # one NCCL bar per step

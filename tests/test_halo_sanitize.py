@@ -6,6 +6,7 @@ mutants run in this process, one rank at a time, on the CPU backend in times-onl
 sanitizer reasons about what is queued, so no data and no MPI message needs to move. The clean
 loops also run for real, under mpiexec, with the halos moved by MPI."""
 import ast
+import dataclasses
 import inspect
 import subprocess
 import sys
@@ -58,6 +59,7 @@ def _run_every_rank(size, strategy):
 
 
 #: The functions that order a halo step's work: the two steps, the save of a level, the link.
+STEPS = ("blocking", "overlap")
 ORDERED = {"blocking": halo.blocking_step, "overlap": halo.overlap_step, "save": halo._RankRun.save,
            "exchange": halo.HaloLink.exchange, "join": halo.HaloLink.join}
 
@@ -86,8 +88,10 @@ def _mutants(fn):
 
 
 def _patch(monkeypatch, where, fn):
-    if where in halo._STEPS:
-        monkeypatch.setitem(halo._STEPS, where, fn)
+    if where in STEPS:                                  # every strategy that runs this step
+        for name, entry in halo.REGISTRY.items():
+            if entry.step is ORDERED[where]:
+                monkeypatch.setitem(halo.REGISTRY, name, dataclasses.replace(entry, step=fn))
     else:
         owner = halo._RankRun if where == "save" else halo.HaloLink
         monkeypatch.setattr(owner, where, fn)
@@ -96,10 +100,11 @@ def _patch(monkeypatch, where, fn):
 #: (strategy, what is patched, description, mutant): each strategy with every mutant that concerns it.
 MUTANTS = [(strategy, where, what, fn)
            for where, original in ORDERED.items() for what, fn in _mutants(original)
-           for strategy in ([where] if where in halo._STEPS else list(halo._STEPS))]
+           for strategy in halo.STRATEGIES if where not in STEPS or halo.REGISTRY[strategy].step is original]
 
 
 def test_every_ordering_call_of_the_halo_loops_has_a_mutant():
+    assert {s for s, _, _, _ in MUTANTS} == set(halo.STRATEGIES)
     described = {what for _, _, what, _ in MUTANTS}
     assert any("overlap_step without `run.boundary.wait_event(prev)`" == d for d in described)
     assert any("HaloLink.join without" in d for d in described)
@@ -107,7 +112,7 @@ def test_every_ordering_call_of_the_halo_loops_has_a_mutant():
     assert counts == {"blocking": 4, "overlap": 6, "save": 2, "exchange": 2, "join": 1}, counts
 
 
-@pytest.mark.parametrize("strategy", list(halo._STEPS))
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
 @pytest.mark.parametrize("size", RANKS)
 def test_each_halo_loop_is_race_free_on_every_rank(cpu, size, strategy):
     assert _run_every_rank(size, strategy) == []
