@@ -238,7 +238,7 @@ seen = []
 def on_snapshot(level, rows, data):
     seen.append((level, rows.start, rows.stop, bool(np.all(np.isfinite(data))), float(np.abs(data).sum())))
 p = ch.WaveProblem(n0=40, n1=32, nt=30)
-res = halo.run_rank(team, p, "overlap", every=4, on_snapshot=on_snapshot, repeats=2)
+res = halo.run_rank(team, p, sys.argv[2], every=4, on_snapshot=on_snapshot, repeats=2)
 sums = [float(np.abs(res.images[k]).sum()) for k in range(len(res.levels))]
 # one file per rank: the ranks' prints share one stdout, where long lines can interleave
 out = pathlib.Path(sys.argv[1]) / f"rank{team.rank}.json"
@@ -247,8 +247,9 @@ out.write_text(json.dumps({"rank": team.rank, "seen": seen, "sums": sums, "first
 """
 
 
-def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_path):
-    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT, str(tmp_path)],
+@pytest.mark.parametrize("strategy", ["overlap", "overlap-graph"])
+def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_path, strategy):
+    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT, str(tmp_path), strategy],
                        capture_output=True, text=True, timeout=240, env=halo.ranks_env("cpu"))
     assert p.returncode == 0, p.stderr
     ranks = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
