@@ -5,9 +5,10 @@ Run on a machine with two GPUs, from the repository root::
     mpiexec -n 2 python benchmarks/halo_bench.py --out benchmarks/
 
 It writes ``halo.json``: weak scaling (an N x N grid on one GPU against 2N x N
-on two), strong scaling (one grid on one and on two GPUs), the blocking and
-overlap strategies side by side, each point with its bound (the slowest of
-compute, halo exchange and snapshot copies, each measured alone), and the
+on two), strong scaling (one grid on one and on two GPUs), every halo strategy
+(blocking, overlap, overlap-graph) side by side, each point with its bound (the
+slowest of compute, halo exchange and snapshot copies, each measured alone) and
+each strategy's efficiency against it (``bound_efficiency``), and the
 timelines of one short traced run of each strategy. The one-GPU runs use rank 0 alone with the
 same code (no neighbour, no exchange).
 """
@@ -35,6 +36,8 @@ def point(team, problem, strategies, every, repeats):
         res = halo.run_rank(team, problem, s, every=every, repeats=repeats)
         row["strategies"][s] = {"ms": team.max(res.elapsed_ms), "runs_ms": res.times_ms}
     row.update(halo.measure_parts(team, problem, every))
+    for r in row["strategies"].values():
+        r["bound_efficiency"] = row["bound_ms"] / r["ms"]          # 1 = at the distributed bound
     return row
 
 
@@ -51,7 +54,7 @@ def main():
                        "transport": "NCCL send/recv (cupy.cuda.nccl)" if team.backend == "gpu" else "MPI",
                        "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")},
            "weak": [], "strong": []}
-    both = ("blocking", "overlap")
+    every_strategy = halo.STRATEGIES
 
     def log(msg):
         if team.rank == 0:
@@ -62,18 +65,18 @@ def main():
         if solo is not None:
             doc["weak"].append(point(solo, WaveProblem(n0=n, n1=n, nt=args.nt), ("blocking",), every, args.repeats))
         team.comm.Barrier()
-        doc["weak"].append(point(team, WaveProblem(n0=2 * n, n1=n, nt=args.nt), both, every, args.repeats))
+        doc["weak"].append(point(team, WaveProblem(n0=2 * n, n1=n, nt=args.nt), every_strategy, every, args.repeats))
         log(f"weak {n}: {[(p['ranks'], p['strategies']) for p in doc['weak'][-2:]]}")
     nt = args.nt // 3
     if solo is not None:
         doc["strong"].append(point(solo, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), ("blocking",), nt // 2, args.repeats))
     team.comm.Barrier()
-    doc["strong"].append(point(team, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), both, nt // 2, args.repeats))
+    doc["strong"].append(point(team, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), every_strategy, nt // 2, args.repeats))
     log(f"strong: {[(p['ranks'], p['strategies']) for p in doc['strong']]}")
 
     # One traced run of each strategy for the timeline pictures (short, so the file stays small).
     doc["timelines"] = {}
-    for s in both:
+    for s in every_strategy:
         res = halo.run_rank(team, WaveProblem(n0=8192, n1=4096, nt=24), s, every=8, trace=True)
         traces = team.comm.gather(res.trace, root=0)
         if team.rank == 0:

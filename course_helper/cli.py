@@ -177,9 +177,10 @@ def _halo_parser(sub):
     h.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
     h.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     h.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
-    h.add_argument("--strategy", choices=("blocking", "overlap"), default="overlap",
+    h.add_argument("--strategy", choices=halo.STRATEGIES, default="overlap",
                    help="blocking: compute, then exchange; overlap: boundary rows first, "
-                        "exchanged while the interior computes (default)")
+                        "exchanged while the interior computes (default); overlap-graph: the overlap "
+                        "loop captured once into a CUDA graph and replayed")
     h.add_argument("--check", action="store_true",
                    help="gather on rank 0 and compare bit for bit with the single-device solve (exit 1 if they differ)")
     h.add_argument("--trace", action="store_true", help="record every rank's timeline (needs --out)")
@@ -401,7 +402,7 @@ def _halo_ranks(args, problem):
     summary = {"ranks": team.size, "strategy": args.strategy, "n0": problem.n0, "n1": problem.n1,
                "nt": problem.nt, "every": args.every, "backend": team.backend, "device": team.device,
                "elapsed_ms": max(rank_ms), "rank_ms": rank_ms, "identical": identical, "time_label": label}
-    clock = f" ({label} time; the halo exchanges are not modelled)" if label else ""
+    clock = f" ({label} time; {halo.link_note()})" if label else ""
     print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels on {team.size} ranks ({team.backend}, "
           f"{args.strategy}): {max(rank_ms):.1f} ms{clock}")
     if args.out:

@@ -49,8 +49,9 @@ TIMING_ENV = "COURSE_HELPER_TIMING"
 _CHOICES = ("auto", "cupti", "events")
 _BUFFER_BYTES = 8 * 2**20
 
-# The helper's operation kinds and the CUPTI record class each is matched with.
-_OP_CLASS = {"kernel": "kernel", "D2H": "DTOH", "H2D": "HTOD", "D2D": "DTOD", "memset": "memset"}
+# The helper's operation kinds and the CUPTI record class each is matched with (a halo
+# exchange, NCCL's send/recv, runs as a kernel on the halo stream).
+_OP_CLASS = {"kernel": "kernel", "D2H": "DTOH", "H2D": "HTOD", "D2D": "DTOD", "memset": "memset", "halo": "kernel"}
 # Where a graph capture began and ended, among the op journal's entries.
 _CAPTURE_BEGINS, _CAPTURE_ENDS = ("capture begins",), ("capture ends",)
 

@@ -24,10 +24,11 @@ memory on IO streams while the next levels compute, and handed to an optional
 ``on_snapshot(level, rows, data)`` hook once it has landed (the place for a
 writer that stores each rank's slab on disk).
 
-Transport: on the GPU backend NCCL (``cupy.cuda.nccl``) sends and receives the
-halo rows on the halo stream, device to device; on the CPU backend the host
-moves them with MPI (``Isend``/``Irecv`` on NumPy buffers) once the boundary
-rows are computed. The link's time is not modelled on the CPU backend.
+Transport: the exchange is one operation on the halo stream (:class:`HaloLink`).
+On the GPU backend NCCL (``cupy.cuda.nccl``) sends and receives the halo rows,
+device to device; on the CPU backend the modelled device runs the same
+operation, its NumPy work moving the rows with MPI (``Isend``/``Irecv``), timed
+by the profile's ``peer`` link where the profile has one.
 
 Processes are started with ``mpiexec`` through ``mpi4py``::
 
@@ -56,16 +57,16 @@ from . import checks, observe, recording, runtime, streams
 from .backend import backend_name, cupy_module
 from .memory import copy_to_host_async, device_zeros, measure_bandwidth, pinned_empty, to_device, zero_async
 from .streams import create_events, create_streams, stream_priority_range, synchronize
+from .graphs import capture_graph
 from .timeline import Trace, TraceEvent
 from .wave import PAD, WaveProblem, launch_wave2d
 
-__all__ = ["HALO", "STRATEGIES", "Slab", "Window", "NcclTransport", "MpiTransport", "decompose", "owner_of", "Team", "run_rank", "gather",
+__all__ = ["HALO", "STRATEGIES", "REGISTRY", "HaloStrategy", "capture_rank_loop", "Slab", "Window", "HaloLink", "decompose", "owner_of", "Team", "run_rank", "gather",
            "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
-           "measure_parts", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
+           "measure_parts", "link_note", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
            "ranks_env", "world"]
 
 HALO = PAD                  #: halo rows on each inner side: the stencil's reach
-STRATEGIES = ("blocking", "overlap")
 NSCRATCH = 5                #: slab buffers per rank (level L lives in U[L % 5], as in solve)
 _TAG = 18                   # MPI tag of halo messages: one tag will do, MPI keeps each pair's messages in order
 
@@ -251,63 +252,55 @@ def _pick_gpu(comm):
         cupy.cuda.Device(local % count).use()
 
 
-class NcclTransport:
-    """GPU halos: NCCL send/recv of the edge rows on the halo stream, device to device."""
+class HaloLink:
+    """The halo exchange as device work: one operation on the halo stream that sends this rank's
+    edge rows and receives the neighbours' into the halo rows.
+
+    On the GPU backend it is NCCL's send/recv (``cupy.cuda.nccl``), device to device, queued
+    like a kernel (and captured into a CUDA graph like one). On the CPU backend the modelled
+    device runs it as any operation: when it starts, its NumPy work moves the rows with MPI
+    (``Isend``/``Irecv``, then waiting for both), and it takes the profile's ``peer`` link time
+    (latency + bytes / bandwidth; none where the profile has no ``peer`` link). Either way the
+    streams order it with events, and the sanitizer sees what it reads and writes.
+    """
 
     def __init__(self, team, slab, halo_stream):
-        self.comm, self.slab, self.stream = team.nccl, slab, halo_stream
+        self.comm, self.nccl, self.slab, self.stream = team.comm, team.nccl, slab, halo_stream
         self.done = create_events(1)[0]
 
     def exchange(self, U, level, after):
-        """Queue the swap of ``U``'s edge rows after event ``after``; returns at once."""
+        """Queue the swap of ``U``'s edge rows on the halo stream after event ``after``; returns at once."""
         self.stream.wait_event(after)
-        if self.comm is not None:
-            sends, recvs = _edges(self.slab, U)
+        sends, recvs = _edges(self.slab, U)
+        if sends:
             nbytes = sum(a.nbytes for _, a in sends)
             op = observe.Op("halo", f"halo level {level}", self.stream, level, nbytes,
-                            tuple(a for _, a in sends), tuple(a for _, a in recvs))
-            runtime.submit(self.stream, op, cuda=lambda raw: self.swap(sends, recvs), numpy=None,
-                           cost={"kernel": "halo", "bytes": nbytes})
+                            tuple(a for _, a in sends), tuple(b for _, b in recvs))
+            runtime.submit(self.stream, op, cuda=lambda raw: self.nccl_swap(sends, recvs),
+                           numpy=lambda *rows: self.mpi_swap(sends, recvs, rows), cost={"peer": nbytes})
         self.stream.record(self.done)
 
-    def swap(self, sends, recvs):
+    def nccl_swap(self, sends, recvs):
+        """GPU: the sends and receives to both neighbours in one group, so that NCCL runs them
+        together and two ranks never wait for each other."""
         nccl = cupy_module().cuda.nccl
         ptr = self.stream.raw.ptr
         nccl.groupStart()
         for (peer, a), (_, b) in zip(sends, recvs):
-            self.comm.send(a.data.ptr, a.size, nccl.NCCL_FLOAT32, peer, ptr)
-            self.comm.recv(b.data.ptr, b.size, nccl.NCCL_FLOAT32, peer, ptr)
+            self.nccl.send(a.data.ptr, a.size, nccl.NCCL_FLOAT32, peer, ptr)
+            self.nccl.recv(b.data.ptr, b.size, nccl.NCCL_FLOAT32, peer, ptr)
         nccl.groupEnd()
+
+    def mpi_swap(self, sends, recvs, rows):
+        """CPU backend: post every receive (into ``rows``, the halo rows the operation writes
+        when it ends) and every send, then wait for all of them."""
+        reqs = [self.comm.Irecv(out, source=peer, tag=_TAG) for (peer, _), out in zip(recvs, rows)]
+        reqs += [self.comm.Isend(a.view(np.ndarray), dest=peer, tag=_TAG) for peer, a in sends]
+        _mpi().Request.Waitall(reqs)
 
     def join(self, stream):
         """Make ``stream`` wait until the halo rows have arrived (device-side)."""
         stream.wait_event(self.done)
-
-
-class MpiTransport:
-    """CPU halos: the host sends and receives the edge rows with MPI once they are computed."""
-
-    def __init__(self, team, slab):
-        self.comm, self.slab, self.pending = team.comm, slab, None
-
-    def exchange(self, U, level, after):
-        """Wait for ``after`` on the host, then post the sends and receives; returns at once."""
-        after.synchronize()
-        sends, recvs = _edges(self.slab, U)
-        start = runtime.host_ms()
-        reqs = [self.comm.Irecv(b.view(np.ndarray), source=peer, tag=_TAG) for peer, b in recvs]
-        reqs += [self.comm.Isend(a.view(np.ndarray), dest=peer, tag=_TAG) for peer, a in sends]
-        self.pending = (reqs, level, start)
-
-    def join(self, stream):
-        """Wait on the host until the halo rows have arrived; later work is queued after that."""
-        if self.pending is None:
-            return
-        reqs, level, start = self.pending
-        _mpi().Request.Waitall(reqs)
-        self.pending = None
-        if reqs:
-            observe.notify("host_waited", f"halo level {level}", start, runtime.host_ms())
 
 
 def _edges(slab, U):
@@ -350,7 +343,7 @@ class _RankRun:
         self.io = create_streams(self.m, name="io")
         self.ready, self.copied = create_events(self.m), create_events(self.m)
         self.edges_done, self.computed = create_events(2)
-        self.link = NcclTransport(team, s, halo_stream) if team.backend == "gpu" else MpiTransport(team, s)
+        self.link = HaloLink(team, s, halo_stream)
         self.on_snapshot = on_snapshot
         self.unsent = deque()          # (level, k, event) copies not yet handed to on_snapshot
         self._streams = [self.compute, self.boundary, halo_stream, *self.io]
@@ -382,11 +375,15 @@ class _RankRun:
 
     def hand_over(self, wait=False):
         """Give the landed snapshots, in order, to ``on_snapshot`` (all of them when ``wait``)."""
+        if self.on_snapshot is None:
+            # Nobody to hand them to: no polling either (a poll that finds a copy done orders the
+            # host after it, which would hide a missing wait from the sanitizer in this run).
+            self.unsent.clear()
+            return
         while self.unsent and (wait or self.unsent[0][2].done):
             level, k, event = self.unsent.popleft()
-            if self.on_snapshot is not None:
-                event.synchronize()
-                self.on_snapshot(level, slice(self.slab.first, self.slab.stop), self.images[k])
+            event.synchronize()
+            self.on_snapshot(level, slice(self.slab.first, self.slab.stop), self.images[k])
 
     def close(self):
         for s in self._streams:
@@ -400,7 +397,8 @@ def blocking_step(run, level):
     b = level % run.m
     run.compute.wait_event(run.copied[b])            # the IO stream has finished reading U[b]
     run.launch(run.whole, level, run.compute)
-    run.link.exchange(run.U[b], level, after=run.compute.record(run.computed))
+    run.compute.record(run.computed)
+    run.link.exchange(run.U[b], level, after=run.computed)
     run.link.join(run.compute)                       # the next level needs the neighbours' rows
     run.compute.record(run.ready[b])
 
@@ -419,25 +417,70 @@ def overlap_step(run, level):
     if run.inner is not None:
         run.launch(run.inner, level, run.compute)    # the interior, while the halos travel
     run.link.exchange(run.U[b], level, after=run.edges_done)
-    run.compute.wait_event(run.edges_done)
-    run.link.join(run.compute)
+    run.link.join(run.compute)                       # the halos, and so the edges they were sent after
     run.compute.record(run.ready[b])
 
 
-_STEPS = {"blocking": blocking_step, "overlap": overlap_step}
+@dataclass(frozen=True)
+class HaloStrategy:
+    """A registered halo strategy: the step every level runs, and whether the whole loop is
+    captured once into a CUDA graph and replayed (one launch a run, instead of a dozen calls a
+    level: the cure for a loop the host cannot queue fast enough)."""
+    step: object
+    graph: bool = False
 
 
-def _loop(run):
+#: The halo strategies by name.
+REGISTRY = {"blocking": HaloStrategy(blocking_step), "overlap": HaloStrategy(overlap_step),
+            "overlap-graph": HaloStrategy(overlap_step, graph=True)}
+STRATEGIES = tuple(REGISTRY)
+
+
+def _levels(run, hand_over=True):
+    step = REGISTRY[run.strategy].step
     for level in range(run.problem.nt):
         if level >= 2:                               # levels 0 and 1 are the zero initial state
-            _STEPS[run.strategy](run, level)
+            step(run, level)
         else:
             run.compute.record(run.ready[level % run.m])
         k = run.slot(level)
         if k is not None:
             run.save(level, k)
-        run.hand_over()
+        if hand_over:
+            run.hand_over()
+
+
+def _loop(run):
+    _levels(run)
     run.hand_over(wait=True)
+
+
+def capture_rank_loop(run):
+    """Capture this rank's whole loop - boundary kernels, halo exchanges, interior kernels,
+    copies to the host and the events that order them - into a CUDA graph on the compute
+    stream, once. Nothing runs during the capture; each replay starts from the buffers as
+    they are (``run_rank`` zeroes them first). The copies share one IO stream (one chain of
+    copies in the graph, as ``solve``'s graph strategies do)."""
+    io = run.io
+    run.io = [io[0]] * run.m
+    try:
+        with capture_graph(run.compute) as cap:
+            _levels(run, hand_over=False)            # a capture cannot wait for anything
+            for stream in (run.boundary, run.link.stream, *run.io[:1 if len(run.levels) else 0]):
+                run.compute.wait_stream(stream)      # every stream the capture forked joins it again
+    finally:
+        run.io = io
+    run.unsent.clear()
+    cap.graph.upload()
+    return cap.graph
+
+
+def _replay(run, graph):
+    graph.launch(run.compute)
+    if run.on_snapshot is not None:
+        run.compute.synchronize()
+        for k, level in enumerate(run.levels):
+            run.on_snapshot(int(level), slice(run.slab.first, run.slab.stop), run.images[k])
 
 
 @dataclass
@@ -459,7 +502,9 @@ def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapsho
     team : Team
     problem : WaveProblem
         The global problem (the same on every rank).
-    strategy : {"blocking", "overlap"}
+    strategy : {"blocking", "overlap", "overlap-graph"}
+        See :data:`REGISTRY`; ``"overlap-graph"`` captures the loop once (after the warm-up,
+        untimed) and each repeat replays it.
     every : int or None
         Save every ``every``-th level (None or 0: save nothing).
     trace : bool
@@ -482,29 +527,35 @@ def run_rank(team, problem, strategy="overlap", every=1, trace=False, on_snapsho
             raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
     decompose(problem.n0, team.size)                 # a clear error before anything is allocated
     run = _RankRun(team, problem, strategy, every, on_snapshot)
-    times, timeline = [], None
+    times, timeline, recorder, graph = [], None, None, None
+    meta = {"strategy": strategy, "rank": team.rank, "ranks": team.size, "device": team.device,
+            "n0": problem.n0, "n1": problem.n1, "nt": problem.nt}
     try:
         _warm_up(run)
+        if REGISTRY[strategy].graph:
+            if trace:                                # a replay's timeline is read from its capture's nodes
+                recorder = recording.Recorder(meta).activate()
+            graph = capture_rank_loop(run)           # once; every repeat replays it
         for i in range(repeats):
             for u in run.U:
                 zero_async(u, run.compute)
             synchronize()
-            recorder = None
-            if trace and i == repeats - 1:
-                recorder = recording.Recorder({"strategy": strategy, "rank": team.rank, "ranks": team.size,
-                                               "device": team.device, "n0": problem.n0, "n1": problem.n1,
-                                               "nt": problem.nt}).activate()
-            try:
-                with streams.host_wait("start"):
-                    team.comm.Barrier()              # all ranks start together (and the time origin)
-                t0 = runtime.host_ms()
+            if trace and i == repeats - 1 and recorder is None:
+                recorder = recording.Recorder(meta).activate()
+            with streams.host_wait("start"):
+                team.comm.Barrier()                  # all ranks start together (and the time origin)
+            t0 = runtime.host_ms()
+            if graph is not None:
+                _replay(run, graph)
+            else:
                 _loop(run)
-                synchronize()
-                times.append(runtime.host_ms() - t0)
-            finally:
-                if recorder is not None:
-                    timeline = recorder.finish()
+            synchronize()
+            times.append(runtime.host_ms() - t0)
+        if recorder is not None:
+            timeline = recorder.finish()
     finally:
+        if recorder is not None and timeline is None:
+            recorder.deactivate()
         run.close()
     if timeline is not None:
         timeline = _rank_timeline(timeline, sum(a.nbytes for _, a in _edges(run.slab, run.U[0])[0]))
@@ -554,7 +605,8 @@ def _warm_up(run):
     """One untimed step on zero data: loads the kernel and opens the NCCL connections."""
     for window in [run.whole, *run.edges]:
         run.launch(window, 2, run.compute)
-    run.link.exchange(run.U[2], 2, after=run.compute.record(run.computed))
+    run.compute.record(run.computed)
+    run.link.exchange(run.U[2], 2, after=run.computed)
     run.link.join(run.compute)
     zero_async(run.U[2], run.compute)                # the warm-up wrote the source into level 2
     synchronize()
@@ -562,10 +614,10 @@ def _warm_up(run):
 
 def _rank_timeline(trace, halo_bytes):
     """Put the halo exchange on its own lane and time zero at the end of the start barrier."""
-    start = next(e for e in trace.events if e.name == "start")
+    start = [e for e in trace.events if e.name == "start"][-1]   # the last repeat's (a graph's recording spans all)
     events = []
     for e in trace.events:
-        if e is start:
+        if e is start or e.end_ms < start.end_ms:
             continue
         if e.name.startswith("halo level"):
             e = TraceEvent("halo", "halo", e.name, e.start_ms, e.end_ms, halo_bytes, int(e.name.split()[-1]))
@@ -633,6 +685,17 @@ def chrome_trace(traces):
     return doc
 
 
+def link_note():
+    """How printed times count the halo exchanges: on the CPU backend, on the profile's ``peer``
+    link, or not at all where the profile has none; on a GPU, measured (``""``)."""
+    rt = runtime.get()
+    if not rt.modelled:
+        return ""
+    if "peer" in rt.profile["links"]:
+        return "halo exchanges on the profile's peer link"
+    return "the halo exchanges are not modelled"
+
+
 def halo_bound(compute_ms, exchange_ms, io_ms):
     """The distributed run's physical limit: with perfect overlap a rank can finish no sooner
     than the busiest of its compute, its halo exchanges and its copies to the host (each alone)."""
@@ -681,8 +744,8 @@ class HaloResult:
     identical : bool or None
         With ``check=True``: whether they equal the single-device solve bit for bit.
     elapsed_ms : float
-        The slowest rank's loop time (on the CPU backend: modelled, as ``time_label`` says,
-        without the halo exchanges).
+        The slowest rank's loop time (on the CPU backend: modelled, as ``time_label`` says, the
+        halo exchanges on the profile's ``peer`` link where it has one, see :func:`link_note`).
     rank_ms : list of float
     traces : list of Trace
         Each rank's timeline (with ``trace=True``).

@@ -136,7 +136,7 @@ class ModelStream:
 
     def __init__(self, model, non_blocking, priority, name, legacy_default=False):
         self.non_blocking = bool(non_blocking)
-        self.priority = priority
+        self.priority = 0 if priority is None else priority    # None: CUDA's default, the lowest (0)
         self.name = name
         self.legacy_default = legacy_default
         self.pending = []         # queued, not started (in order)
@@ -495,6 +495,11 @@ class ModelRuntime(Runtime):
             setup_ms = (spec["latency_us"] + graph.get("copy_node_us", 0.0)) * 1e-3
             return dict(engine="compute" if kind == "D2D" else "copy", link=kind, peak=peak,
                         nbytes=op.nbytes + setup_ms * peak)
+        if "peer" in cost:
+            # A transfer to or from another device (a halo exchange): no engine of this device,
+            # the profile's ``peer`` link where it has one (else it takes no modelled time).
+            spec = self.profile["links"].get("peer")
+            return dict(duration=_ticks(link_ms(self.profile, "peer", cost["peer"])) if spec else 0.0)
         shape = "fill" if "fill" in cost else cost["kernel"]
         nbytes = op.nbytes if "fill" in cost else cost["bytes"]
         # hold_us: time a kernel spends by design on top of its work (the layer cake's oven).

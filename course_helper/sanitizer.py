@@ -432,7 +432,7 @@ class Sanitizer:
                     if old.thread is not thread and old.clock > vc.get(old.thread, 0):
                         self._fail(old, acc)
         if not acc.write and acc.op is not None and acc.op.kind in _COPIES and acc.op.level is not None:
-            self._check_version(acc)
+            self._check_version(acc, overlapping)
         self.shadow.record(acc, overlapping)
         if self.capture is not None:
             self.capture[1].append(acc)
@@ -445,12 +445,20 @@ class Sanitizer:
         self.race = (error, threading.current_thread())
         raise error
 
-    def _check_version(self, acc):
-        """A copy of level L must find level L in its source: a source last written by the
-        operation of another level was overwritten before the copy (ordered, but too late)."""
-        entry = self.shadow.ranges.get(acc.span)
-        last = entry[0] if entry is not None else None
-        if last is None or last.op is None or last.op.level is None or int(last.op.level) == int(acc.op.level):
+    def _check_version(self, acc, overlapping):
+        """A copy of level L must find level L in its source: a part of the source last written
+        by the operation of another level was overwritten before the copy (ordered, but too late).
+        Parts: a kernel writes only the rows inside its padding, and a slab's windows each write
+        their own rows of one buffer. A stack of levels (a 3-D source) holds other levels in its
+        other slices: it is checked as one whole."""
+        if acc.array.ndim >= 3:
+            overlapping = [acc.span] if acc.span in self.shadow.ranges else []
+        for key in overlapping:
+            last = self.shadow.ranges[key][0]
+            if last is not None and last.op is not None and last.op.level is not None \
+                    and int(last.op.level) != int(acc.op.level):
+                break
+        else:
             return
         what1, buffer = self._what(last)
         what2, _ = self._what(acc)

@@ -99,11 +99,52 @@ def _run_ranks(ranks, *args, timeout=240):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("strategy", ["blocking", "overlap"])
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
 def test_check_passes_on_several_ranks(ranks, strategy):
     p = _run_ranks(ranks, "--n", "40", "--nt", "45", "--every", "2", "--strategy", strategy, "--check")
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"on {ranks} ranks" in p.stdout and "identical to the single-device solve" in p.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+def test_check_passes_for_an_odd_size_of_1023(ranks, strategy, tmp_path):
+    """1023 rows: 1019 interior rows, slabs of unequal size; on 2 ranks the centred source sits on
+    rank 0's last row, so its wave crosses the slabs' border at once."""
+    p = _run_ranks(ranks, "--n", "1023", "--nt", "60", "--every", "59", "--strategy", strategy, "--check",
+                   "--out", str(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "identical to the single-device solve" in p.stdout
+    last = np.load(tmp_path / "images.npy")[-1]
+    if ranks == 2:
+        border = halo.decompose(1023, 2)[1].first
+        assert np.all(last[border - 4:border + 4, 505:518] != 0)    # the wave is on both sides of the border
+
+
+_BORDERS_SCRIPT = """
+import sys, numpy as np, course_helper as ch
+from course_helper import halo
+team = halo.Team()
+for s in halo.decompose(1023, team.size)[1:]:
+    problem = ch.WaveProblem(n0=1023, n1=33, nt=40, source=(s.first, 16))   # on this slab's first row
+    for strategy in halo.STRATEGIES:
+        images = halo.gather(team, halo.run_rank(team, problem, strategy, every=3), problem)
+        if team.rank == 0:
+            single = ch.solve(problem, "events", every=3, trace=False).images
+            crossed = bool(np.all(images[-1][s.first - 6:s.first + 6, 10:23] != 0))
+            same = np.array_equal(images.view(np.uint32), single.view(np.uint32))
+            print(f"border {s.first} {strategy}: identical={same} crossed={crossed}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_wave_crossing_every_border_of_an_odd_grid_matches_bit_for_bit(ranks):
+    p = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-c", _BORDERS_SCRIPT], capture_output=True,
+                       text=True, timeout=240, env=halo.ranks_env("cpu"))
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stdout.splitlines() if line.startswith("border")]
+    assert len(lines) == (ranks - 1) * len(halo.STRATEGIES), p.stdout
+    assert all(line.endswith("identical=True crossed=True") for line in lines), p.stdout
 
 
 def test_the_source_off_centre_and_uneven_slabs_still_match(tmp_path):
@@ -133,6 +174,35 @@ def test_launch_halo_returns_the_gathered_levels_and_every_ranks_timeline():
     assert {e["pid"] for e in doc["traceEvents"]} == {1, 2}
     names = [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"]
     assert names[0].startswith("rank 0") and names[1].startswith("rank 1")
+
+
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+def test_each_ranks_halo_transfers_are_bars_on_a_lane_of_their_own(strategy):
+    """In the merged Chrome trace every rank (a process) has a `halo` lane (a thread) holding one
+    bar per step, with the bytes it sent, each starting after the kernels that computed the rows it
+    sends and ending before the next level's kernels read the rows it received."""
+    _mpiexec()
+    nt = 20
+    r = halo.launch_halo(ranks=3, n=40, nt=nt, every=5, strategy=strategy, trace=True, backend="cpu")
+    doc = r.chrome()
+    assert r.traces[0].meta.get("clock", "").startswith("modelled")
+    for rank, s in enumerate(halo.decompose(40, 3)):
+        mine = [e for e in doc["traceEvents"] if e["pid"] == rank + 1]
+        lanes = {e["tid"]: e["args"]["name"] for e in mine if e.get("name") == "thread_name"}
+        bars = [e for e in mine if e["ph"] == "X" and lanes[e["tid"]] == "halo"]
+        assert [b["args"]["level"] for b in bars] == list(range(2, nt)) and all(b["cat"] == "halo" for b in bars)
+        neighbours = (s.up is not None) + (s.down is not None)
+        assert all(b["args"]["bytes"] == neighbours * halo.HALO * 40 * 4 for b in bars)
+        assert all(b["dur"] > 0 for b in bars)                 # the link is modelled: bars, not ticks
+        kernels = [e for e in mine if e["ph"] == "X" and e["cat"] == "kernel"]
+        for b in bars:
+            level = b["args"]["level"]
+            sent = [k for k in kernels if k["args"]["level"] == level and
+                    (strategy == "blocking" or lanes[k["tid"]] == "boundary")]
+            after = [k for k in kernels if k["args"]["level"] == level + 1]
+            assert sent and max(k["ts"] + k["dur"] for k in sent) <= b["ts"]
+            assert all(b["ts"] + b["dur"] <= k["ts"] for k in after)
+    assert [t for t in r.trace.tracks if t.endswith(" halo")] == ["rank 0 halo", "rank 1 halo", "rank 2 halo"]
 
 
 def test_bad_sizes_stop_every_rank_with_a_message():
@@ -168,7 +238,7 @@ seen = []
 def on_snapshot(level, rows, data):
     seen.append((level, rows.start, rows.stop, bool(np.all(np.isfinite(data))), float(np.abs(data).sum())))
 p = ch.WaveProblem(n0=40, n1=32, nt=30)
-res = halo.run_rank(team, p, "overlap", every=4, on_snapshot=on_snapshot, repeats=2)
+res = halo.run_rank(team, p, sys.argv[2], every=4, on_snapshot=on_snapshot, repeats=2)
 sums = [float(np.abs(res.images[k]).sum()) for k in range(len(res.levels))]
 # one file per rank: the ranks' prints share one stdout, where long lines can interleave
 out = pathlib.Path(sys.argv[1]) / f"rank{team.rank}.json"
@@ -177,8 +247,9 @@ out.write_text(json.dumps({"rank": team.rank, "seen": seen, "sums": sums, "first
 """
 
 
-def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_path):
-    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT, str(tmp_path)],
+@pytest.mark.parametrize("strategy", ["overlap", "overlap-graph"])
+def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_path, strategy):
+    p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT, str(tmp_path), strategy],
                        capture_output=True, text=True, timeout=240, env=halo.ranks_env("cpu"))
     assert p.returncode == 0, p.stderr
     ranks = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
@@ -315,7 +386,7 @@ def test_rank_0_alone_prints_and_labels_modelled_times():
     lines = p.stdout.splitlines()
     assert sum("course_helper: CPU backend" in line for line in lines) == 1, p.stdout
     timed = [line for line in lines if line.startswith("40x40 grid")]
-    assert len(timed) == 1 and "ms (modelled " in timed[0] and "halo exchanges are not modelled" in timed[0]
+    assert len(timed) == 1 and "ms (modelled " in timed[0] and "halo exchanges on the profile's peer link" in timed[0]
 
 
 @pytest.mark.parametrize("kwargs,err,msg", [
@@ -364,3 +435,29 @@ def test_exit_status_1_is_a_failure_unless_the_check_reported_a_difference(verdi
     else:
         with pytest.raises(RuntimeError, match="the ranks failed \\(exit 1\\)"):
             halo.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu")
+
+
+# -- two GPUs (skipped with fewer) -------------------------------------------------
+def _two_gpus():
+    if not ch.backend.gpu_available():
+        pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs: one rank per GPU, halos by NCCL")
+    return _mpiexec()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1024, 1023])
+@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+def test_two_gpus_give_the_single_device_result_bit_for_bit(strategy, n, tmp_path):
+    """NCCL between two GPUs, the captured loop's NCCL send/recv replayed from a CUDA graph included."""
+    mpiexec = _two_gpus()
+    p = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "course_helper", "halo", "--n", str(n), "--nt", "300",
+                        "--every", "50", "--strategy", strategy, "--check", "--trace", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=halo.ranks_env("gpu"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "(gpu, " in p.stdout and "identical to the single-device solve" in p.stdout
+    traces = halo.traces_from_chrome(json.loads((tmp_path / "trace.json").read_text()))
+    for t in traces:
+        assert "halo" in t.tracks and len(t.of_kind("halo")) == 300 - 2, t.tracks   # one NCCL bar per step
