@@ -43,7 +43,7 @@ def under_cupti(fn, kinds=("kernel", "memcpy", "memset")):
     launch, as a recording makes it), the records thrown away."""
     session = cupti_trace.ActivitySession(kinds).start()
     try:
-        wave.launch_once_untold()
+        cupti_trace.warm_up()
         session.begin_here()
         return fn()
     finally:

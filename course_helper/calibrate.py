@@ -23,8 +23,8 @@ from . import runtime, store
 from .backend import backend_name, device_report
 from .exercise import bake_layer
 from .graphs import capture_graph
-from .memory import (_queue_copy, copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros,
-                     pinned_empty, pinned_zeros, to_device, zero_async)
+from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
+                     pinned_zeros, queue_copy, to_device, zero_async)
 from .solver import solve
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .wave import WaveProblem, launch_wave2d
@@ -49,7 +49,11 @@ def fit_line(xs, ys):
     return float(intercept), float(slope)
 
 
-class _Bench:
+class Bench:
+    """Times on the GPU: device time of queued work (CUDA events behind a spinning kernel) and
+    the host's time of a call. Used by :func:`calibrate` and by
+    :func:`course_helper.strategies.level_times`."""
+
     def __init__(self):
         import cupy          # calibration runs on the GPU only
         self.cupy = cupy
@@ -100,7 +104,7 @@ def _link(bench, kind, sizes, repeat=10):
         if kind == "D2H":
             ms = bench.device_ms(lambda: copy_to_host_async(host, dev, s), repeat)
         elif kind == "H2D":
-            ms = bench.device_ms(lambda: _queue_copy("H2D", dev, host, s, None), repeat)
+            ms = bench.device_ms(lambda: queue_copy("H2D", dev, host, s, None), repeat)
         else:
             other = device_zeros(n)
             ms = bench.device_ms(lambda: copy_on_device_async(other, dev, s), repeat)
@@ -129,7 +133,7 @@ def _pageable(bench, kind, sizes, overhead_us, count=8):
             if kind == "D2H":
                 copy_to_host(stack[i], dev, bench.s)
             else:
-                _queue_copy("H2D", dev, stack[i], bench.s, None, pageable=True)
+                queue_copy("H2D", dev, stack[i], bench.s, None, pageable=True)
                 bench.s.synchronize()
             times.append(time.perf_counter() - t)
         pts.append((size, float(np.median(times[1:])) * 1e6 - overhead_us))
@@ -278,7 +282,7 @@ def calibrate(progress=print):
         raise RuntimeError("calibration measures a real GPU: run it on the GPU backend "
                            "(the CPU backend models a GPU from such a profile)")
     rep = device_report()
-    bench = _Bench()
+    bench = Bench()
     s = bench.s
     sizes = [256 * 1024, _MIB, 4 * _MIB, 16 * _MIB, 64 * _MIB]
     progress("host costs of the helper calls")

@@ -225,23 +225,18 @@ def _checksum(payload):
 
 def _durable_store(root, read_only=False):
     """A Zarr LocalStore whose files appear whole (temporary name, then rename), fsync'ed
-    (they are written once, when the store is created)."""
+    (they are written once, when the store is created). It replaces only the store's public
+    writes (``set``, ``set_sync``), so it rests on no private part of Zarr."""
     from zarr.storage import LocalStore
-
-    def put(root, key, value):
-        _put_durable(root / key, value.as_buffer_like())
 
     class DurableStore(LocalStore):
         async def set(self, key, value):
-            if not self._is_open:
-                await self._open()
-            self._check_writable()
-            await asyncio.to_thread(put, self.root, key, value)
+            await asyncio.to_thread(self.set_sync, key, value)
 
         def set_sync(self, key, value):
-            self._ensure_open_sync()
-            self._check_writable()
-            put(self.root, key, value)
+            if self.read_only:
+                raise ValueError(f"the store {self.root} was opened read-only: it cannot be written")
+            _put_durable(self.root / key, value.as_buffer_like())
 
     return DurableStore(root, read_only=read_only)
 
