@@ -96,3 +96,34 @@ def test_the_check_finds_a_private_name_of_another_module(source):
 ])
 def test_the_check_allows_own_private_names(source):
     assert not findings(source)
+
+
+# --------------------------------------------------------------------------
+# Both runtimes implement the whole Runtime interface
+# --------------------------------------------------------------------------
+def _class_names(path, cls):
+    """The names a class's body defines (methods and class attributes), read from its source:
+    the GPU runtime imports CuPy, which a CPU machine does not have."""
+    tree = ast.parse(path.read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    names = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_the_runtime_interface_is_abstract():
+    from course_helper.runtime_base import Runtime
+    assert {"host_ms", "enqueue", "new_stream", "sync_device", "trace_times"} <= Runtime.__abstractmethods__
+
+    class Partial(Runtime):
+        def host_ms(self):
+            return 0.0
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
+
+
+@pytest.mark.parametrize("module, cls", [("model", "ModelRuntime"), ("gpu_runtime", "GpuRuntime")])
+def test_each_runtime_implements_every_abstract_method(module, cls):
+    from course_helper.runtime_base import Runtime
+    missing = Runtime.__abstractmethods__ - _class_names(PACKAGE / f"{module}.py", cls)
+    assert not missing, f"{cls} does not implement {sorted(missing)}"
