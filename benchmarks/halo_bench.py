@@ -66,7 +66,8 @@ def main():
         log(f"weak {n}: {[(p['ranks'], p['strategies']) for p in doc['weak'][-2:]]}")
     nt = args.nt // 3
     if solo is not None:
-        doc["strong"].append(point(solo, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), ("blocking",), nt // 2, args.repeats))
+        strong = WaveProblem(n0=STRONG, n1=STRONG, nt=nt)
+        doc["strong"].append(point(solo, strong, ("blocking",), nt // 2, args.repeats))
     team.comm.Barrier()
     doc["strong"].append(point(team, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), both, nt // 2, args.repeats))
     log(f"strong: {[(p['ranks'], p['strategies']) for p in doc['strong']]}")

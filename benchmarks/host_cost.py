@@ -132,7 +132,7 @@ def tracing(n, nt, repeats):
             "helper traced (CUPTI)": lambda: ch.solve(p, "events", trace=True).elapsed_ms,
             "raw CuPy under CUPTI": raw_under_cupti}
     times = {label: [] for label in runs}
-    for label, fn in runs.items():
+    for fn in runs.values():
         fn()                                        # warm-up
     for _ in range(repeats):
         for label, fn in runs.items():

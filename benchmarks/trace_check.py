@@ -24,7 +24,7 @@ import sys
 
 import course_helper as ch
 import cupti_check   # benchmarks/cupti_check.py, beside this script
-from course_helper import cupti_trace, wave
+from course_helper import cupti_trace
 
 
 def overhead(problem, strategies, repeats):

@@ -106,7 +106,7 @@ def markdown(rows, label, device):
     names = list(dict.fromkeys(r["strategy"] for r in rows))
     points = list(dict.fromkeys((r["n"], r["nt"], r["every"]) for r in rows))
     cell = {(r["n"], r["nt"], r["every"], r["strategy"]): r for r in rows}
-    lines = [f"| point | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = ["| point | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for p in points:
         cells = []
         for name in names:

@@ -40,9 +40,9 @@ from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "parse_nscratch", "compute_only_ms",
-           "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point", "RAW_ROW",
-           "paired_ratio", "add_trace_cost", "measure_trace_cost", "check_disk_folder"]
+__all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "parse_nscratch",
+           "compute_only_ms", "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point",
+           "RAW_ROW", "paired_ratio", "add_trace_cost", "measure_trace_cost", "check_disk_folder"]
 
 #: (n, nt, every) where compute and copies take about as long (on the H200: kernels alone 7.47 ms,
 #: copies alone 5.88 ms), so overlapping them can nearly halve the time if the ring is deep enough.
@@ -195,7 +195,8 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
     point["strategies"] = {
         name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
-               "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0, "speedup": t["speedup"]}
+               "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0,
+               "speedup": t["speedup"]}
         for name, t in timed.items()}
     if raw:
         point["strategies"][RAW_ROW]["events_over_raw"] = paired_ratio(timed["events"]["times_ms"],

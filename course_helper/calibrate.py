@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import runtime, store
+from . import store
 from .backend import backend_name, device_report
 from .exercise import bake_layer
 from .graphs import capture_graph
@@ -109,7 +109,7 @@ def _link(bench, kind, sizes, repeat=10):
             other = device_zeros(n)
             ms = bench.device_ms(lambda: copy_on_device_async(other, dev, s), repeat)
         pts.append((size, ms * 1e3))
-        del dev, host
+        dev = host = other = None             # freed before the next size is allocated
     lat, slope = fit_line(*zip(*pts))
     return {"gbps": round(1e-3 / slope, 2), "latency_us": round(max(lat, 0.0), 3),
             "points_us": [[b, round(t, 3)] for b, t in pts]}
@@ -393,7 +393,8 @@ def calibrate(progress=print):
                        "fitted the same way. Kernels: device time per launch for grids 64^2..4096^2 "
                        "(bytes moved = 4 arrays for wave2d_4o, 1 for bake and fill). Host costs: median "
                        "wall time of 200 calls of the helper's own function at 256^2 with the stream busy "
-                       f"(synchronize: on an idle stream), median of {HOST_ROUNDS} rounds over the whole set. Wake-up (host_us.wake, charged to a host wait "
+                       f"(synchronize: on an idle stream), median of {HOST_ROUNDS} rounds over the whole set. "
+                       "Wake-up (host_us.wake, charged to a host wait "
                        "that blocks): device time by events of 4 turns (a 256^2 launch and an event record "
                        "on a second stream) from the end of a 0.3 ms spin the host was blocked on, less the "
                        "same turns from an event the host recorded without waiting, median of 200 each. "
@@ -403,8 +404,8 @@ def calibrate(progress=print):
                        "Copies per link (device.copies_per_link): two 16 MiB device-to-host copies queued "
                        "at once on two streams; 1 when the first ended by 3/4 of the second's time (one "
                        "copy at a time per direction), 0 when they ended together (shared), median of 5. "
-                       "Graph node costs: a replayed graph of 100 "
-                       "kernels on one stream / 100 D2H copies of 256 KiB forked by events onto 5 streams (as the event "
-                       "loop makes them), per node, less the same operation alone."),
+                       "Graph node costs: a replayed graph of 100 kernels on one stream / 100 D2H "
+                       "copies of 256 KiB forked by events onto 5 streams (as the event loop makes them), "
+                       "per node, less the same operation alone."),
         },
     }

@@ -240,7 +240,8 @@ def _check_overlap(loop, program, nplanes):
     if why is None:
         work = trace.kernels + trace.of_kind("D2H")
         per_plane = 1e3 * (max(e.end_ms for e in work) - min(e.start_ms for e in work)) / nplanes
-        bake, copy = (1e3 * sum(e.end_ms - e.start_ms for e in es) / len(es) for es in (trace.kernels, trace.of_kind("D2H")))
+        bake, copy = (1e3 * sum(e.end_ms - e.start_ms for e in es) / len(es)
+                      for es in (trace.kernels, trace.of_kind("D2H")))
         # The order allowed overlap and the host never waited: the work was queued no faster than it ran.
         why = (f"your loop's order lets a copy run during the next bake, but in this run they hardly met: "
                f"a bake took {bake:.0f} µs and a copy {copy:.0f} µs, the run {per_plane:.0f} µs a plane" +

@@ -391,7 +391,8 @@ class Sanitizer:
         if self.failed:
             return
         saved = ({s: dict(c) for s, c in self.clocks.items()}, dict(self.host), dict(self.events),
-                 {s: list(r) for s, r in self.records.items()}, self.shadow, {s: dict(w) for s, w in self.waited.items()})
+                 {s: list(r) for s, r in self.records.items()}, self.shadow,
+                 {s: dict(w) for s, w in self.waited.items()})
         self.capture = (saved, [])
         self.host_version += 1               # clocks are swapped in and out around the capture
         self.shadow = _Shadow()              # nothing captured runs now: check it within the capture
@@ -457,7 +458,8 @@ class Sanitizer:
         what2, _ = self._what(acc)
         fix = (f"{_describe(acc.op)} must be ordered before {buffer} is overwritten with level "
                f"{int(last.op.level)}: give each level in flight its own buffer (more buffers), and make "
-               f"`{self.stream_name(last.op.stream)}` wait for an event recorded after the copy before it writes {buffer} again")
+               f"`{self.stream_name(last.op.stream)}` wait for an event recorded after the copy before it "
+               f"writes {buffer} again")
         self._raise(_error(f"{_describe(acc.op)} reads {buffer}, which no longer holds level {int(acc.op.level)}",
                            f"{what1} (level {int(last.op.level)})", what2,
                            f"so the copy saves level {int(last.op.level)} as level {int(acc.op.level)}", fix))

@@ -110,8 +110,9 @@ import numpy as np
 from . import checks, observe, recording, runtime, streams
 from .memory import pinned_empty
 
-__all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "StoredImages", "StoreDamaged", "StoreWriteError", "check_target", "free_bytes",
-           "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "FLAGS_EVERY_S"]
+__all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "StoredImages", "StoreDamaged", "StoreWriteError",
+           "check_target", "free_bytes", "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS",
+           "ring_slots", "FLAGS_EVERY_S"]
 
 DATA = "u"                      # the wavefield array inside the store
 DEFAULT_WRITERS = 4             # enough chunks in flight that one writer's own work leaves the disk busy
@@ -664,7 +665,7 @@ class DiskSink:
             for write in (w for w in self.ring.modelled if w is not None):
                 write.cancel(RuntimeError("the run stopped before this chunk's copy ran"))
         started = lambda threads: [t for t in threads if t.ident is not None]   # noqa: E731
-        for t in self._threads:
+        for _ in self._threads:
             self._queue.put(None)
         for t in started(self._threads):
             t.join()

@@ -16,7 +16,6 @@ from importlib import resources
 import numpy as np
 
 from . import checks, observe, runtime, streams
-from .backend import backend_name, cupy_module
 from .memory import is_device_array
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",

@@ -27,7 +27,8 @@ def test_the_timer_keeps_what_cupti_times_and_whether_a_graph_captured_it():
     timer.journal.append(("kernel", "wave2d_4o level 9", s, 9, 0))
     timer.capture_ended(s, None)
     timer.journal.append(("memset", "zero", s, None, 8))
-    assert timer.queued_ops() == [("D2H", "D2H level 4", s, 4, 64, False), ("kernel", "wave2d_4o level 9", s, 9, 0, True),
+    assert timer.queued_ops() == [("D2H", "D2H level 4", s, 4, 64, False),
+                                  ("kernel", "wave2d_4o level 9", s, 9, 0, True),
                                   ("memset", "zero", s, None, 8, False)]
 
 

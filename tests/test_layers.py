@@ -92,7 +92,8 @@ def test_the_check_finds_a_private_name_of_another_module(source):
     "class A:\n    def _step(self):\n        pass\n    def run(self, other):\n        other._step()\n",
     "import sys\nsys._getframe(1)\n",
     "def show(w):\n    return w._repr_mimebundle_()\n",
-    "class P:\n    def bump(self):\n        object.__setattr__(self, '_v', 1)\n    def v(self):\n        return self._v\n",
+    "class P:\n    def bump(self):\n        object.__setattr__(self, '_v', 1)\n"
+    "    def v(self):\n        return self._v\n",
 ])
 def test_the_check_allows_own_private_names(source):
     assert not findings(source)

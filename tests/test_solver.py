@@ -195,7 +195,7 @@ def test_result_without_trace_says_how_to_get_one(backend, small):
     r = ch.solve(small, "events", trace=False)
     assert not r.has_trace
     with pytest.raises(ValueError, match="trace=True"):
-        r.trace
+        _ = r.trace
     assert "events" in repr(r)
     np.testing.assert_allclose(r.times_ms, r.levels * small.dt * 1e3)
 

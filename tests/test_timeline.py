@@ -56,7 +56,7 @@ def validate_chrome(doc):
     for tid, s in spans.items():
         assert tid in names, f"track {tid} has no name"
         s.sort()
-        for (a0, a1), (b0, _) in zip(s, s[1:]):
+        for (_, a1), (b0, _) in zip(s, s[1:]):
             assert b0 >= a1 - 1e-6, f"events overlap on track {names[tid]}"
     return names
 
@@ -98,7 +98,7 @@ def test_plot_whole_and_zoomed(backend, small):
     import matplotlib.pyplot as plt
     t = ch.solve(small, "streams").trace
     ax = t.plot()
-    assert [l.get_text() for l in ax.get_yticklabels()][0].split("\n")[0] == "compute"
+    assert [t.get_text() for t in ax.get_yticklabels()][0].split("\n")[0] == "compute"
     ax2 = t.plot(levels=(20, 23))
     lo, hi = ax2.get_xlim()
     w = t.window_for_levels(20, 23)
@@ -291,7 +291,8 @@ with rt.times_only(rt.modelled):
                 ch.launch_wave2d(U[k % 3], U[(k + 1) % 3], U[(k + 2) % 3], V, p, k, stream=s)
             s.synchronize()
         wait = [e for e in t.events if e.kind == "host wait"][-1]
-        out.append({"timing": t.timing, "cupti": cupti_trace.available()[0], "kernel_end": max(e.end_ms for e in t.kernels),
+        out.append({"timing": t.timing, "cupti": cupti_trace.available()[0],
+                    "kernel_end": max(e.end_ms for e in t.kernels),
                     "wait_start": wait.start_ms, "wait_end": wait.end_ms})
 print(json.dumps(out))
 """
@@ -311,8 +312,8 @@ def _assert_wait_ends_with_the_kernels(traces):
     for i, t in enumerate(traces):
         which = "the first trace of the process" if i == 0 else "a later trace"
         assert t["wait_start"] < t["kernel_end"], f"{which}: the host did not wait for the kernels ({t})"
-        assert abs(t["wait_end"] - t["kernel_end"]) <= 0.1, \
-            f"{which} ({t['timing']}): the host wait ends {t['wait_end'] - t['kernel_end']:+.3f} ms from the kernels' end"
+        gap = t["wait_end"] - t["kernel_end"]
+        assert abs(gap) <= 0.1, f"{which} ({t['timing']}): the host wait ends {gap:+.3f} ms from the kernels' end"
 
 
 def test_host_lane_shares_the_device_lanes_origin_on_the_model():
