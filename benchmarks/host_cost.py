@@ -1,6 +1,6 @@
 """What the helper costs the host, next to plain CuPy. Run on a GPU:
 
-    python benchmarks/host_cost.py --out benchmarks/host_cost.json
+    python -m benchmarks.host_cost --out benchmarks/host_cost.json
 
 1. Per operation: a kernel launch, an event record, a ``wait_event`` and an
    async device-to-host copy, each called ``--calls`` times in a row through

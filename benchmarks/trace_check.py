@@ -1,6 +1,6 @@
 """How cheap and how accurate are the course's timelines? Run on a GPU:
 
-    python benchmarks/trace_check.py --out benchmarks/trace_check.json
+    python -m benchmarks.trace_check --out benchmarks/trace_check.json
 
 1. Overhead: each strategy run traced and untraced, alternately; ``ratio`` is the
    median over the rounds of traced / untraced (``ratio_of_medians`` beside it).
@@ -23,7 +23,7 @@ import statistics
 import sys
 
 import course_helper as ch
-import cupti_check   # benchmarks/cupti_check.py, beside this script
+from benchmarks import cupti_check
 from course_helper import cupti_trace
 
 

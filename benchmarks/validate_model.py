@@ -1,6 +1,6 @@
 """The modelled GPU against the real one, side by side.
 
-    python benchmarks/validate_model.py GPU_BENCH.json --profile PROFILE.json --out benchmarks/
+    python -m benchmarks.validate_model GPU_BENCH.json --profile PROFILE.json --out benchmarks/
 
 reads a sweep measured on a GPU (``python -m course_helper bench --every-sweep --out ...``, or
 the measured side of an earlier ``model_validation.json``),
