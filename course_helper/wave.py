@@ -61,7 +61,7 @@ class WaveProblem:
         Wave speed in m/s (default 343, sound in air); an array gives a
         heterogeneous medium, e.g. layers.
     cfl : float
-        Courant number ``Vmax dt / min(dx)`` (default 0.4); must stay below
+        Courant number ``Vmax dt / min(dx)`` (default 0.4); at most
         :attr:`cfl_limit`, the stability limit of this scheme.
     nt : int, optional
         Number of time levels. Default: long enough for the wave to cross the

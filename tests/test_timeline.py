@@ -1,6 +1,7 @@
 import errno
 import json
 import os
+import pathlib
 import stat
 import subprocess
 import sys
@@ -59,6 +60,33 @@ def validate_chrome(doc):
         for (_, a1), (b0, _) in zip(s, s[1:]):
             assert b0 >= a1 - 1e-6, f"events overlap on track {names[tid]}"
     return names
+
+
+def from_chrome(doc):
+    """TraceEvents read back from a Chrome trace, by the format's own definitions: ``ts`` and
+    ``dur`` in microseconds, each ``tid`` named by a ``thread_name`` record."""
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    return [TraceEvent(names[e["tid"]], e["cat"], e["name"], e["ts"] / 1000, (e["ts"] + e["dur"]) / 1000,
+                       e["args"]["bytes"], e["args"].get("level"))
+            for e in doc["traceEvents"] if e["ph"] == "X"]
+
+
+def test_chrome_times_are_microseconds():
+    t = Trace([TraceEvent("compute", "kernel", "k", 2.0, 3.5, 0, 2)], ["compute"])
+    (x,) = [e for e in t.to_chrome()["traceEvents"] if e["ph"] == "X"]
+    assert (x["ts"], x["dur"]) == (2000.0, 1500.0)      # 2 ms and 1.5 ms, in µs
+
+
+def test_chrome_export_round_trips(tmp_path):
+    t = hand_trace()
+    doc = json.loads(pathlib.Path(t.to_chrome_json(tmp_path / "t.json")).read_text())
+    back = from_chrome(doc)
+    assert len(back) == len(t.events)
+    for got, want in zip(back, t.events):
+        assert (got.track, got.kind, got.name, got.bytes, got.level) == \
+            (want.track, want.kind, want.name, want.bytes, want.level)
+        assert got.start_ms == pytest.approx(want.start_ms) and got.end_ms == pytest.approx(want.end_ms)
+    assert Trace(back, t.tracks).summary() == pytest.approx(t.summary())
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "streams", "events"])
