@@ -337,3 +337,11 @@ def test_a_registered_strategy_is_picked_up_everywhere(cpu, small, extra_strateg
     assert "events-wide" in capsys.readouterr().out
     with pytest.raises(ValueError, match="already registered"):
         strategies.register(strategies.Strategy("events-wide", strategies.with_events))
+
+
+@pytest.mark.parametrize("depths", [dict(nscratch=4, min_nscratch=5), dict(nscratch=2, min_nscratch=2),
+                                    dict(nscratch=6, min_nscratch=4, max_nscratch=5)])
+def test_register_refuses_depths_out_of_order(depths):
+    with pytest.raises(ValueError, match="min_nscratch <= nscratch"):
+        strategies.register(strategies.Strategy("out-of-order", strategies.with_events, **depths))
+    assert "out-of-order" not in solver.STRATEGIES
