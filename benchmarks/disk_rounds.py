@@ -7,7 +7,7 @@ buffers, then from six pinned buffers (a run writes from the slots of its ring),
 Every figure is GB/s of the run's 1.34 GB; a run's figure over the disk's is its efficiency
 against the disk-bound B (compute and copies take a few per cent of the disk's time here).
 
-    python benchmarks/disk_rounds.py FOLDER --out benchmarks/disk_rounds.json
+    python -m benchmarks.disk_rounds FOLDER --out benchmarks/disk_rounds.json
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 """Why did captured loops lose about 10% where copies bound the run? Run on a GPU:
 
-    python benchmarks/graph_copies.py --out benchmarks/graph_copies.json
+    python -m benchmarks.graph_copies --out benchmarks/graph_copies.json
 
 At 1024² x 640 and 2048² x 320, every level saved (copy-bound), the events
 loop and the same loop captured into a graph run untraced, timed on the host,
@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 import course_helper as ch
-import cupti_check   # benchmarks/cupti_check.py, beside this script
+from benchmarks import cupti_check
 from course_helper import strategies
 from course_helper.solver import Run
 from course_helper.timeline import _length, _union

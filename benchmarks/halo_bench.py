@@ -2,7 +2,7 @@
 
 Run on a machine with two GPUs, from the repository root::
 
-    mpiexec -n 2 python benchmarks/halo_bench.py --out benchmarks/
+    mpiexec -n 2 python -m benchmarks.halo_bench --out benchmarks/
 
 It writes ``halo.json``: weak scaling (an N x N grid on one GPU against 2N x N
 on two), strong scaling (one grid on one and on two GPUs), every halo strategy
@@ -16,13 +16,10 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from course_helper import halo  # noqa: E402
-from course_helper.wave import WaveProblem  # noqa: E402
+from course_helper import halo
+from course_helper.wave import WaveProblem
 
 WEAK = (2048, 4096, 8192)       # grid rows per GPU (N x N on one GPU, 2N x N on two)
 STRONG = 16384                  # one 16384^2 grid (1 GiB a level) on one and on two GPUs
@@ -69,7 +66,8 @@ def main():
         log(f"weak {n}: {[(p['ranks'], p['strategies']) for p in doc['weak'][-2:]]}")
     nt = args.nt // 3
     if solo is not None:
-        doc["strong"].append(point(solo, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), ("blocking",), nt // 2, args.repeats))
+        strong = WaveProblem(n0=STRONG, n1=STRONG, nt=nt)
+        doc["strong"].append(point(solo, strong, ("blocking",), nt // 2, args.repeats))
     team.comm.Barrier()
     doc["strong"].append(point(team, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), every_strategy, nt // 2, args.repeats))
     log(f"strong: {[(p['ranks'], p['strategies']) for p in doc['strong']]}")

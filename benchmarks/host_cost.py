@@ -1,6 +1,6 @@
 """What the helper costs the host, next to plain CuPy. Run on a GPU:
 
-    python benchmarks/host_cost.py --out benchmarks/host_cost.json
+    python -m benchmarks.host_cost --out benchmarks/host_cost.json
 
 1. Per operation: a kernel launch, an event record, a ``wait_event`` and an
    async device-to-host copy, each called ``--calls`` times in a row through
@@ -132,7 +132,7 @@ def tracing(n, nt, repeats):
             "helper traced (CUPTI)": lambda: ch.solve(p, "events", trace=True).elapsed_ms,
             "raw CuPy under CUPTI": raw_under_cupti}
     times = {label: [] for label in runs}
-    for label, fn in runs.items():
+    for fn in runs.values():
         fn()                                        # warm-up
     for _ in range(repeats):
         for label, fn in runs.items():

@@ -13,7 +13,7 @@ ones), one level at a time as a streamed run would hand them over:
   (the condition for writing GPU-compressed chunks straight into the course's Zarr store);
 * the same levels through the writer threads' codecs (single thread, as in ``bench --disk``).
 
-    python benchmarks/nvcomp_check.py --out benchmarks/nvcomp.json
+    python -m benchmarks.nvcomp_check --out benchmarks/nvcomp.json
 
 Needs a GPU with CuPy and the ``nvidia-nvcomp-cu13`` wheel (``pip install nvidia-nvcomp-cu13``).
 """

@@ -2,8 +2,8 @@
 
 Run from the repository root::
 
-    python benchmarks/ring_sweep.py            # on a GPU: benchmarks/ring_sweep.json (CUPTI-timed)
-    COURSE_HELPER_BACKEND=cpu python benchmarks/ring_sweep.py
+    python -m benchmarks.ring_sweep            # on a GPU: benchmarks/ring_sweep.json (CUPTI-timed)
+    COURSE_HELPER_BACKEND=cpu python -m benchmarks.ring_sweep
                                                # the modelled GPU: benchmarks/ring_sweep_model.json
 
 Two points, each saving every 16th of 320 levels, where a level's copy takes about as long as
@@ -21,13 +21,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import course_helper as ch  # noqa: E402
-from course_helper import runtime, solver, strategies  # noqa: E402
+import course_helper as ch
+from course_helper import runtime, solver, strategies
 
 POINTS = ((dict(n0=3072, n1=3072, nt=320), 16), (dict(n0=2048, n1=2048, nt=320), 16))
 DEPTHS = range(5, 25)

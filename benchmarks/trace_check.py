@@ -1,6 +1,6 @@
 """How cheap and how accurate are the course's timelines? Run on a GPU:
 
-    python benchmarks/trace_check.py --out benchmarks/trace_check.json
+    python -m benchmarks.trace_check --out benchmarks/trace_check.json
 
 1. Overhead: each strategy run traced and untraced, alternately; ``ratio`` is the
    median over the rounds of traced / untraced (``ratio_of_medians`` beside it).
@@ -23,8 +23,8 @@ import statistics
 import sys
 
 import course_helper as ch
-import cupti_check   # benchmarks/cupti_check.py, beside this script
-from course_helper import cupti_trace, wave
+from benchmarks import cupti_check
+from course_helper import cupti_trace
 
 
 def overhead(problem, strategies, repeats):
@@ -43,7 +43,7 @@ def under_cupti(fn, kinds=("kernel", "memcpy", "memset")):
     launch, as a recording makes it), the records thrown away."""
     session = cupti_trace.ActivitySession(kinds).start()
     try:
-        wave.launch_once_untold()
+        cupti_trace.warm_up()
         session.begin_here()
         return fn()
     finally:

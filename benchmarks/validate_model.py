@@ -1,6 +1,6 @@
 """The modelled GPU against the real one, side by side.
 
-    python benchmarks/validate_model.py GPU_BENCH.json --profile PROFILE.json --out benchmarks/
+    python -m benchmarks.validate_model GPU_BENCH.json --profile PROFILE.json --out benchmarks/
 
 reads a sweep measured on a GPU (``python -m course_helper bench --every-sweep --out ...``, or
 the measured side of an earlier ``model_validation.json``),
@@ -106,7 +106,7 @@ def markdown(rows, label, device):
     names = list(dict.fromkeys(r["strategy"] for r in rows))
     points = list(dict.fromkeys((r["n"], r["nt"], r["every"]) for r in rows))
     cell = {(r["n"], r["nt"], r["every"], r["strategy"]): r for r in rows}
-    lines = [f"| point | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = ["| point | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for p in points:
         cells = []
         for name in names:

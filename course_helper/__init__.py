@@ -24,7 +24,7 @@ Everything else stays reachable through its module: ``ch.strategies`` (the
 loops the notebooks show, and the registry), ``ch.memory``, ``ch.streams``,
 ``ch.graphs``, ``ch.solver``, ``ch.bench``, ...
 """
-from . import halo, raw_cupy, strategies
+from . import halo, raw_cupy, strategies  # noqa: F401 - reached as ch.halo, ch.raw_cupy, ch.strategies
 from .backend import backend_name, device_report, set_backend
 from .bench import physical_limit, plot_bench
 from .compare import compare_strategies

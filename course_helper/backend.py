@@ -66,12 +66,12 @@ def _probe_gpu():
     except ImportError:
         _state.probe = (False, "CuPy is not installed")
         return _state.probe
-    except Exception as exc:  # a broken CUDA install
+    except Exception as exc:  # noqa: BLE001 - a broken CUDA install: the GPU is unavailable, and why
         _state.probe = (False, f"CuPy could not be imported ({type(exc).__name__}: {exc})")
         return _state.probe
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the driver raises, there is no usable device
         _state.probe = (False, f"no CUDA device found ({exc})")
         return _state.probe
     if count < 1:
@@ -84,7 +84,7 @@ def _probe_gpu():
         got = cupy.asnumpy(x)
         if not np.array_equal(got, 2 * np.arange(8, dtype=np.float32) + 1):
             raise RuntimeError(f"probe kernel returned wrong values {got}")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of the probe means the GPU cannot run
         _state.probe = (False, f"the probe kernel failed to run ({type(exc).__name__}: {exc})")
         return _state.probe
     _state.probe = (True, "CuPy ran a probe kernel on the device")

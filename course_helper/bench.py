@@ -32,7 +32,7 @@ import numpy as np
 
 from . import checks, raw_cupy, runtime, store
 from .backend import backend_name, device_report
-from .compare import _nscratch_for, baseline_first, time_strategies
+from .compare import nscratch_for, baseline_first, time_strategies
 from .graphs import capture_graph, graphs_supported
 from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
 from .solver import available_strategies, chunk_levels, plan_memory, saved_levels, solve, suggest_nscratch
@@ -40,9 +40,9 @@ from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .timeline import write_atomically
 from .wave import WaveProblem, launch_wave2d
 
-__all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "parse_nscratch", "compute_only_ms",
-           "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point", "RAW_ROW",
-           "paired_ratio", "add_trace_cost", "measure_trace_cost", "check_disk_folder"]
+__all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "parse_nscratch",
+           "compute_only_ms", "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point",
+           "RAW_ROW", "paired_ratio", "add_trace_cost", "measure_trace_cost", "check_disk_folder"]
 
 #: (n, nt, every) where compute and copies take about as long (on the H200: kernels alone 7.47 ms,
 #: copies alone 5.88 ms), so overlapping them can nearly halve the time if the ring is deep enough.
@@ -165,7 +165,7 @@ def _check_point(n, nt, every, strategies, nscratch):
     returns the output bytes."""
     problem = WaveProblem(n0=n, n1=n, nt=nt)
     for name in strategies:
-        plan_memory(problem, name, every, _nscratch_for(name, nscratch))
+        plan_memory(problem, name, every, nscratch_for(name, nscratch))
     return plan_memory(problem, "sequential", every)["host"]
 
 
@@ -195,7 +195,8 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
     point["strategies"] = {
         name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
-               "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0, "speedup": t["speedup"]}
+               "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0,
+               "speedup": t["speedup"]}
         for name, t in timed.items()}
     if raw:
         point["strategies"][RAW_ROW]["events_over_raw"] = paired_ratio(timed["events"]["times_ms"],
@@ -233,7 +234,7 @@ def measure_trace_cost(problem, name, every, repeats, nscratch=None):
     depth the runs used (``nscratch``; ``nscratch`` asks for one where the strategy takes it)."""
     repeats = checks.positive_int("repeats", repeats)
     untraced, traced, overlaps = [], [], []
-    nscratch = _nscratch_for(name, nscratch)
+    nscratch = nscratch_for(name, nscratch)
     for _ in range(repeats):
         untraced.append(solve(problem, name, every=every, nscratch=nscratch, trace=False).elapsed_ms)
         r = solve(problem, name, every=every, nscratch=nscratch, trace=True)
@@ -368,7 +369,8 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
     return point
 
 
-def _machine():
+def machine_info():
+    """The machine a benchmark ran on, as its results file records it."""
     rep = device_report()
     info = {k: rep[k] for k in ("backend", "device", "memory_gib", "compute_capability",
                                 "async_engine_count", "runtime_version", "driver_version", "cupy",
@@ -402,7 +404,7 @@ def run_bench(points=None, strategies=None, repeats=5, progress=None, nscratch=N
         _check_point(n, nt, every, strategies, k)
     peak = peak_d2h_gbps()
     doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": _machine(), "repeats": repeats, "peak_d2h_gbps": peak,
+           "machine": machine_info(), "repeats": repeats, "peak_d2h_gbps": peak,
            "definition": "B = max(compute-only ms, output bytes / peak pinned D2H bandwidth); "
                          "efficiency = B / median time", "points": []}
     # Every untraced run of the sweep first, then the traced ones: a CUPTI recording leaves the

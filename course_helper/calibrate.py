@@ -19,12 +19,12 @@ import time
 
 import numpy as np
 
-from . import runtime, store
+from . import store
 from .backend import backend_name, device_report
 from .exercise import bake_layer
 from .graphs import capture_graph
-from .memory import (_queue_copy, copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros,
-                     pinned_empty, pinned_zeros, to_device, zero_async)
+from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
+                     pinned_zeros, queue_copy, to_device, zero_async)
 from .solver import solve
 from .streams import create_events, create_streams, elapsed_ms, synchronize
 from .wave import WaveProblem, launch_wave2d
@@ -49,7 +49,11 @@ def fit_line(xs, ys):
     return float(intercept), float(slope)
 
 
-class _Bench:
+class Bench:
+    """Times on the GPU: device time of queued work (CUDA events behind a spinning kernel) and
+    the host's time of a call. Used by :func:`calibrate` and by
+    :func:`course_helper.strategies.level_times`."""
+
     def __init__(self):
         import cupy          # calibration runs on the GPU only
         self.cupy = cupy
@@ -100,12 +104,12 @@ def _link(bench, kind, sizes, repeat=10):
         if kind == "D2H":
             ms = bench.device_ms(lambda: copy_to_host_async(host, dev, s), repeat)
         elif kind == "H2D":
-            ms = bench.device_ms(lambda: _queue_copy("H2D", dev, host, s, None), repeat)
+            ms = bench.device_ms(lambda: queue_copy("H2D", dev, host, s, None), repeat)
         else:
             other = device_zeros(n)
             ms = bench.device_ms(lambda: copy_on_device_async(other, dev, s), repeat)
         pts.append((size, ms * 1e3))
-        del dev, host
+        dev = host = other = None             # freed before the next size is allocated
     lat, slope = fit_line(*zip(*pts))
     return {"gbps": round(1e-3 / slope, 2), "latency_us": round(max(lat, 0.0), 3),
             "points_us": [[b, round(t, 3)] for b, t in pts]}
@@ -129,7 +133,7 @@ def _pageable(bench, kind, sizes, overhead_us, count=8):
             if kind == "D2H":
                 copy_to_host(stack[i], dev, bench.s)
             else:
-                _queue_copy("H2D", dev, stack[i], bench.s, None, pageable=True)
+                queue_copy("H2D", dev, stack[i], bench.s, None, pageable=True)
                 bench.s.synchronize()
             times.append(time.perf_counter() - t)
         pts.append((size, float(np.median(times[1:])) * 1e6 - overhead_us))
@@ -278,7 +282,7 @@ def calibrate(progress=print):
         raise RuntimeError("calibration measures a real GPU: run it on the GPU backend "
                            "(the CPU backend models a GPU from such a profile)")
     rep = device_report()
-    bench = _Bench()
+    bench = Bench()
     s = bench.s
     sizes = [256 * 1024, _MIB, 4 * _MIB, 16 * _MIB, 64 * _MIB]
     progress("host costs of the helper calls")
@@ -389,7 +393,8 @@ def calibrate(progress=print):
                        "fitted the same way. Kernels: device time per launch for grids 64^2..4096^2 "
                        "(bytes moved = 4 arrays for wave2d_4o, 1 for bake and fill). Host costs: median "
                        "wall time of 200 calls of the helper's own function at 256^2 with the stream busy "
-                       f"(synchronize: on an idle stream), median of {HOST_ROUNDS} rounds over the whole set. Wake-up (host_us.wake, charged to a host wait "
+                       f"(synchronize: on an idle stream), median of {HOST_ROUNDS} rounds over the whole set. "
+                       "Wake-up (host_us.wake, charged to a host wait "
                        "that blocks): device time by events of 4 turns (a 256^2 launch and an event record "
                        "on a second stream) from the end of a 0.3 ms spin the host was blocked on, less the "
                        "same turns from an event the host recorded without waiting, median of 200 each. "
@@ -399,8 +404,8 @@ def calibrate(progress=print):
                        "Copies per link (device.copies_per_link): two 16 MiB device-to-host copies queued "
                        "at once on two streams; 1 when the first ended by 3/4 of the second's time (one "
                        "copy at a time per direction), 0 when they ended together (shared), median of 5. "
-                       "Graph node costs: a replayed graph of 100 "
-                       "kernels on one stream / 100 D2H copies of 256 KiB forked by events onto 5 streams (as the event "
-                       "loop makes them), per node, less the same operation alone."),
+                       "Graph node costs: a replayed graph of 100 kernels on one stream / 100 D2H "
+                       "copies of 256 KiB forked by events onto 5 streams (as the event loop makes them), "
+                       "per node, less the same operation alone."),
         },
     }

@@ -272,7 +272,7 @@ def _disk_bench(args):
         _check_out(args.out)
     strategies = tuple(s.strip() for s in args.strategies.split(",")) if args.strategies else ("events", "staged")
     peak = bench.peak_d2h_gbps()
-    doc = {"machine": bench._machine(), "peak_d2h_gbps": peak, "repeats": args.repeats,
+    doc = {"machine": bench.machine_info(), "peak_d2h_gbps": peak, "repeats": args.repeats,
            "definition": "B = max(compute-only ms, bytes / peak pinned D2H, bytes / sustained disk write "
                          "bandwidth). The sustained disk bandwidth is measured right before the first "
                          "uncompressed run of a strategy and right after each one: the run's bytes, in files "

@@ -26,7 +26,7 @@ def baseline_first(strategies):
     return ["sequential"] + [s for s in dict.fromkeys(strategies) if s != "sequential"]
 
 
-def _nscratch_for(name, nscratch):
+def nscratch_for(name, nscratch):
     """``nscratch`` for a strategy that takes a chosen number of scratch buffers, else None."""
     return nscratch if STRATEGIES[name].max_nscratch is None else None
 
@@ -58,7 +58,7 @@ def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progre
         raise ValueError(f"also_after={also_after!r} is not one of the strategies timed: {order}")
     runs = {}
     for name in order:
-        runs[name] = _solver(problem, name, every, _nscratch_for(name, nscratch))
+        runs[name] = _solver(problem, name, every, nscratch_for(name, nscratch))
         if name == also_after:
             runs.update(also or {})
     if also_after is None:
@@ -206,7 +206,7 @@ def compare_strategies(problem=None, strategies=("sequential", "streams", "event
     results, rows = {}, []
     for name, t in timed.items():
         # Time untraced runs; keep one traced run for the overlap figure and pictures.
-        results[name] = solve(problem, name, every=every, nscratch=_nscratch_for(name, nscratch), trace=True)
+        results[name] = solve(problem, name, every=every, nscratch=nscratch_for(name, nscratch), trace=True)
         trace = results[name].trace
         rows.append({"strategy": name, "median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
                      "speedup": t["speedup"], "max_diff": results[name].max_difference(results["sequential"]),

@@ -18,8 +18,8 @@ kind of work forms one chain. Host waits stay on the host clock.
 
 CUPTI sets up its kernel tracing at the first kernel launch of a recording
 session, which took 0.8 to 5 ms on the course's H200. A recording therefore
-starts with one tiny launch of the course's kernel, before the work it
-records; that launch is left out of the trace.
+starts with one tiny launch of a kernel of its own (:func:`warm_up`), before
+the work it records; that launch is left out of the trace.
 
 CUPTI's timestamps run on CUPTI's own clock, host waits on the runtime's host
 clock (:func:`course_helper.runtime.host_ms`). A session reads the two clocks
@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from . import observe, runtime, wave
+from . import observe, runtime
 from .backend import backend_name, cupy_module
 from .timeline import TraceEvent
 
@@ -54,6 +54,30 @@ _BUFFER_BYTES = 8 * 2**20
 _OP_CLASS = {"kernel": "kernel", "D2H": "DTOH", "H2D": "HTOD", "D2D": "DTOD", "memset": "memset", "halo": "kernel"}
 # Where a graph capture began and ended, among the op journal's entries.
 _CAPTURE_BEGINS, _CAPTURE_ENDS = ("capture begins",), ("capture ends",)
+
+
+_WARM_UP = r"""
+extern "C" __global__ void course_helper_cupti_warm_up(int* x) { x[0] = 1; }
+"""
+
+
+def warm_up():
+    """Launch one tiny kernel on a stream of its own and wait for it, telling no observer
+    (GPU backend).
+
+    A CUPTI recording calls this right after it starts: the first kernel launch under a new
+    CUPTI session sets up CUPTI's kernel tracing (0.8 to 5 ms on the H200), which would
+    otherwise land inside the recorded loop and count as tracing overhead."""
+    if backend_name() != "gpu":
+        raise RuntimeError("warm_up launches a CUDA kernel itself, so it needs the GPU backend; "
+                           "the CPU backend has no CUPTI to warm up")
+    cupy = cupy_module()
+    kernel = cupy.RawKernel(_WARM_UP, "course_helper_cupti_warm_up")   # compiled once, then cached by CuPy
+    target = cupy.zeros(1, cupy.int32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        kernel((1,), (1,), (target,))
+    stream.synchronize()
 
 
 def available():
@@ -278,7 +302,7 @@ class CuptiTimer:
             self.session.start()
             # CUPTI sets up its kernel tracing at the first launch of a session (0.8-5 ms on
             # the H200): let that be a launch of our own, now, rather than the loop's first.
-            wave.launch_once_untold()
+            warm_up()
             self.session.begin_here()
         except BaseException:
             self.session.stop()

@@ -240,7 +240,8 @@ def _check_overlap(loop, program, nplanes):
     if why is None:
         work = trace.kernels + trace.of_kind("D2H")
         per_plane = 1e3 * (max(e.end_ms for e in work) - min(e.start_ms for e in work)) / nplanes
-        bake, copy = (1e3 * sum(e.end_ms - e.start_ms for e in es) / len(es) for es in (trace.kernels, trace.of_kind("D2H")))
+        bake, copy = (1e3 * sum(e.end_ms - e.start_ms for e in es) / len(es)
+                      for es in (trace.kernels, trace.of_kind("D2H")))
         # The order allowed overlap and the host never waited: the work was queued no faster than it ran.
         why = (f"your loop's order lets a copy run during the next bake, but in this run they hardly met: "
                f"a bake took {bake:.0f} µs and a copy {copy:.0f} µs, the run {per_plane:.0f} µs a plane" +
@@ -307,7 +308,7 @@ class _Program(Sanitizer):
 
     def op_queued(self, op):
         super().op_queued(op)
-        with self._lock:
+        with self.lock:
             if self.failed:
                 return
             vc = self.clocks[op.stream]
@@ -316,12 +317,12 @@ class _Program(Sanitizer):
 
     def event_recorded(self, stream, event):
         super().event_recorded(stream, event)
-        with self._lock:
+        with self.lock:
             self.after[id(event)] = (event, self.last_op.get(stream))
 
     def event_waited(self, stream, event):
         super().event_waited(stream, event)
-        with self._lock:
+        with self.lock:
             known = self.after.get(id(event))
             self.pending.setdefault(stream, []).append((event, known[1] if known and known[0] is event else None))
 
@@ -353,7 +354,7 @@ class _Program(Sanitizer):
         bake_streams = {id(b[0].stream) for b in bakes}
         shared = [c for c in alone if id(c[0].stream) in bake_streams]
         if shared:
-            name = self._stream(shared[0][0].stream)
+            name = self.stream_name(shared[0][0].stream)
             return (f"the copies ran on `{name}`, the stream that bakes, and a stream runs its work one "
                     "item at a time, in the order queued; copy on the IO streams instead")
         for c in alone:              # the wait that put a later bake after this copy
@@ -362,12 +363,12 @@ class _Program(Sanitizer):
                     continue
                 for event, follows in b[3]:
                     if follows is not None and follows.stream is c[0].stream:
-                        label = self._label(event)
+                        label = self.label_of(event)
                         event_name = f"`{label}`" if label else "an event"
                         nbuf = len({id(q[0].writes[0]) for q in bakes if q[0].writes})
-                        return (f"before {self._name_op(b[0])} your loop makes `{self._stream(b[0].stream)}` wait "
+                        return (f"before {self._name_op(b[0])} your loop makes `{self.stream_name(b[0].stream)}` wait "
                                 f"for {event_name}, recorded after {self._name_op(follows)} on "
-                                f"`{self._stream(follows.stream)}`, so each bake waited for the copy before "
+                                f"`{self.stream_name(follows.stream)}`, so each bake waited for the copy before "
                                 "it, and each copy for its bake. A bake needs only the copy out of the buffer it "
                                 f"refills, {nbuf} planes back, done long before if each buffer has its own events")
                 break

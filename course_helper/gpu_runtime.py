@@ -44,7 +44,7 @@ class GpuRuntime(Runtime):
         return _clock() * 1e3
 
     # -- streams and events --------------------------------------------------
-    @functools.lru_cache(maxsize=None)
+    @functools.lru_cache(maxsize=None)   # noqa: B019 - a runtime lives as long as the process
     def priority_range(self):
         if hasattr(self._rt, "deviceGetStreamPriorityRange"):
             return tuple(self._rt.deviceGetStreamPriorityRange())

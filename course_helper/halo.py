@@ -126,7 +126,7 @@ def decompose(n0, ranks):
     never overlap.
 
     >>> [(s.first, s.stop) for s in decompose(20, 3)]
-    [(2, 8), (8, 14), (14, 18)]
+    [(2, 8), (8, 13), (13, 18)]
     """
     n0 = checks.positive_int("n0", n0, minimum=2 * PAD + 1)
     ranks = checks.positive_int("ranks", ranks)

@@ -182,9 +182,12 @@ def _require_writable(label, a):
                          "array (a new pinned_empty() buffer, or one whose flags.writeable is True)")
 
 
-def _queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
+def queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
     """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D") on the resolved ``stream``
     (see :func:`streams.resolve`); returns the stream.
+
+    Package-internal: the path every copy function above ends in, once its arguments are
+    checked; :mod:`course_helper.calibrate` times it directly (the copy engine, not the checks).
 
     A copy from or to pageable host memory is staged by the driver and
     returns only when it has finished. ``pageable=None`` means "pageable unless
@@ -234,7 +237,7 @@ def copy_to_host_async(dst, src, stream=None, *, level=None, allow_pageable=Fals
             return
         ptr = _require_pinned("dst", dst, "device-to-host")
         _require_writable("dst", dst)
-    _queue_copy("D2H", dst, src, stream, level, host_ptr=ptr)
+    queue_copy("D2H", dst, src, stream, level, host_ptr=ptr)
 
 
 def _pageable_copy(dst, src, stream, level):
@@ -244,7 +247,7 @@ def _pageable_copy(dst, src, stream, level):
     stream's work done (the sanitizer hears it as a synchronise of ``stream``)."""
     observe.notify("host_access", dst, "w", "copy_to_host_async(allow_pageable=True)")
     with streams.host_wait("pageable copy"):
-        _queue_copy("D2H", dst, src, stream, level, pageable=True)
+        queue_copy("D2H", dst, src, stream, level, pageable=True)
     observe.notify("host_synced", stream)
 
 
@@ -274,7 +277,7 @@ def copy_to_device_async(dst, src, stream=None, *, level=None):
     checks.same_layout(dst, src)
     ptr = _require_pinned("src", src, "host-to-device")
     _require_writable("dst", dst)
-    _queue_copy("H2D", dst, src, streams.resolve(stream), level, host_ptr=ptr)
+    queue_copy("H2D", dst, src, streams.resolve(stream), level, host_ptr=ptr)
 
 
 def copy_on_device_async(dst, src, stream=None, *, level=None):
@@ -284,7 +287,7 @@ def copy_on_device_async(dst, src, stream=None, *, level=None):
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
     _require_apart(dst, src)
-    _queue_copy("D2D", dst, src, streams.resolve(stream), level)
+    queue_copy("D2D", dst, src, streams.resolve(stream), level)
 
 
 def _require_apart(dst, src):
@@ -319,7 +322,7 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
     observe.notify("host_access", dst, "w", "copy_to_host")
-    stream = _queue_copy("D2H", dst, src, streams.resolve(stream), level, pageable=None)
+    stream = queue_copy("D2H", dst, src, streams.resolve(stream), level, pageable=None)
     stream.wait_for_host("blocking copy")
 
 

@@ -26,7 +26,6 @@ import os
 import threading
 
 from . import observe, profiles
-from .backend import _state as _backend_state
 from .backend import backend_name, generation, profile_name
 from .model import ModelRuntime
 from .runtime_base import CpuDeviceArray, GraphsUnsupported, Runtime
@@ -43,7 +42,7 @@ def get() -> Runtime:
     """The runtime of the active backend (and, on the CPU, of the active profile)."""
     global _active
     gen, rt = _active
-    if gen == _backend_state.generation and rt is not None:     # an attribute read: get() is on every call
+    if gen == generation() and rt is not None:
         return rt
     rt = _choose()
     _active = (generation(), rt)

@@ -4,6 +4,7 @@ both runtimes share. Kept apart so that the runtimes can import it while
 from __future__ import annotations
 
 import contextlib
+from abc import ABC, abstractmethod
 
 import numpy as np
 
@@ -18,8 +19,9 @@ class GraphsUnsupported(RuntimeError):
     """CUDA graphs cannot be used with the active backend."""
 
 
-class Runtime:
-    """The interface both runtimes implement (raw objects are the runtime's own).
+class Runtime(ABC):
+    """The interface both runtimes implement (raw objects are the runtime's own): each
+    abstract method here, the rest have a default.
 
     Times are in milliseconds. ``cost`` describes an operation for the model
     (``{"kernel": "wave2d_4o", "bytes": n}``, ``{"copy": "D2H", "pageable": False}``,
@@ -43,19 +45,22 @@ class Runtime:
         yield
 
     # -- clocks -------------------------------------------------------------
+    @abstractmethod
     def host_ms(self):
         """The host clock in ms (wall clock on the GPU, modelled host time on the model)."""
-        raise NotImplementedError
 
     # -- streams and events --------------------------------------------------
+    @abstractmethod
     def priority_range(self):
-        raise NotImplementedError
+        """``(least, greatest)`` stream priorities the device offers."""
 
+    @abstractmethod
     def new_stream(self, non_blocking, priority, name):
-        raise NotImplementedError
+        """A new raw stream (``non_blocking``: not ordered with the legacy default stream)."""
 
+    @abstractmethod
     def default_stream(self):
-        raise NotImplementedError
+        """The raw legacy default stream."""
 
     def close_stream(self, raw):
         """Release a stream's resources once its queued work is done (idempotent)."""
@@ -66,89 +71,110 @@ class Runtime:
     def exit_stream(self, raw, exc):
         """``with stream:`` ended."""
 
+    @abstractmethod
     def new_event(self, timing):
-        raise NotImplementedError
+        """A new raw event (``timing``: it records a time for :meth:`elapsed_ms`)."""
 
+    @abstractmethod
     def record(self, event, stream):
-        raise NotImplementedError
+        """Record the raw ``event`` on the raw ``stream``."""
 
+    @abstractmethod
     def wait_event(self, stream, event):
-        raise NotImplementedError
+        """Make later work on the raw ``stream`` wait for the raw ``event``."""
 
+    @abstractmethod
     def stream_done(self, raw):
-        raise NotImplementedError
+        """Whether all work queued on the raw stream has finished."""
 
+    @abstractmethod
     def event_done(self, raw):
-        raise NotImplementedError
+        """Whether the work before the raw event's latest record has finished."""
 
+    @abstractmethod
     def sync_stream(self, raw):
-        raise NotImplementedError
+        """Wait until the raw stream's queued work has finished."""
 
+    @abstractmethod
     def sync_event(self, raw):
-        raise NotImplementedError
+        """Wait until the raw event has happened."""
 
+    @abstractmethod
     def sync_device(self):
-        raise NotImplementedError
+        """Wait until all queued work on the device has finished."""
 
+    @abstractmethod
     def elapsed_ms(self, start, end):
-        raise NotImplementedError
+        """Milliseconds between two recorded timing events."""
 
     # -- work ----------------------------------------------------------------
+    @abstractmethod
     def enqueue(self, stream, op, cuda, numpy, cost):
         """Queue ``op`` on ``stream``: ``cuda(raw_stream)`` launches it on a GPU;
         ``numpy(*outs)`` computes it on the CPU, writing its results into
         ``outs`` (arrays shaped like ``op.writes``). A runtime whose
         :attr:`needs_op` is False may be given None for ``op`` and ``numpy``."""
-        raise NotImplementedError
 
     def launch(self, stream, kernel_for, grid, block, args):
         """Launch the kernel ``kernel_for(stream)`` compiled for ``stream``'s device, directly:
-        what callers do instead of :meth:`enqueue` where :attr:`needs_op` is False."""
-        raise NotImplementedError
+        what callers do instead of :meth:`enqueue` where :attr:`needs_op` is False (only such a
+        runtime has it)."""
+        raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 
     def copy_async(self, stream, kind, dst, src, host_ptr=None):
         """Queue a copy ("D2H", "H2D" or "D2D") directly: what callers do instead of
-        :meth:`enqueue` where :attr:`needs_op` is False."""
-        raise NotImplementedError
+        :meth:`enqueue` where :attr:`needs_op` is False (only such a runtime has it)."""
+        raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 
+    @abstractmethod
     def host_func(self, stream, fn):
-        raise NotImplementedError
+        """Queue the host function ``fn()`` on the raw ``stream``."""
 
     # -- graphs ----------------------------------------------------------------
+    @abstractmethod
     def graphs_supported(self):
-        raise NotImplementedError
+        """``(True, "")`` when CUDA graphs work here, else ``(False, reason)``."""
 
+    @abstractmethod
     def begin_capture(self, stream):
-        raise NotImplementedError
+        """Start capturing the raw ``stream``'s work into a graph."""
 
+    @abstractmethod
     def end_capture(self, stream):
-        raise NotImplementedError
+        """End the capture on the raw ``stream``; returns the graph."""
 
+    @abstractmethod
     def abort_capture(self, stream):
-        raise NotImplementedError
+        """End a failed capture on the raw ``stream``, discarding what it captured."""
 
     def upload_graph(self, graph, stream):
         """Prepare ``graph``'s replay on ``stream`` ahead of its first launch; by default
         there is nothing to prepare."""
 
+    @abstractmethod
     def launch_graph(self, graph, stream):
-        raise NotImplementedError
+        """Queue one replay of ``graph`` on the raw ``stream``."""
 
     # -- memory -----------------------------------------------------------------
+    @abstractmethod
     def device_array(self, shape, dtype, zero):
-        raise NotImplementedError
+        """A new device array (zeroed when ``zero``)."""
 
+    @abstractmethod
     def is_device_array(self, a):
-        raise NotImplementedError
+        """Whether ``a`` is this runtime's device array."""
 
+    @abstractmethod
     def to_device(self, host):
-        raise NotImplementedError
+        """A new device array holding a copy of the host array (blocking)."""
 
+    @abstractmethod
     def to_host(self, device_array):
-        raise NotImplementedError
+        """A new NumPy array holding a copy of the device array (synchronises the device)."""
 
+    @abstractmethod
     def pinned_empty(self, shape, dtype):
-        raise NotImplementedError
+        """A new page-locked host array (uninitialised)."""
 
     def pinned_by_driver(self, array):
         """True when the driver knows ``array`` as page-locked (memory pinned outside the helper)."""
@@ -159,25 +185,25 @@ class Runtime:
         return None
 
     # -- timing marks for the timeline recorder ----------------------------------
+    @abstractmethod
     def trace_begin(self):
         """Start a recording: returns its origin (the device is idle)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def trace_start(self, stream, origin):
         """Called just before an operation is queued on ``stream``; returns a handle."""
-        raise NotImplementedError
 
+    @abstractmethod
     def trace_end(self, stream, start, origin):
         """Called just after; returns the handle of the operation's end."""
-        raise NotImplementedError
 
+    @abstractmethod
     def trace_host_ms(self, origin, host_ms):
         """A reading of :meth:`host_ms` as ms from the recording's origin."""
-        raise NotImplementedError
 
+    @abstractmethod
     def trace_times(self, origin, start, end):
         """``(start_ms, end_ms)`` of a recorded operation from the origin, or None if it never ran."""
-        raise NotImplementedError
 
     def trace_release(self, origin):
         """The recording is finished: give back what it held."""

@@ -224,7 +224,7 @@ def _serialised(method):
     """One notification at a time: threads queueing work at once share the sanitizer's state."""
     @functools.wraps(method)
     def call(self, *args):
-        with self._lock:
+        with self.lock:
             return method(self, *args)
     return call
 
@@ -265,7 +265,7 @@ class Sanitizer:
         self.graphs = {}                     # id(graph) -> (graph, captured accesses)
         self.failed = False
         self.race = None                     # (the RaceError, the thread it was raised in)
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()         # held by each notification (a subclass's too)
 
     def close(self):
         """Stop watching and let go of the buffers it remembers (device memory can be freed)."""
@@ -282,13 +282,14 @@ class Sanitizer:
         else:
             self.names.add(name, arrays)
 
-    def _label(self, obj):
+    def label_of(self, obj):
         """The name given to a stream or an event, or None."""
         known = self.labels.get(id(obj))
         return known[1] if known is not None and known[0] is obj else None
 
-    def _stream(self, stream):
-        return self._label(stream) or stream.name
+    def stream_name(self, stream):
+        """A stream's name in messages: the name given to it, else its own."""
+        return self.label_of(stream) or stream.name
 
     # -- clocks -------------------------------------------------------------
     def _clock(self, stream):
@@ -390,7 +391,8 @@ class Sanitizer:
         if self.failed:
             return
         saved = ({s: dict(c) for s, c in self.clocks.items()}, dict(self.host), dict(self.events),
-                 {s: list(r) for s, r in self.records.items()}, self.shadow, {s: dict(w) for s, w in self.waited.items()})
+                 {s: list(r) for s, r in self.records.items()}, self.shadow,
+                 {s: dict(w) for s, w in self.waited.items()})
         self.capture = (saved, [])
         self.host_version += 1               # clocks are swapped in and out around the capture
         self.shadow = _Shadow()              # nothing captured runs now: check it within the capture
@@ -464,7 +466,8 @@ class Sanitizer:
         what2, _ = self._what(acc)
         fix = (f"{_describe(acc.op)} must be ordered before {buffer} is overwritten with level "
                f"{int(last.op.level)}: give each level in flight its own buffer (more buffers), and make "
-               f"`{self._stream(last.op.stream)}` wait for an event recorded after the copy before it writes {buffer} again")
+               f"`{self.stream_name(last.op.stream)}` wait for an event recorded after the copy before it "
+               f"writes {buffer} again")
         self._raise(_error(f"{_describe(acc.op)} reads {buffer}, which no longer holds level {int(acc.op.level)}",
                            f"{what1} (level {int(last.op.level)})", what2,
                            f"so the copy saves level {int(last.op.level)} as level {int(acc.op.level)}", fix))
@@ -475,34 +478,34 @@ class Sanitizer:
         verb = "writes" if acc.write else "reads"
         if acc.op is None:
             return f"the host ({acc.where}) {verb} {buffer}", buffer
-        replay = f" (replayed in a graph on `{self._stream(acc.replay)}`)" if acc.replay is not None else ""
-        return f"{_describe(acc.op)} on `{self._stream(acc.op.stream)}`{replay} {verb} {buffer}", buffer
+        replay = f" (replayed in a graph on `{self.stream_name(acc.replay)}`)" if acc.replay is not None else ""
+        return f"{_describe(acc.op)} on `{self.stream_name(acc.op.stream)}`{replay} {verb} {buffer}", buffer
 
     def _race(self, first, second):
         what1, buffer = self._what(first)
         what2, _ = self._what(second)
         op1 = _describe(first.op) if first.op is not None else "the host's access"
-        s1 = self._stream(first.thread) if first.thread != _HOST else None
+        s1 = self.stream_name(first.thread) if first.thread != _HOST else None
         consequence = "and nothing orders the second after the first"
         if second.thread == _HOST:
             fix = (f"synchronise `{s1}` (or an event recorded after {op1} on it) before "
                    f"{second.where} touches {buffer}")
             return _error(f"race on {buffer} ({first.span[0]} memory)", what1, what2, consequence, fix)
-        s2 = self._stream(second.thread)
+        s2 = self.stream_name(second.thread)
         # The events recorded on the first access's stream after it: waiting for any of them orders the second.
         after = [(e, order) for p, e, order in self.records.get(first.thread, []) if p >= first.clock]
         waited = self.waited.get(second.thread, {})
         early = [e for e, order in after if id(e) in waited and waited[id(e)][0] is e and waited[id(e)][1] < order]
-        named = [e for e, _ in after if self._label(e)]
+        named = [e for e, _ in after if self.label_of(e)]
         if early:
-            event = f"`{self._label(early[0])}`" if self._label(early[0]) else "the event"
+            event = f"`{self.label_of(early[0])}`" if self.label_of(early[0]) else "the event"
             consequence += (f": `{s2}` waited for {event} before `{s1}` recorded it after {op1}, and "
                             "`wait_event` takes the event's latest record at the moment of the call, so that "
                             "wait was for an earlier record (or for nothing, if it had never been recorded)")
             fix = (f"queue the wait for {event} on `{s2}` after the record of {event} on `{s1}` "
                    f"and before {_describe(second.op)}")
         elif after:
-            event = f"`{self._label(named[0])}`" if named else "the event"
+            event = f"`{self.label_of(named[0])}`" if named else "the event"
             fix = f"make `{s2}` wait for {event} recorded after {op1} on `{s1}` (with `wait_event`)"
         else:
             fix = (f"record an event on `{s1}` after {op1} and make `{s2}` wait for it "

@@ -110,8 +110,9 @@ import numpy as np
 from . import checks, observe, recording, runtime, streams
 from .memory import pinned_empty
 
-__all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "StoredImages", "StoreDamaged", "StoreWriteError", "check_target", "free_bytes",
-           "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS", "ring_slots", "FLAGS_EVERY_S"]
+__all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "StoredImages", "StoreDamaged", "StoreWriteError",
+           "check_target", "free_bytes", "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS",
+           "ring_slots", "FLAGS_EVERY_S"]
 
 DATA = "u"                      # the wavefield array inside the store
 DEFAULT_WRITERS = 4             # enough chunks in flight that one writer's own work leaves the disk busy
@@ -225,23 +226,18 @@ def _checksum(payload):
 
 def _durable_store(root, read_only=False):
     """A Zarr LocalStore whose files appear whole (temporary name, then rename), fsync'ed
-    (they are written once, when the store is created)."""
+    (they are written once, when the store is created). It replaces only the store's public
+    writes (``set``, ``set_sync``), so it rests on no private part of Zarr."""
     from zarr.storage import LocalStore
-
-    def put(root, key, value):
-        _put_durable(root / key, value.as_buffer_like())
 
     class DurableStore(LocalStore):
         async def set(self, key, value):
-            if not self._is_open:
-                await self._open()
-            self._check_writable()
-            await asyncio.to_thread(put, self.root, key, value)
+            await asyncio.to_thread(self.set_sync, key, value)
 
         def set_sync(self, key, value):
-            self._ensure_open_sync()
-            self._check_writable()
-            put(self.root, key, value)
+            if self.read_only:
+                raise ValueError(f"the store {self.root} was opened read-only: it cannot be written")
+            _put_durable(self.root / key, value.as_buffer_like())
 
     return DurableStore(root, read_only=read_only)
 
@@ -669,7 +665,7 @@ class DiskSink:
             for write in (w for w in self.ring.modelled if w is not None):
                 write.cancel(RuntimeError("the run stopped before this chunk's copy ran"))
         started = lambda threads: [t for t in threads if t.ident is not None]   # noqa: E731
-        for t in self._threads:
+        for _ in self._threads:
             self._queue.put(None)
         for t in started(self._threads):
             t.join()

@@ -225,8 +225,8 @@ def level_times(problem):
 @functools.lru_cache(maxsize=None)
 def _measured_level_times(n0, n1):
     from .backend import device_report        # imported here: calibrate imports the solver,
-    from .calibrate import _Bench             # which imports this module
-    bench = _Bench()
+    from .calibrate import Bench              # which imports this module
+    bench = Bench()
     problem = WaveProblem(n0=n0, n1=n1, nt=3)
     U = [device_zeros(problem.shape) for _ in range(3)]
     V, host = to_device(problem.velocity), pinned_empty(problem.shape)

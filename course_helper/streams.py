@@ -286,8 +286,12 @@ def create_streams(n, blocking=False, priority=None, name="stream"):
 
     Examples
     --------
+    (The helper's first call in a process also prints one line naming the active backend.)
+
     >>> compute, = create_streams(1, name="compute")
     >>> io = create_streams(2, name="io")
+    >>> [s.name for s in io]
+    ['io 0', 'io 1']
     """
     n = checks.positive_int("n (the number of streams)", n)
     blocking = checks.flag("blocking", blocking)

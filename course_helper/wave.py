@@ -16,7 +16,6 @@ from importlib import resources
 import numpy as np
 
 from . import checks, observe, runtime, streams
-from .backend import backend_name, cupy_module
 from .memory import is_device_array
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
@@ -62,7 +61,7 @@ class WaveProblem:
         Wave speed in m/s (default 343, sound in air); an array gives a
         heterogeneous medium, e.g. layers.
     cfl : float
-        Courant number ``Vmax dt / min(dx)`` (default 0.4); must stay below
+        Courant number ``Vmax dt / min(dx)`` (default 0.4); at most
         :attr:`cfl_limit`, the stability limit of this scheme.
     nt : int, optional
         Number of time levels. Default: long enough for the wave to cross the
@@ -402,26 +401,6 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     # those context rows with its neighbouring window, which writes them itself).
     op = observe.Op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0, (U0, U1, V), (U2[PAD:-PAD],))
     runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost=cost)
-
-
-def launch_once_untold():
-    """Launch ``wave2d_4o`` once on an 8 x 8 grid of zeros, on a stream of its own, and wait for
-    it, telling no observer (GPU backend).
-
-    A CUPTI recording calls this right after it starts: the first kernel launch under a new
-    CUPTI session sets up CUPTI's kernel tracing (0.8 to 5 ms on the H200), which would
-    otherwise land inside the recorded loop and count as tracing overhead."""
-    if backend_name() != "gpu":
-        raise RuntimeError("launch_once_untold launches the CUDA kernel itself, so it needs the GPU backend; "
-                           "on the CPU backend launch_wave2d runs the modelled kernel")
-    cupy = cupy_module()
-    tiny = WaveProblem(n0=8, n1=8, nt=3)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    scalars, grid = _kernel_scalars_and_grid(tiny)
-    args = (*(cupy.zeros(tiny.shape, cupy.float32) for _ in range(3)), cupy.asarray(tiny.velocity),
-            *scalars, tiny.source_amplitude(0))
-    runtime.get().launch(stream, _gpu_kernel, grid, _BLOCK, args)
-    stream.synchronize()
 
 
 def _kernel_scalars_and_grid(problem):

@@ -26,7 +26,7 @@ def test_backend_name_is_gpu_or_cpu(backend):
 def test_first_use_prints_one_line_saying_why():
     p = _run("import course_helper as ch; ch.backend_name(); ch.backend_name(); ch.device_report()", "cpu")
     assert p.returncode == 0, p.stderr
-    lines = [l for l in p.stdout.splitlines() if l.startswith("course_helper:")]
+    lines = [x for x in p.stdout.splitlines() if x.startswith("course_helper:")]
     assert len(lines) == 1
     assert "CPU backend" in lines[0] and "COURSE_HELPER_BACKEND=cpu" in lines[0]
 

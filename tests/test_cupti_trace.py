@@ -27,7 +27,8 @@ def test_the_timer_keeps_what_cupti_times_and_whether_a_graph_captured_it():
     timer.journal.append(("kernel", "wave2d_4o level 9", s, 9, 0))
     timer.capture_ended(s, None)
     timer.journal.append(("memset", "zero", s, None, 8))
-    assert timer.queued_ops() == [("D2H", "D2H level 4", s, 4, 64, False), ("kernel", "wave2d_4o level 9", s, 9, 0, True),
+    assert timer.queued_ops() == [("D2H", "D2H level 4", s, 4, 64, False),
+                                  ("kernel", "wave2d_4o level 9", s, 9, 0, True),
                                   ("memset", "zero", s, None, 8, False)]
 
 
@@ -123,12 +124,11 @@ def test_a_cupti_trace_leaves_out_its_own_set_up_launch(backend):
 
 
 def test_the_set_up_launch_needs_the_gpu(backend):
-    from course_helper import wave
     if backend == "cpu":
         with pytest.raises(RuntimeError, match="needs the GPU backend"):
-            wave.launch_once_untold()
+            cupti_trace.warm_up()
     else:
-        wave.launch_once_untold()          # returns once the launch has run
+        cupti_trace.warm_up()          # returns once the launch has run
 
 
 def test_a_bare_session_records_only_the_kinds_asked_for(backend):
@@ -136,10 +136,9 @@ def test_a_bare_session_records_only_the_kinds_asked_for(backend):
         pytest.skip("needs CUPTI: " + cupti_trace.available()[1])
     with pytest.raises(ValueError, match="kinds must be some of"):
         cupti_trace.ActivitySession(("kernel", "copies"))
-    from course_helper import wave
     session = cupti_trace.ActivitySession(("memcpy",)).start()
     try:
-        wave.launch_once_untold()
+        cupti_trace.warm_up()
         host = ch.pinned_empty((8, 8))
         ch.copy_to_host_async(host, ch.device_zeros((8, 8)), ch.default_stream())
         ch.synchronize()

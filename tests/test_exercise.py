@@ -401,7 +401,8 @@ def test_names_come_from_the_loops_closure_too(cpu):
 
 def test_a_loop_too_small_to_overlap_is_told_why(cpu):
     msg = verdict(learner("solution", nplanes=6, shape=(64, 64)))
-    assert "your loop's order lets a copy run during the next bake" in msg and "before the host had queued the next" in msg
+    assert "your loop's order lets a copy run during the next bake" in msg
+    assert "before the host had queued the next" in msg
 
 
 # -- notebook 9: the missing wait shows in the data ---------------------------------------------
@@ -427,7 +428,8 @@ def test_notebook_9s_missing_wait_changes_the_same_levels_on_every_run(backend):
             ns["events_without_copy_wait"]()
             ch.synchronize()
         run, reference = ns["run"], ns["reference"]
-        wrong = [int(level) for level, a, b in zip(run.levels, run.images, reference.images) if not np.array_equal(a, b)]
+        wrong = [int(level) for level, a, b in zip(run.levels, run.images, reference.images)
+                 if not np.array_equal(a, b)]
         kernel_end = {e.level: e.end_ms for e in t.trace.kernels}
         early = [c.level for c in t.trace.copies if c.level in kernel_end and c.start_ms < kernel_end[c.level]]
         assert wrong, "the race changed no level"

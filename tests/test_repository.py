@@ -20,7 +20,7 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
         wanted |= {_name(r) for r in py["optional-dependencies"][extra]}
     text = (ROOT / "environment.yml").read_text()
     section = text.split("dependencies:", 1)[1]
-    deps = [l.strip()[2:] for l in section.splitlines() if l.strip().startswith("- ") and "-e ." not in l]
+    deps = [x.strip()[2:] for x in section.splitlines() if x.strip().startswith("- ") and "-e ." not in x]
     conda = {_name(d) for d in deps} - {"python", "pip", "pip:"}
     assert "cupy" in conda                       # conda's name for the cupy-cuda* wheels
     assert conda - {"cupy"} == wanted
@@ -54,7 +54,8 @@ def test_notebook_is_canonical(path):
     for cell in nb.cells:
         if cell.cell_type != "markdown":
             continue
-        for link in re.findall(r"!\[[^\]]*\]\(([^)\s]+)", cell.source) + re.findall(r'<img[^>]+src="([^"]+)"', cell.source):
+        links = re.findall(r"!\[[^\]]*\]\(([^)\s]+)", cell.source) + re.findall(r'<img[^>]+src="([^"]+)"', cell.source)
+        for link in links:
             if link.startswith(("http://", "https://", "data:", "attachment:")):
                 continue
             assert (path.parent / link).resolve().exists(), f"{path.name}: missing image {link}"

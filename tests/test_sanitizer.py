@@ -188,11 +188,18 @@ LOOPS = [name for name, entry in solver.STRATEGIES.items() if not entry.graph]  
 ORDERING_CALLS = ("wait_event", "record", "synchronize")
 
 
-def solve_kwargs(name):
-    kw = dict(trace=False, sanitize=True)
+def solve_kwargs(name, nscratch=None):
+    kw = dict(trace=False, sanitize=True, nscratch=nscratch)
     if name in ("staged", "graph-staged"):
         kw.update(nstaging=2, batch=2)                  # the staging ring wraps several times
     return kw
+
+
+def depths(name):
+    """The scratch depths a loop is checked at: the default, and the documented minimum where the
+    loop takes a chosen depth (an off-by-one ring index is safe in a deep ring, not at the minimum)."""
+    entry = solver.STRATEGIES[name]
+    return [None] if entry.max_nscratch is not None else [None, entry.min_nscratch]
 
 
 def mutants(name):
@@ -221,6 +228,7 @@ def mutants(name):
 
 
 ALL_MUTANTS = [m for name in LOOPS for m in [(name, d, f) for d, f in mutants(name)]]
+AT_DEPTHS = [(name, what, loop, n) for name, what, loop in ALL_MUTANTS for n in depths(name)]
 
 
 def test_every_concurrent_loop_has_mutants():
@@ -229,23 +237,25 @@ def test_every_concurrent_loop_has_mutants():
     assert len(ALL_MUTANTS) >= 11
 
 
-@pytest.mark.parametrize("name,what,loop", ALL_MUTANTS, ids=[d for _, d, _ in ALL_MUTANTS])
-def test_removing_any_ordering_line_is_a_race(backend, monkeypatch, name, what, loop):
+@pytest.mark.parametrize("name,what,loop,nscratch", AT_DEPTHS,
+                         ids=[f"{d} (nscratch {n or 'default'})" for _, d, _, n in AT_DEPTHS])
+def test_removing_any_ordering_line_is_a_race(backend, monkeypatch, name, what, loop, nscratch):
     monkeypatch.setitem(solver.STRATEGIES, name, dataclasses.replace(solver.STRATEGIES[name], loop=loop))
     with pytest.raises(ch.RaceError):
-        ch.solve(ch.WaveProblem(**PROBLEM), name, **solve_kwargs(name))
+        ch.solve(ch.WaveProblem(**PROBLEM), name, **solve_kwargs(name, nscratch))
     # the process stays usable: the same solve without the mutant runs cleanly afterwards
     monkeypatch.undo()
-    ch.solve(ch.WaveProblem(**PROBLEM), name, **solve_kwargs(name))
+    ch.solve(ch.WaveProblem(**PROBLEM), name, **solve_kwargs(name, nscratch))
 
 
-@pytest.mark.parametrize("name", list(solver.STRATEGIES))
-def test_correct_loops_never_raise(backend, name):
+@pytest.mark.parametrize("name,nscratch", [(name, n) for name in solver.STRATEGIES for n in depths(name)])
+def test_correct_loops_never_raise(backend, name, nscratch):
     ok, why = solver.STRATEGIES[name].available()
     if not ok:
         pytest.skip(why)
     problem = ch.WaveProblem(**PROBLEM)
-    r = ch.solve(problem, name, **solve_kwargs(name))
+    r = ch.solve(problem, name, **solve_kwargs(name, nscratch))
+    assert nscratch is None or r.nscratch == nscratch
     assert r.max_difference(ch.solve(problem, "sequential", trace=False)) == 0
 
 

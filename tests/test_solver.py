@@ -195,7 +195,7 @@ def test_result_without_trace_says_how_to_get_one(backend, small):
     r = ch.solve(small, "events", trace=False)
     assert not r.has_trace
     with pytest.raises(ValueError, match="trace=True"):
-        r.trace
+        _ = r.trace
     assert "events" in repr(r)
     np.testing.assert_allclose(r.times_ms, r.levels * small.dt * 1e3)
 
@@ -337,3 +337,11 @@ def test_a_registered_strategy_is_picked_up_everywhere(cpu, small, extra_strateg
     assert "events-wide" in capsys.readouterr().out
     with pytest.raises(ValueError, match="already registered"):
         strategies.register(strategies.Strategy("events-wide", strategies.with_events))
+
+
+@pytest.mark.parametrize("depths", [dict(nscratch=4, min_nscratch=5), dict(nscratch=2, min_nscratch=2),
+                                    dict(nscratch=6, min_nscratch=4, max_nscratch=5)])
+def test_register_refuses_depths_out_of_order(depths):
+    with pytest.raises(ValueError, match="min_nscratch <= nscratch"):
+        strategies.register(strategies.Strategy("out-of-order", strategies.with_events, **depths))
+    assert "out-of-order" not in solver.STRATEGIES

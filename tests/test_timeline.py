@@ -1,6 +1,7 @@
 import errno
 import json
 import os
+import pathlib
 import stat
 import subprocess
 import sys
@@ -56,9 +57,36 @@ def validate_chrome(doc):
     for tid, s in spans.items():
         assert tid in names, f"track {tid} has no name"
         s.sort()
-        for (a0, a1), (b0, _) in zip(s, s[1:]):
+        for (_, a1), (b0, _) in zip(s, s[1:]):
             assert b0 >= a1 - 1e-6, f"events overlap on track {names[tid]}"
     return names
+
+
+def from_chrome(doc):
+    """TraceEvents read back from a Chrome trace, by the format's own definitions: ``ts`` and
+    ``dur`` in microseconds, each ``tid`` named by a ``thread_name`` record."""
+    names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
+    return [TraceEvent(names[e["tid"]], e["cat"], e["name"], e["ts"] / 1000, (e["ts"] + e["dur"]) / 1000,
+                       e["args"]["bytes"], e["args"].get("level"))
+            for e in doc["traceEvents"] if e["ph"] == "X"]
+
+
+def test_chrome_times_are_microseconds():
+    t = Trace([TraceEvent("compute", "kernel", "k", 2.0, 3.5, 0, 2)], ["compute"])
+    (x,) = [e for e in t.to_chrome()["traceEvents"] if e["ph"] == "X"]
+    assert (x["ts"], x["dur"]) == (2000.0, 1500.0)      # 2 ms and 1.5 ms, in µs
+
+
+def test_chrome_export_round_trips(tmp_path):
+    t = hand_trace()
+    doc = json.loads(pathlib.Path(t.to_chrome_json(tmp_path / "t.json")).read_text())
+    back = from_chrome(doc)
+    assert len(back) == len(t.events)
+    for got, want in zip(back, t.events):
+        assert (got.track, got.kind, got.name, got.bytes, got.level) == \
+            (want.track, want.kind, want.name, want.bytes, want.level)
+        assert got.start_ms == pytest.approx(want.start_ms) and got.end_ms == pytest.approx(want.end_ms)
+    assert Trace(back, t.tracks).summary() == pytest.approx(t.summary())
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "streams", "events"])
@@ -98,7 +126,7 @@ def test_plot_whole_and_zoomed(backend, small):
     import matplotlib.pyplot as plt
     t = ch.solve(small, "streams").trace
     ax = t.plot()
-    assert [l.get_text() for l in ax.get_yticklabels()][0].split("\n")[0] == "compute"
+    assert [t.get_text() for t in ax.get_yticklabels()][0].split("\n")[0] == "compute"
     ax2 = t.plot(levels=(20, 23))
     lo, hi = ax2.get_xlim()
     w = t.window_for_levels(20, 23)
@@ -291,7 +319,8 @@ with rt.times_only(rt.modelled):
                 ch.launch_wave2d(U[k % 3], U[(k + 1) % 3], U[(k + 2) % 3], V, p, k, stream=s)
             s.synchronize()
         wait = [e for e in t.events if e.kind == "host wait"][-1]
-        out.append({"timing": t.timing, "cupti": cupti_trace.available()[0], "kernel_end": max(e.end_ms for e in t.kernels),
+        out.append({"timing": t.timing, "cupti": cupti_trace.available()[0],
+                    "kernel_end": max(e.end_ms for e in t.kernels),
                     "wait_start": wait.start_ms, "wait_end": wait.end_ms})
 print(json.dumps(out))
 """
@@ -311,8 +340,8 @@ def _assert_wait_ends_with_the_kernels(traces):
     for i, t in enumerate(traces):
         which = "the first trace of the process" if i == 0 else "a later trace"
         assert t["wait_start"] < t["kernel_end"], f"{which}: the host did not wait for the kernels ({t})"
-        assert abs(t["wait_end"] - t["kernel_end"]) <= 0.1, \
-            f"{which} ({t['timing']}): the host wait ends {t['wait_end'] - t['kernel_end']:+.3f} ms from the kernels' end"
+        gap = t["wait_end"] - t["kernel_end"]
+        assert abs(gap) <= 0.1, f"{which} ({t['timing']}): the host wait ends {gap:+.3f} ms from the kernels' end"
 
 
 def test_host_lane_shares_the_device_lanes_origin_on_the_model():

@@ -204,6 +204,37 @@ def test_wave_problem_accepts_up_to_the_limit_and_refuses_above(dx):
         ch.WaveProblem(36, 36, dx=dx, cfl=1.001 * limit)
 
 
+@pytest.mark.parametrize("dx", SPACINGS, ids=str)
+def test_the_limit_itself_is_accepted_and_runs_bounded(dx):
+    """Exactly at the limit, one float below it and one float above it."""
+    limit = ch.WaveProblem(36, 36, dx=dx).cfl_limit
+    assert ch.WaveProblem(36, 36, dx=dx, cfl=limit).cfl == limit
+    assert ch.WaveProblem(36, 36, dx=dx, cfl=math.nextafter(limit, 0)).cfl < limit
+    with pytest.raises(ValueError, match="stability limit"):
+        ch.WaveProblem(36, 36, dx=dx, cfl=math.nextafter(limit, math.inf))
+    at = peak_per_level(dx, limit, nt=1500)
+    assert np.isfinite(at).all() and at[-500:].max() <= at[:300].max(), "at the limit the wavefield grew"
+
+
+def test_the_source_is_a_ricker_wavelet_peaking_at_twice_the_delay():
+    """The wavelet against its definition, computed here on its own: minus the second time
+    derivative of the Gaussian exp(-(pi fm t)^2), over 2 (pi fm)^2, centred at t = 2 sqrt(6) / (pi fm)
+    (notebook 4); the derivative by a central difference."""
+    p = ch.WaveProblem(64, 64, nt=400)
+    centre = 2 * math.sqrt(6) / (math.pi * p.fm)
+    h = 1e-4 / p.fm
+
+    def gaussian(t):
+        return np.exp(-(math.pi * p.fm * t) ** 2)
+    n = np.arange(p.nt)
+    t = n * p.dt - centre
+    want = -(gaussian(t + h) - 2 * gaussian(t) + gaussian(t - h)) / h**2 / (2 * (math.pi * p.fm) ** 2)
+    got = np.array([p.source_amplitude(k) for k in n], np.float64)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert abs(int(np.argmax(got)) - centre / p.dt) <= 0.5          # the peak, at the level nearest the centre
+    assert got[0] == pytest.approx(0, abs=1e-3)                     # it starts from (nearly) nothing
+
+
 def test_square_cells_of_any_size_share_one_limit():
     for dx in (0.01, 0.5, 1.0, 2.0, 100.0):
         assert ch.WaveProblem(36, 36, dx=dx).cfl_limit == pytest.approx(math.sqrt(3 / 8))

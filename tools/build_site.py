@@ -124,8 +124,8 @@ def main(argv=None):
     if (out / "html").exists():
         shutil.rmtree(out / "html")
     # -W: a warning (a broken link, a missing picture) fails the build instead of scrolling by.
-    command = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(src), "--path-output", str(out),
-               "--builder", "html", "-W", "-n", "--keep-going"]
+    command = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(src),
+               "--path-output", str(out), "--builder", "html", "-W", "-n", "--keep-going"]
     subprocess.run(command, check=True)
     shutil.move(out / "_build" / "html", out / "html")
     shutil.rmtree(out / "_build")

@@ -20,10 +20,10 @@ measure)
     w="$out/work"
     python3 -m course_helper calibrate --out "$w/h200.json" 2>&1 | tail -n 3 | tee "$w/calibrate.log"
     python3 -m course_helper bench --every-sweep --repeats 5 --no-progress --out "$w" 2>&1 | tee "$w/bench.log"
-    COURSE_HELPER_BACKEND=cpu python3 benchmarks/validate_model.py "$w/bench.json" --profile "$w/h200.json" --fit-pageable \
+    COURSE_HELPER_BACKEND=cpu python3 -m benchmarks.validate_model "$w/bench.json" --profile "$w/h200.json" --fit-pageable \
         --out "$w" 2>&1 | tee "$w/validate.log"
-    python3 benchmarks/trace_check.py --out "$w/trace_check.json" 2>&1 | tail -n 40 | tee "$w/trace_check.log"
-    python3 benchmarks/host_cost.py --repeats 11 --out "$w/host_cost.json" 2>&1 | tail -n 20 | tee "$w/host_cost.log"
+    python3 -m benchmarks.trace_check --out "$w/trace_check.json" 2>&1 | tail -n 40 | tee "$w/trace_check.log"
+    python3 -m benchmarks.host_cost --repeats 11 --out "$w/host_cost.json" 2>&1 | tail -n 20 | tee "$w/host_cost.log"
     tar -C "$w" -cf "$out/results.tar" .
     ;;
 tests)
@@ -35,8 +35,8 @@ notebooks)
     tar -cf "$out/notebooks.tar" notebooks
     ;;
 timelines)       # the CUPTI check of the timelines and the host cost alone
-    python3 benchmarks/trace_check.py --out "$out/trace_check.json" 2>&1 | tail -n 40 > "$out/trace_check.log"
-    python3 benchmarks/host_cost.py --repeats 11 --out "$out/host_cost.json" 2>&1 | tail -n 20 | tee "$out/host_cost.log"
+    python3 -m benchmarks.trace_check --out "$out/trace_check.json" 2>&1 | tail -n 40 > "$out/trace_check.log"
+    python3 -m benchmarks.host_cost --repeats 11 --out "$out/host_cost.json" 2>&1 | tail -n 20 | tee "$out/host_cost.log"
     ;;
 *)
     echo "usage: $0 measure|tests|notebooks|timelines OUT" >&2

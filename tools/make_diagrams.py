@@ -91,7 +91,7 @@ def lanes(ax, y, kern, copy, label, every, until, one_stream=False):
     ax.text(-0.02 * until, y - 0.25, "host waits for each copy" if one_stream else "IO streams",
             ha="right", va="center", fontsize=8, color=WAIT if one_stream else COPY)
     ends = sorted(kern.values())
-    for (a, b), (c, _) in zip(ends, ends[1:]):
+    for (_, b), (c, _) in zip(ends, ends[1:]):
         if c - b > 1e-9 and c <= until and not one_stream:
             box(ax, b, y, c - b, 0.34, IDLE)
             ax.text((b + c) / 2, y + 0.17, "waits for\ncopied[b]", ha="center", va="center", fontsize=7)

@@ -51,7 +51,7 @@ NOTEBOOK = """{{
 def readme_launch():
     """The README's launch line, split into its environment and its command."""
     quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1]
-    line = next(l for l in quick.splitlines() if " jupyter lab " in f" {l} ")
+    line = next(x for x in quick.splitlines() if " jupyter lab " in f" {x} ")
     words = shlex.split(line, comments=True)
     env = dict(w.split("=", 1) for w in words if "=" in w and words.index(w) < words.index("jupyter"))
     return env, words[words.index("jupyter"):]
@@ -290,7 +290,8 @@ def _move_slider(page, presses):
     assert level > 0, "the slider did not move"
     try:
         page.wait_for_function(
-            "(k) => [...document.querySelectorAll('.widget-label')].some(e => e.textContent.includes('level ' + k + ','))",
+            "(k) => [...document.querySelectorAll('.widget-label')]"
+            ".some(e => e.textContent.includes('level ' + k + ','))",
             arg=level, timeout=30_000)
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "failed_slider.png"))

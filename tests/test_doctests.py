@@ -1,0 +1,47 @@
+"""The docstring examples of course_helper run, on the CPU backend, and print what they show.
+
+Examples that need a GPU or take long are marked ``# doctest: +SKIP`` in the docstring. The
+backend is chosen (and its one-line banner printed) before the examples run, as it is in a
+notebook after its first cell.
+"""
+import doctest
+import importlib
+import io
+import pathlib
+
+import pytest
+
+import course_helper as ch
+
+PACKAGE = pathlib.Path(ch.__file__).parent
+MODULES = sorted(f"course_helper.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__main__")
+# Examples that must run here (not skipped): a docstring that loses them fails the check below.
+MUST_RUN = {"course_helper.halo.decompose", "course_helper.streams.create_streams",
+            "course_helper.wave.WaveProblem"}
+
+
+def _run(name):
+    """``(tests run, failures, report)`` of the module's docstring examples."""
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == "cupy":
+            pytest.skip(f"{name} imports CuPy, which is not installed here")
+        raise
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    report = io.StringIO()
+    ran = set()
+    for test in doctest.DocTestFinder().find(module, name):
+        result = runner.run(test, out=report.write)
+        if result.attempted:                 # examples run, skipped ones not counted
+            ran.add(test.name)
+    return ran, runner.failures, report.getvalue()
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    ch.set_backend("cpu")            # the conftest puts the session's backend back afterwards
+    ran, failures, report = _run(name)
+    assert failures == 0, report
+    want = {t for t in MUST_RUN if t.rpartition(".")[0] == name}
+    assert want <= ran, f"these examples no longer run: {sorted(want - ran)}"

@@ -1,0 +1,130 @@
+"""No module of course_helper reads another module's private names.
+
+A name that starts with one underscore is private to the module that defines it: the module may
+change it without notice. So a module of the package may use its own private names, and no others:
+not ``from .memory import _queue_copy``, not ``backend._state``, and not a private method a class
+inherits from a library (``zarr``'s ``LocalStore._open``), which a library upgrade can change. Each
+finding names the file, the line and the name, so the fix is to give the name a public home.
+"""
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "course_helper"
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+# Private by spelling, public by documentation: CPython's frame access.
+ALLOWED = {("sys", "_getframe")}
+
+
+def _private(name):
+    """``_x`` is private; ``__x__`` (Python's protocols) and ``_x_`` (IPython's display protocol,
+    such as ``_repr_mimebundle_``) are not."""
+    return name.startswith("_") and not name.endswith("_")
+
+
+def _sets_attribute(call):
+    """Whether ``call`` is ``setattr(obj, "_x", v)`` or ``object.__setattr__(obj, "_x", v)``."""
+    return (ast.unparse(call.func) in ("setattr", "object.__setattr__") and len(call.args) == 3
+            and isinstance(call.args[1], ast.Constant) and isinstance(call.args[1].value, str))
+
+
+def _own_names(tree):
+    """Every name the module itself defines: functions, classes, module and class variables,
+    attributes it assigns (``self._x = ...``), and the names it binds by import under an alias."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.alias) and node.asname:
+            names.add(node.asname)
+        elif isinstance(node, ast.Call) and _sets_attribute(node):
+            names.add(node.args[1].value)
+    return names
+
+
+def findings(source, filename="<module>"):
+    """The lines of ``source`` that use another module's private name, as ``"file:line: what"``."""
+    tree = ast.parse(source, filename)
+    own = _own_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if _private(alias.name):
+                    found.append(f"{filename}:{node.lineno}: imports the private name "
+                                 f"{alias.name} from {'.' * node.level}{node.module or ''}")
+        elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
+            base = node.value.id if isinstance(node.value, ast.Name) else None
+            if (base, node.attr) not in ALLOWED:
+                found.append(f"{filename}:{node.lineno}: reads {ast.unparse(node)}, a private "
+                             f"name the module does not define")
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_uses_no_other_module_private_name(path):
+    found = findings(path.read_text(), str(path.relative_to(PACKAGE.parent)))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "from .memory import _queue_copy\n",
+    "from course_helper.backend import _state as s\n",
+    "from . import backend\nbackend._state\n",
+    "import zarr\nclass S(zarr.storage.LocalStore):\n    def f(self):\n        return self._is_open\n",
+    "class S(Base):\n    async def set(self):\n        await super()._open()\n",
+])
+def test_the_check_finds_a_private_name_of_another_module(source):
+    assert findings(source)
+
+
+@pytest.mark.parametrize("source", [
+    "_cache = {}\ndef f():\n    return _cache\n",
+    "class A:\n    def __init__(self):\n        self._n = 0\n    def n(self):\n        return self._n\n",
+    "class A:\n    def _step(self):\n        pass\n    def run(self, other):\n        other._step()\n",
+    "import sys\nsys._getframe(1)\n",
+    "def show(w):\n    return w._repr_mimebundle_()\n",
+    "class P:\n    def bump(self):\n        object.__setattr__(self, '_v', 1)\n"
+    "    def v(self):\n        return self._v\n",
+])
+def test_the_check_allows_own_private_names(source):
+    assert not findings(source)
+
+
+# --------------------------------------------------------------------------
+# Both runtimes implement the whole Runtime interface
+# --------------------------------------------------------------------------
+def _class_names(path, cls):
+    """The names a class's body defines (methods and class attributes), read from its source:
+    the GPU runtime imports CuPy, which a CPU machine does not have."""
+    tree = ast.parse(path.read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    names = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.id for n in node.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_the_runtime_interface_is_abstract():
+    from course_helper.runtime_base import Runtime
+    assert {"host_ms", "enqueue", "new_stream", "sync_device", "trace_times"} <= Runtime.__abstractmethods__
+
+    class Partial(Runtime):
+        def host_ms(self):
+            return 0.0
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
+
+
+@pytest.mark.parametrize("module, cls", [("model", "ModelRuntime"), ("gpu_runtime", "GpuRuntime")])
+def test_each_runtime_implements_every_abstract_method(module, cls):
+    from course_helper.runtime_base import Runtime
+    missing = Runtime.__abstractmethods__ - _class_names(PACKAGE / f"{module}.py", cls)
+    assert not missing, f"{cls} does not implement {sorted(missing)}"
