@@ -47,7 +47,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -61,7 +60,8 @@ from .graphs import capture_graph
 from .timeline import Trace, TraceEvent
 from .wave import PAD, WaveProblem, launch_wave2d
 
-__all__ = ["HALO", "STRATEGIES", "REGISTRY", "HaloStrategy", "capture_rank_loop", "Slab", "Window", "HaloLink", "decompose", "owner_of", "Team", "run_rank", "gather",
+__all__ = ["HALO", "STRATEGIES", "REGISTRY", "HaloStrategy", "capture_rank_loop", "Slab", "Window", "HaloLink",
+           "decompose", "owner_of", "Team", "run_rank", "gather",
            "merge_traces", "chrome_trace", "launch_halo", "HaloResult", "find_mpiexec", "halo_bound",
            "measure_parts", "link_note", "blocking_step", "overlap_step", "ranks_backend", "traces_from_chrome",
            "ranks_env", "world"]
