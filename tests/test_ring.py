@@ -25,6 +25,16 @@ def hidden_fraction(trace):
     return s["overlap_ms"] / shorter if shorter > 0 else 0.0
 
 
+def assert_is_the_reference(images, problem, every):
+    """The NumPy reference, bit for bit on the CPU backend (the same NumPy arithmetic); on a GPU
+    to float32 rounding (the CUDA compiler may fuse a multiply and an add)."""
+    expected = ch.reference_solution(problem, every)
+    if ch.backend_name() == "cpu":
+        assert np.array_equal(images, expected)
+    else:
+        np.testing.assert_allclose(images, expected, atol=1e-6 * np.abs(expected).max())
+
+
 def modelled(problem, strategy, **kw):
     """``solve`` on the modelled GPU with the arithmetic skipped (only times are read)."""
     with runtime.get().times_only():
@@ -154,7 +164,7 @@ def test_sequential_pinned_gives_the_sequential_result(backend, small, every):
     b = ch.solve(small, "sequential", every=every, trace=False)
     assert ch.memory.is_pinned(a.images) and not ch.memory.is_pinned(b.images)
     assert np.array_equal(a.images, b.images)
-    assert np.array_equal(a.images, ch.reference_solution(small, every))
+    assert_is_the_reference(a.images, small, every)
 
 
 def test_sequential_pinned_waits_for_every_copy_and_overlaps_nothing(cpu):
@@ -187,7 +197,7 @@ def test_pageable_pinned_overlapped_each_step_faster_on_the_model(cpu):
                                                 ("events", solver.MAX_RING)])
 def test_sanitizer_passes(backend, small, strategy, nscratch):
     r = ch.solve(small, strategy, every=2, nscratch=nscratch, sanitize=True, trace=False)
-    assert np.array_equal(r.images, ch.reference_solution(small, 2))
+    assert_is_the_reference(r.images, small, 2)
 
 
 def test_timing_only_keeps_the_modelled_times_and_timeline_and_skips_the_arithmetic():
