@@ -173,7 +173,17 @@ def test_every_image_in_the_notebook_loads(lab, page, name):
     _open(page, lab, name)
     images = page.locator(".jp-Notebook .jp-RenderedMarkdown img")
     images.first.wait_for(timeout=60_000)
-    assert images.count() == len(_image_links(name)), "not every image link became an image"
+    # JupyterLab renders a long notebook's cells as they come into view: bring each one there.
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    for i in range(cells.count()):
+        cells.nth(i).scroll_into_view_if_needed()
+    wanted = len(_image_links(name))
+    try:
+        page.wait_for_function("(n) => document.querySelectorAll('.jp-Notebook .jp-RenderedMarkdown img').length >= n",
+                               arg=wanted, timeout=30_000)
+    except Exception:                                   # noqa: BLE001 - the count below says what is missing
+        pass
+    assert images.count() == wanted, "not every image link became an image"
     broken = []
     for i in range(images.count()):
         image = images.nth(i)
