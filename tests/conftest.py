@@ -64,3 +64,32 @@ def course_threads():
 def pytest_report_header(config):
     return (f"course_helper backend: {ch.backend_name()} "
             f"(COURSE_HELPER_BACKEND={os.environ.get('COURSE_HELPER_BACKEND', 'unset')})")
+
+
+@pytest.fixture
+def ctrl_c_at_copy(monkeypatch):
+    """``ctrl_c_at_copy(call, deferred=True)``: a Ctrl-C at the ``call``-th copy of the modelled
+    device, when it is queued, or while it runs (``deferred``: raised at once, as on a GPU; the
+    copy, left pending, runs again whole when the device is next drained, so the Ctrl-C is
+    one-shot, as a real one is)."""
+    from course_helper import model
+    real, calls = model.ModelRuntime._begin_copy, []
+
+    def arm(call, deferred=True):
+        def failing(self, dst, src):
+            calls.append(1)
+            if len(calls) != call:
+                return real(self, dst, src)
+            if not deferred:
+                raise KeyboardInterrupt
+            interrupted = []
+
+            def begin():
+                if not interrupted:
+                    interrupted.append(1)
+                    raise KeyboardInterrupt
+                return real(self, dst, src)()
+            return begin
+
+        monkeypatch.setattr(model.ModelRuntime, "_begin_copy", failing)
+    return arm

@@ -258,7 +258,7 @@ def bake_cake():
         ch.copy_to_host_async(stack[k], buffers[b], io[b])
         io[b].record(copied[b])
 """,
-    # The rows of the table in the issue "Exercises that teach", as a learner wrote them.
+    # Mistakes learners make, each written as a learner would (each has a test of its verdict below).
     "all on compute": """
 def bake_cake():
     for k in range(nplanes):

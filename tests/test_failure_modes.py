@@ -309,31 +309,10 @@ def test_threads_do_not_pile_up_over_many_solves(cpu):
 
 
 # --- a failing streamed run leaves nothing behind ---------------------------------------
-def _deferred_copy_fault(monkeypatch, call):
-    """A Ctrl-C while the ``call``-th copy of the modelled device runs: raised at once, as on a
-    GPU, and the copy, left pending, runs again whole when the device is next drained."""
-    from course_helper import model
-    real, calls = model.ModelRuntime._begin_copy, []
-
-    def failing(self, dst, src):
-        calls.append(1)
-        if len(calls) != call:
-            return real(self, dst, src)
-        interrupted = []
-
-        def begin():
-            if not interrupted:
-                interrupted.append(1)
-                raise KeyboardInterrupt
-            return real(self, dst, src)()
-        return begin
-
-    monkeypatch.setattr(model.ModelRuntime, "_begin_copy", failing)
-
-
 @pytest.mark.parametrize("strategy", ["events", "staged"])
 @pytest.mark.parametrize("fault", ["deferred", "in the loop"])
-def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monkeypatch, strategy, fault):
+def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monkeypatch, ctrl_c_at_copy, strategy,
+                                                             fault):
     import weakref
     from course_helper import store
     slots = []
@@ -345,7 +324,7 @@ def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monke
 
     monkeypatch.setattr(store.Ring, "__init__", ring)
     if fault == "deferred":
-        _deferred_copy_fault(monkeypatch, 30)
+        ctrl_c_at_copy(30)
         expected = KeyboardInterrupt
     else:
         real, calls = strategies.launch_wave2d, Counter()
@@ -383,9 +362,9 @@ def test_sanitize_works_on_a_streamed_run(cpu, tmp_path):
     assert not course_threads()
 
 
-def test_a_failed_run_that_saved_nothing_leaves_no_store_in_the_way(cpu, tmp_path, monkeypatch):
+def test_a_failed_run_that_saved_nothing_leaves_no_store_in_the_way(cpu, tmp_path, monkeypatch, ctrl_c_at_copy):
     p = ch.WaveProblem(40, 40, nt=30)
-    _deferred_copy_fault(monkeypatch, 1)
+    ctrl_c_at_copy(1)
     with pytest.raises(KeyboardInterrupt) as info:
         ch.solve(p, "events", store=tmp_path / "s.zarr")
     assert not (tmp_path / "s.zarr").exists()

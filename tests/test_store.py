@@ -513,38 +513,13 @@ def _assert_only_right_levels(path, ref_images):
     return s
 
 
-def _fail_copy(monkeypatch, call, deferred):
-    """A Ctrl-C at the ``call``-th copy of the modelled device: when it is queued, or while it
-    runs (``deferred``: raised at once, as on a GPU; the copy, left pending, runs again whole
-    when the device is next drained, so the Ctrl-C is one-shot, as a real one is)."""
-    from course_helper import model
-    real, calls = model.ModelRuntime._begin_copy, []
-
-    def failing(self, dst, src):
-        calls.append(1)
-        if len(calls) != call:
-            return real(self, dst, src)
-        if not deferred:
-            raise KeyboardInterrupt
-        interrupted = []
-
-        def begin():
-            if not interrupted:
-                interrupted.append(1)
-                raise KeyboardInterrupt
-            return real(self, dst, src)()
-        return begin
-
-    monkeypatch.setattr(model.ModelRuntime, "_begin_copy", failing)
-
-
 @pytest.mark.parametrize("strategy", ["staged", "events"])
 @pytest.mark.parametrize("call, deferred", [(5, True), (5, False), (23, True), (40, True)])
-def test_a_failed_copy_leaves_no_level_made_by_failed_or_skipped_work(tmp_path, monkeypatch, strategy,
-                                                                      call, deferred):
+def test_a_failed_copy_leaves_no_level_made_by_failed_or_skipped_work(tmp_path, monkeypatch, ctrl_c_at_copy,
+                                                                      strategy, call, deferred):
     p = ch.WaveProblem(n0=64, n1=64, nt=60)
     ref = ch.solve(p, strategy, trace=False)
-    _fail_copy(monkeypatch, call, deferred)
+    ctrl_c_at_copy(call, deferred)
     with pytest.raises(KeyboardInterrupt):
         ch.solve(p, strategy, store=tmp_path / "s.zarr")
     monkeypatch.undo()
