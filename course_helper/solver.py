@@ -247,12 +247,12 @@ def _default_nscratch(problem, every, name, entry):
 
 
 def _fits(problem, every, nscratch):
-    """Whether a ring of ``nscratch`` passes the device memory check of :func:`_check_memory`."""
-    need = _plan(problem, every, nscratch, 0, 1)
-    free = runtime.get().device_free_bytes()
-    if free is not None:
-        return need["device"] <= 0.9 * free
-    return checks.host_memory_shortfall(need["host"] + need["device"]) is None
+    """Whether a ring of ``nscratch`` passes :func:`_check_memory`, the check ``prepare`` makes."""
+    try:
+        _check_memory(problem, every, _plan(problem, every, nscratch, 0, 1))
+    except MemoryError:
+        return False
+    return True
 
 
 def chunk_levels(problem, strategy, every=1):
@@ -472,7 +472,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
                            "`with tracing()` block, or pass trace=False to record into that block's trace")
     if store is None and compress is not None:
         raise ValueError("compress only applies to a run streamed to disk; pass store=PATH too")
-    if store is not None and strategy in STRATEGIES and STRATEGIES[strategy].graph:
+    if store is not None and STRATEGIES[strategy].graph:
         raise ValueError(f"strategy {strategy!r} replays a captured loop without the host, which must hand "
                          "each filled slot to the disk; stream with 'events' or 'staged' instead")
     if store is not None and not runtime.get().computes_data:

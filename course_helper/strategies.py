@@ -38,7 +38,7 @@ from .graphs import capture_graph, graphs_supported
 from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
                      to_device, zero_async)
 from .model import kernel_us, link_ms
-from .wave import WaveProblem, launch_wave2d
+from .wave import WaveProblem, kernel_cost, launch_wave2d
 
 __all__ = ["sequential", "sequential_pinned", "with_streams", "with_events", "staged", "capture_loop",
            "COPY_LAG", "ring_depth", "level_times", "LevelTimes", "Strategy", "STRATEGIES", "register"]
@@ -217,7 +217,8 @@ def level_times(problem):
     rt = runtime.get()
     if rt.modelled:
         level = problem.nbytes_level
-        kernel = kernel_us(rt.profile, "wave2d_4o", 4 * level) * 1e-3   # the kernel moves 4 levels
+        cost = kernel_cost(level)                 # what the model charges a launch
+        kernel = kernel_us(rt.profile, cost["kernel"], cost["bytes"]) * 1e-3
         return LevelTimes(kernel, link_ms(rt.profile, "D2H", level), rt.device_label)
     return LevelTimes(*_measured_level_times(*problem.shape))
 

@@ -360,6 +360,13 @@ def _overlap(a, b):
     return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
+def kernel_cost(nbytes_level):
+    """What a modelled GPU charges for one launch of the wave kernel on a level of
+    ``nbytes_level`` bytes: its profile's ``wave2d_4o`` time for the bytes the kernel moves
+    (it reads two levels and the velocity and writes a third: four levels' worth)."""
+    return {"kernel": "wave2d_4o", "bytes": 4 * nbytes_level}
+
+
 def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     """Queue step ``n``: compute level n+2 into ``U2`` from levels n (``U0``) and n+1 (``U1``).
 
@@ -392,7 +399,7 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     def cuda(raw_stream):
         stream.runtime.launch(raw_stream, _gpu_kernel, grid, _BLOCK, args)
 
-    cost = {"kernel": "wave2d_4o", "bytes": 4 * U2.nbytes}
+    cost = kernel_cost(U2.nbytes)
 
     def numpy(rows):                 # rows: U2's rows PAD..n0-PAD, the op's output
         rows[:, PAD:-PAD] = _numpy_update(U0.view(np.ndarray), U1.view(np.ndarray), V.view(np.ndarray), *args[6:])
