@@ -206,14 +206,19 @@ def _put_durable(path, data, fsync=True):
 def _overwrite(path, data):
     """Write ``data`` over the first bytes of the existing file ``path``, in place: no new disk
     space is needed (the flags' space was reserved when the store was created)."""
-    view = memoryview(data).cast("B")
     fd = os.open(path, os.O_WRONLY)
     try:
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], done)
+        _pwrite_all(fd, data)
     finally:
         os.close(fd)
+
+
+def _pwrite_all(fd, data):
+    """Write all of ``data`` at the start of the open file ``fd`` (pwrite may write less at a time)."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], done)
 
 
 def _checksum(payload):
@@ -271,10 +276,7 @@ class _RunState:
             raise
 
     def write(self, text):
-        data = text.encode()[:self.SIZE].ljust(self.SIZE)
-        done = 0
-        while done < len(data):
-            done += os.pwrite(self.fd, data[done:], done)
+        _pwrite_all(self.fd, text.encode()[:self.SIZE].ljust(self.SIZE))
 
     def end(self, text):
         """Write the final state (OSError is kept: the state then stays "writing", which reads
