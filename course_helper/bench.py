@@ -44,11 +44,11 @@ __all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "
            "compute_only_ms", "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point",
            "RAW_ROW", "paired_ratio", "add_trace_cost", "measure_trace_cost", "check_disk_folder"]
 
-#: (n, nt, every) where compute and copies take about as long (on the H200: kernels alone 7.47 ms,
-#: copies alone 5.88 ms), so overlapping them can nearly halve the time if the ring is deep enough.
-#: Where overlap is the lesson: a saved level's copy takes about 14 kernels and a kernel (~50 µs
-#: on an H200) is long next to the Python that queues each turn, so the compute stream has no host
-#: gaps for copies to fall into. At 2048² a kernel (~23 µs) is as short as the host's turn.
+#: (n, nt, every) where overlap is the lesson: compute and copies take about as long, so overlapping
+#: them can nearly halve the time if the ring is deep enough. A saved level's copy takes about 14
+#: kernels, and a kernel (~50 µs on an H200) is long next to the Python that queues each turn, so
+#: the compute stream has no host gaps for copies to fall into (at 2048² a kernel, ~23 µs, is as
+#: short as the host's turn).
 BALANCED_POINT = (3072, 320, 16)
 #: (n, nt, every): the course sweep, from launch-bound to IO-bound, and the balanced point.
 DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (2048, 320, 16), BALANCED_POINT, (4096, 128, 8)]
