@@ -2,7 +2,7 @@
 
 Where CUPTI is missing the course times every operation with CUDA events
 recorded around it on its own stream (the fallback of
-:mod:`course_helper.recording`). NVIDIA's CUPTI records what the driver saw
+:mod:`course_helper.timelines.recording`). NVIDIA's CUPTI records what the driver saw
 (kernels and memory copies with their stream ids and nanosecond timestamps).
 Running an event-timed solve under CUPTI says how closely the fallback matches.
 Needs the optional ``cupti-python`` package (the ``cuda13`` extra) and the GPU
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from course_helper import cupti_trace
+from course_helper.timelines import cupti_trace
 from course_helper.streams import synchronize
-from course_helper.timeline import _intersection, _length, _union
+from course_helper.timelines.timeline import _intersection, _length, _union
 
 __all__ = ["cupti_available", "run_with_cupti", "agreement"]
 
@@ -28,7 +28,7 @@ def run_with_cupti(fn):
     """Call ``fn()`` with CUPTI recording kernels, copies and memsets.
 
     Returns ``(fn's result, records)``; each record is a dict as described in
-    :class:`course_helper.cupti_trace.ActivitySession` (``cls`` is "kernel",
+    :class:`course_helper.timelines.cupti_trace.ActivitySession` (``cls`` is "kernel",
     "memset" or the copy direction, e.g. "DTOH"). Only one CUPTI recording
     runs at a time, so a trace recorded inside ``fn`` is timed by CUDA events.
     """

@@ -19,7 +19,7 @@ import tempfile
 import numpy as np
 
 import course_helper as ch
-from course_helper import store
+from course_helper.disk import store
 
 
 def write_rate(folder, nbytes, chunk, buffers):

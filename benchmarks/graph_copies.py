@@ -24,7 +24,7 @@ import course_helper as ch
 from benchmarks import cupti_check
 from course_helper import strategies
 from course_helper.solver import Run
-from course_helper.timeline import _length, _union
+from course_helper.timelines.timeline import _length, _union
 
 
 def make_run(problem, nio, images, nscratch=5):

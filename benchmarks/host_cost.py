@@ -113,7 +113,7 @@ def loops(n, nt, repeats, names=("sequential", "streams", "events")):
 def tracing(n, nt, repeats):
     """The four runs take turns, repeat after repeat, so that a drift of the host's speed
     during the measurement touches all of them alike."""
-    from course_helper import cupti_trace
+    from course_helper.timelines import cupti_trace
 
     p = ch.WaveProblem(n0=n, n1=n, nt=nt)
     ok, why = cupti_trace.available()

@@ -26,8 +26,8 @@ import time
 import numpy as np
 
 import course_helper as ch
-from course_helper import store
-from course_helper.backend import cupy_module
+from course_helper.disk import store
+from course_helper.runtime.backend import cupy_module
 
 ALGORITHMS = ("LZ4", "Snappy", "Zstd", "GDeflate", "Deflate", "Cascaded", "Bitcomp", "ANS")
 

@@ -24,14 +24,14 @@ import sys
 
 import course_helper as ch
 from benchmarks import cupti_check
-from course_helper import cupti_trace
+from course_helper.timelines import cupti_trace
 
 
 def overhead(problem, strategies, repeats):
     rows = {}
     for name in strategies:
         ch.solve(problem, name, trace=True)                             # warm-up
-        cost = ch.bench.measure_trace_cost(problem, name, 1, repeats)           # rounds of untraced, traced
+        cost = ch.measure.measure_trace_cost(problem, name, 1, repeats)           # rounds of untraced, traced
         rows[name] = {"untraced_ms": cost["untraced_beside_ms"], "traced_ms": cost["traced_ms"],
                       "ratio": cost["trace_overhead"],
                       "ratio_of_medians": cost["traced_ms"] / cost["untraced_beside_ms"]}
@@ -66,7 +66,7 @@ def cupti_alone(problem, strategies, repeats):
             for k, fn in runs.items():
                 times[k].append(fn())
         rows[name] = {"untraced_ms": statistics.median(times["untraced"]),
-                      **{f"cupti_{k}_ratio": ch.bench.paired_ratio(t, times["untraced"])
+                      **{f"cupti_{k}_ratio": ch.measure.paired_ratio(t, times["untraced"])
                          for k, t in times.items() if k != "untraced"}}
     return rows
 

@@ -2,7 +2,7 @@
 
 It runs on an NVIDIA GPU through CuPy, or - with no GPU - on a NumPy CPU
 backend with the same API, the same semantics and the same results, whose
-times are those of a modelled GPU (see :mod:`course_helper.model`).
+times are those of a modelled GPU (see :mod:`course_helper.runtime.model`).
 
 The names a learner uses (``__all__``)::
 
@@ -22,21 +22,25 @@ The names a learner uses (``__all__``)::
 
 Everything else stays reachable through its module: ``ch.strategies`` (the
 loops the notebooks show, and the registry), ``ch.memory``, ``ch.streams``,
-``ch.graphs``, ``ch.solver``, ``ch.bench``, ...
+``ch.graphs``, ``ch.solver``, ``ch.wave``, ``ch.raw_cupy``. Beneath them the layers, each a
+subpackage that names its few public names: ``ch.runtime`` (the two backends and the modelled
+device), ``ch.timelines`` (recording and drawing what ran when), ``ch.disk`` (runs streamed to a
+Zarr store), ``ch.distributed`` (several GPUs and the halo exchange) and ``ch.measure`` (the
+benchmark, comparisons and calibration).
 """
-from . import halo, raw_cupy, strategies  # noqa: F401 - reached as ch.halo, ch.raw_cupy, ch.strategies
-from .backend import backend_name, device_report, set_backend
-from .bench import physical_limit, plot_bench
-from .compare import compare_strategies
+from . import raw_cupy, strategies  # noqa: F401 - reached as ch.raw_cupy, ch.strategies
+from . import disk, distributed, measure, runtime, timelines  # noqa: F401 - the layers, reached as ch.disk, ...
+from .disk import open_store
 from .exercise import LayerCakeError, bake_layer, check_layer_cake
 from .graphs import graphs_supported
-from .store import open_store
+from .measure import compare_strategies, physical_limit, plot_bench
 from .memory import (copy_to_device_async, copy_to_host_async, device_empty, device_zeros, is_pinned,
                      measure_bandwidth, pinned_empty, to_device, to_host)
-from .recording import tracing
+from .runtime import backend_name, device_report, set_backend
+from .sanitizer import RaceError, sanitize
 from .solver import STRATEGIES, prepare, solve, timing_only
 from .streams import create_events, create_streams, default_stream, elapsed_ms, synchronize
-from .sanitizer import RaceError, sanitize
+from .timelines import tracing
 from .viewer import animate, compare_slices, plot_slices, show_code
 from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution
 

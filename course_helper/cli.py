@@ -21,9 +21,13 @@ import sys
 
 import numpy as np
 
-from . import backend, bench, calibrate, checks, compare, halo, observe, profiles, runtime, solver, store, wave
+from .runtime import backend, observe, profiles
+from .measure import bench, calibrate, compare
+from . import checks, runtime, solver, wave
+from .distributed import halo
+from .disk import store
 from .strategies import STRATEGIES
-from .timeline import write_atomically
+from .timelines.timeline import write_atomically
 
 
 #: What each strategy does (the loops are in course_helper/strategies.py).

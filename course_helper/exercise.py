@@ -17,7 +17,9 @@ from collections import Counter
 
 import numpy as np
 
-from . import checks, observe, recording, runtime, streams
+from . import checks, runtime, streams
+from .runtime import observe
+from .timelines import recording
 from .memory import is_device_array, is_pinned
 from .sanitizer import RaceError, Sanitizer, byte_span
 from .streams import synchronize
@@ -257,7 +259,7 @@ class _HostWaits:
 
     A host wait is anything after which the host knows device work to be finished: a
     synchronize of the device, a stream or an event, a blocking copy, ``ch.to_host()``, a
-    ``query()`` polled until it answered True. Each is named by the learner's line that waited."""
+    ``.done`` polled until it answered True. Each is named by the learner's line that waited."""
 
     def __init__(self):
         self.pending, self.inside = [], []
@@ -282,9 +284,9 @@ class _HostWaits:
 def _caller_line():
     """The source line outside this package that made the current call, e.g.
     ``stack[k] = ch.to_host(buf)`` (None when its source cannot be read)."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep      # its subpackages included
     frame = sys._getframe(1)
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == package:
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame = frame.f_back
     if frame is None:
         return None

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 
-from . import checks, observe, runtime, streams
-from .runtime_base import GraphsUnsupported
+from . import checks, runtime, streams
+from .runtime import observe
+from .runtime.base import GraphsUnsupported
 
 __all__ = ["GraphsUnsupported", "Graph", "capture_graph", "graphs_supported"]
 

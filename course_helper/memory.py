@@ -22,10 +22,11 @@ import weakref
 
 import numpy as np
 
-from . import checks, observe, runtime, streams
-from .backend import backend_name
+from . import checks, runtime, streams
+from .runtime import observe
+from .runtime.backend import backend_name
 from .checks import host_memory_available
-from .runtime_base import CpuDeviceArray
+from .runtime.base import CpuDeviceArray
 from .sanitizer import byte_span
 
 __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
@@ -187,7 +188,7 @@ def queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
     (see :func:`streams.resolve`); returns the stream.
 
     Package-internal: the path every copy function above ends in, once its arguments are
-    checked; :mod:`course_helper.calibrate` times it directly (the copy engine, not the checks).
+    checked; :mod:`course_helper.measure.calibrate` times it directly (the copy engine, not the checks).
 
     A copy from or to pageable host memory is staged by the driver and
     returns only when it has finished. ``pageable=None`` means "pageable unless
@@ -373,7 +374,7 @@ def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
                 stream.synchronize()
                 start.record(stream)
                 copy_to_host_async(dst, src, stream, allow_pageable=True)
-                returned_before_done = not stream.query()
+                returned_before_done = not stream.done
                 end.record(stream)
                 end.synchronize()
                 times.append(streams.elapsed_ms(start, end))

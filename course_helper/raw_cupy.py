@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import checks
-from .backend import backend_name, cupy_module
-from .wave import WaveProblem, kernel_source
+from .runtime.backend import backend_name, cupy_module
+from .wave import WaveProblem, kernel_source, saved_levels
 
 __all__ = ["events_loop", "streams_loop", "sequential_loop", "launch_step", "copy_level_to_host"]
 
@@ -34,7 +34,7 @@ def _prepare(problem, every, nscratch, pinned=True):
     nscratch = checks.positive_int("nscratch", nscratch, minimum=3)
     cupy = cupy_module()
     n0, n1 = problem.shape
-    nsaved = len(range(0, problem.nt, every))
+    nsaved = len(saved_levels(problem.nt, every))
     kernel = cupy.RawModule(code=kernel_source(), options=("--fmad=false",)).get_function("wave2d_4o")
     block = (32, 8)
     if pinned:

@@ -1,6 +1,6 @@
 """A race sanitizer: happens-before analysis of the work the helper queues.
 
-The sanitizer is an observer of :mod:`course_helper.observe`. It never runs or
+The sanitizer is an observer of :mod:`course_helper.runtime.observe`. It never runs or
 delays anything; it reasons about the *program*: which operation reads or
 writes which memory, and which ordering the streams, events and host waits
 establish between them. Two accesses to overlapping memory, at least one of
@@ -30,9 +30,9 @@ that level in its source. A source last written by the operation of another
 level was overwritten before the copy ran (too few buffers in a ring): the
 copy is ordered, but it saves the wrong level.
 
-Polling counts as a host wait: an event's or a stream's ``query()`` (or
-``.done``) that returns True orders the host after the work it polled, and
-``ch.to_host()`` synchronises the device before it copies.
+Polling counts as a host wait: an event's or a stream's ``.done`` that is True
+orders the host after the work it polled, and ``ch.to_host()`` synchronises
+the device before it copies.
 
 Use it with ``with ch.sanitize(): ...`` or ``ch.solve(..., sanitize=True)``;
 it raises :class:`RaceError` when the second access of a race is queued.
@@ -55,7 +55,7 @@ import threading
 
 import numpy as np
 
-from . import observe
+from .runtime import observe
 from .streams import Event, Stream, synchronize
 
 __all__ = ["RaceError", "Sanitizer", "sanitize", "byte_span"]
@@ -235,7 +235,7 @@ def _blocking(stream):
 
 
 class Sanitizer:
-    """Happens-before race detector; an observer of :mod:`course_helper.observe`.
+    """Happens-before race detector; an observer of :mod:`course_helper.runtime.observe`.
 
     Use :func:`sanitize` (or ``solve(..., sanitize=True)``) rather than this
     class directly. ``names`` maps a name to an array, a stream or an event,

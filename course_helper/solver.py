@@ -15,27 +15,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checks, observe, recording, runtime, sanitizer
-from . import store as disk
-from .backend import backend_name
+from . import checks, runtime, sanitizer
+from .runtime import observe
+from .timelines import recording
+from .disk import store as disk
+from .runtime.backend import backend_name
 from .graphs import GraphsUnsupported
 from .memory import device_zeros, pinned_empty, to_device
 from .strategies import COPY_LAG, KERNEL_LEVELS, STRATEGIES, capture_loop, level_times, ring_depth
 from .streams import create_events, create_streams, synchronize
-from .wave import WaveProblem, launch_wave2d
+from .wave import WaveProblem, launch_wave2d, saved_levels
 
-__all__ = ["prepare", "solve", "timing_only", "Run", "Result", "STRATEGIES", "plan_memory", "saved_levels",
+__all__ = ["prepare", "solve", "timing_only", "Run", "Result", "STRATEGIES", "plan_memory",
            "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch"]
 
 #: Most buffers one ring may have: each gets its own IO stream and events (a ring needs about
 #: COPY_LAG + copy time / kernel time buffers: see strategies.ring_depth).
 MAX_RING = 32
 DEFAULT_NSTAGING = 4
-
-
-def saved_levels(nt, every):
-    """The time levels a run of ``nt`` levels saves when it keeps every ``every``-th one."""
-    return range(0, nt, every)
 
 
 def available_strategies():
@@ -157,7 +154,7 @@ class Result:
 
     @property
     def trace(self):
-        """The run's :class:`~course_helper.timeline.Trace` (only if it was recorded)."""
+        """The run's :class:`~course_helper.timelines.timeline.Trace` (only if it was recorded)."""
         if self._trace is None:
             raise ValueError(f"this {self.strategy!r} run did not record a trace; "
                              "run solve(..., trace=True) to get one")
@@ -448,7 +445,7 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
         ``RaceError`` at the first; leave it off for timings.
     store : str or path, optional
         Stream every saved level into a new Zarr v3 store at this path while
-        computing (see :mod:`course_helper.store`): host memory is then a small
+        computing (see :mod:`course_helper.disk.store`): host memory is then a small
         ring of slots whatever ``nt`` is, and ``result.images`` reads from the
         store lazily. Not for the graph strategies (their loop is replayed
         without the host, which hands each filled slot to the disk).

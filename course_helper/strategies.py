@@ -37,7 +37,7 @@ from . import checks, runtime
 from .graphs import capture_graph, graphs_supported
 from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
                      to_device, zero_async)
-from .model import kernel_us, link_ms
+from .runtime.model import kernel_us, link_ms
 from .wave import WaveProblem, kernel_cost, launch_wave2d
 
 __all__ = ["sequential", "sequential_pinned", "with_streams", "with_events", "staged", "capture_loop",
@@ -225,9 +225,9 @@ def level_times(problem):
 
 @functools.lru_cache(maxsize=None)
 def _measured_level_times(n0, n1):
-    from .backend import device_report        # imported here: calibrate imports the solver,
-    from .calibrate import Bench              # which imports this module
-    bench = Bench()
+    from .runtime.backend import device_report
+    from .timelines.stopwatch import Stopwatch      # imported here: timelines sit above this module
+    bench = Stopwatch()
     problem = WaveProblem(n0=n0, n1=n1, nt=3)
     U = [device_zeros(problem.shape) for _ in range(3)]
     V, host = to_device(problem.velocity), pinned_empty(problem.shape)

@@ -9,15 +9,16 @@ event or on a whole stream.
 
 On the GPU backend these wrap ``cupy.cuda.Stream`` and ``cupy.cuda.Event``
 (reach them through ``.raw``); on the CPU backend they wrap the streams and
-events of the modelled GPU in :mod:`course_helper.model`, which has the same
+events of the modelled GPU in :mod:`course_helper.runtime.model`, which has the same
 semantics. Both go through :mod:`course_helper.runtime`.
 """
 from __future__ import annotations
 
 import threading
 
-from . import checks, observe, runtime
-from .backend import backend_name
+from . import checks, runtime
+from .runtime import observe
+from .runtime.backend import backend_name
 
 __all__ = ["Stream", "Event", "create_streams", "create_events", "default_stream",
            "current_stream", "elapsed_ms", "stream_priority_range", "synchronize"]
@@ -152,18 +153,15 @@ class Stream:
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         self.runtime.host_func(self.raw, fn)
 
-    def query(self):
-        """True when all work queued on this stream has finished (never blocks).
-
-        Polling until it returns True (``while not s.query(): ...``) is a host wait:
-        a True answer orders the host after all that work, as :meth:`synchronize` does
-        (the race sanitizer and the layer-cake checker count it so)."""
-        return _polled(self, self.runtime.stream_done(self.raw))
-
     @property
-    def done(self):
-        """:meth:`query`, as an attribute."""
-        return self.query()
+    def done(self) -> bool:
+        """True when all work queued on this stream has finished (never blocks), like CuPy's
+        ``Stream.done`` and CUDA's ``cudaStreamQuery``.
+
+        Polling until it is True (``while not s.done: ...``) is a host wait: a True answer
+        orders the host after all that work, as :meth:`synchronize` does (the race sanitizer
+        and the layer-cake checker count it so)."""
+        return _polled(self, self.runtime.stream_done(self.raw))
 
     def __enter__(self):
         stack = _stack()
@@ -213,18 +211,15 @@ class Event:
         """Block the host until the work before the event's latest record has finished."""
         _host_wait(self.runtime, "wait for event", self, self.runtime.sync_event, self.raw)
 
-    def query(self):
-        """True when the event has completed (or was never recorded); never blocks.
-
-        Polling until it returns True (``while not ev.query(): ...``) is a host wait:
-        a True answer orders the host after the work before the event's latest record,
-        as :meth:`synchronize` does."""
-        return _polled(self, self.runtime.event_done(self.raw))
-
     @property
-    def done(self):
-        """:meth:`query`, as an attribute."""
-        return self.query()
+    def done(self) -> bool:
+        """True when the event has completed (or was never recorded); never blocks. Like CuPy's
+        ``Event.done`` and CUDA's ``cudaEventQuery``.
+
+        Polling until it is True (``while not ev.done: ...``) is a host wait: a True answer
+        orders the host after the work before the event's latest record, as :meth:`synchronize`
+        does."""
+        return _polled(self, self.runtime.event_done(self.raw))
 
     def __repr__(self):
         state = "done" if self.runtime.event_done(self.raw) else "pending"   # a look, not a host wait
@@ -313,7 +308,7 @@ def create_streams(n, blocking=False, priority=None, name="stream"):
 def create_events(n, timing=False):
     """Create ``n`` events; ``timing=True`` lets :func:`elapsed_ms` time between them.
 
-    On the CPU backend the times are modelled (see :mod:`course_helper.model`).
+    On the CPU backend the times are modelled (see :mod:`course_helper.runtime.model`).
     """
     n = checks.positive_int("n (the number of events)", n)
     timing = checks.flag("timing", timing)

@@ -15,11 +15,12 @@ from importlib import resources
 
 import numpy as np
 
-from . import checks, observe, runtime, streams
+from . import checks, runtime, streams
+from .runtime import observe
 from .memory import is_device_array
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
-           "STENCIL", "stability_limit"]
+           "STENCIL", "stability_limit", "saved_levels"]
 
 #: 4th-order central-difference coefficients of the second derivative, as float32.
 STENCIL = np.array([-1 / 12, 4 / 3, -5 / 2, 4 / 3, -1 / 12], dtype=np.float32)
@@ -474,6 +475,13 @@ def _check_launch(U0, U1, U2, V, problem):
                          "pass two different buffers of the ring, e.g. U[n % 3] and U[(n + 1) % 3]")
 
 
+def saved_levels(nt: int, every: int) -> range:
+    """The time levels a run of ``nt`` levels saves when it keeps every ``every``-th one:
+    0, every, 2*every, ... below nt. The one definition the solver, the store, the halo ranks and
+    the reference solution share."""
+    return range(0, nt, every)
+
+
 def reference_solution(problem, every=1):
     """Plain NumPy answer: every ``every``-th level from 0 to nt-1, shape (nsaved, n0, n1).
 
@@ -481,7 +489,7 @@ def reference_solution(problem, every=1):
     """
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     every = checks.positive_int("every", every)
-    levels = np.arange(0, problem.nt, every)
+    levels = saved_levels(problem.nt, every)
     out = np.empty((len(levels), *problem.shape), np.float32)
     ring = [np.zeros(problem.shape, np.float32) for _ in range(3)]
     dt2, idx0, idx1 = _step_args(problem)

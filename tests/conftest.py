@@ -13,7 +13,7 @@ import course_helper as ch  # noqa: E402
 
 
 def _gpu_reason():
-    return None if ch.backend.gpu_available() else "no working CUDA GPU here (the GPU tests run on a GPU machine)"
+    return None if ch.runtime.gpu_available() else "no working CUDA GPU here (the GPU tests run on a GPU machine)"
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +58,7 @@ def small():
 def course_threads():
     """The live threads the course's package started (the disk pipeline's: see store.THREAD_NAMES)."""
     gc.collect()
-    return [t for t in threading.enumerate() if t.name.startswith(ch.store.THREAD_NAMES) and t.is_alive()]
+    return [t for t in threading.enumerate() if t.name.startswith(ch.disk.THREAD_NAMES) and t.is_alive()]
 
 
 def pytest_report_header(config):
@@ -72,7 +72,7 @@ def ctrl_c_at_copy(monkeypatch):
     device, when it is queued, or while it runs (``deferred``: raised at once, as on a GPU; the
     copy, left pending, runs again whole when the device is next drained, so the Ctrl-C is
     one-shot, as a real one is)."""
-    from course_helper import model
+    from course_helper.runtime import model
     real, calls = model.ModelRuntime._begin_copy, []
 
     def arm(call, deferred=True):

@@ -46,20 +46,20 @@ def test_set_backend_refuses_unknown_word_and_keeps_the_current_one():
     assert ch.backend_name() == before
 
 
-@pytest.mark.skipif(ch.backend.gpu_available(), reason="a GPU works here")
+@pytest.mark.skipif(ch.runtime.gpu_available(), reason="a GPU works here")
 def test_gpu_requested_without_gpu_says_why():
     p = _run("import course_helper as ch; ch.backend_name()", "gpu")
     assert p.returncode != 0
     assert "BackendUnavailable" in p.stderr
     assert "cannot run here" in p.stderr
-    with pytest.raises(ch.backend.BackendUnavailable, match="CPU backend"):
+    with pytest.raises(ch.runtime.BackendUnavailable, match="CPU backend"):
         ch.set_backend("gpu")
 
 
 def test_auto_falls_back_or_takes_the_gpu():
     p = _run("import course_helper as ch; print(ch.backend_name())", "auto")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip().splitlines()[-1] == ("gpu" if ch.backend.gpu_available() else "cpu")
+    assert p.stdout.strip().splitlines()[-1] == ("gpu" if ch.runtime.gpu_available() else "cpu")
 
 
 def test_device_report_fields(backend, capsys):

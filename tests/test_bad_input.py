@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper import bench, checks, exercise, profiles, solver
+from course_helper.measure import bench
+from course_helper import checks, exercise, solver
+from course_helper.runtime import profiles
 from course_helper.cli import main
 
 

@@ -5,7 +5,8 @@ import re
 import pytest
 
 import course_helper as ch
-from course_helper import bench, checks, runtime
+from course_helper.measure import bench
+from course_helper import checks, runtime
 from course_helper.cli import main
 
 
@@ -47,7 +48,7 @@ def test_paired_ratio_compares_round_by_round():
 
 def test_the_raw_row_runs_right_after_the_events_loop(backend):
     """A row held against a strategy runs back to back with it in every round."""
-    from course_helper.compare import time_strategies
+    from course_helper.measure.compare import time_strategies
     p = ch.WaveProblem(24, 24, nt=12)
     turns, reference = [], ch.solve(p, "sequential", trace=False).images
     extra = {"raw": lambda: (reference.copy(), 2.0)}
@@ -138,7 +139,7 @@ def test_bench_plot_labels_are_readable(cpu):
 def test_strategies_take_turns_and_extra_rows_are_timed_alike(backend):
     """Each round runs every strategy once, so a host that slows down part-way slows them all;
     an extra row (the benchmark's plain-CuPy loop) takes its turn and is compared the same way."""
-    from course_helper.compare import time_strategies
+    from course_helper.measure.compare import time_strategies
     p = ch.WaveProblem(24, 24, nt=12)
     turns, reference = [], ch.solve(p, "sequential", trace=False).images
     extra = {"same": lambda: (reference.copy(), 2.0), "off": lambda: (reference + 1, 4.0)}
@@ -162,7 +163,7 @@ def test_the_sweep_times_every_untraced_run_before_any_traced_one(backend, monke
         return real_solve(*args, **kwargs)
 
     monkeypatch.setattr(bench, "solve", solve)                 # the traced runs
-    monkeypatch.setattr(ch.compare, "solve", solve)            # the timed, untraced ones
+    monkeypatch.setattr(ch.measure.compare, "solve", solve)         # the timed, untraced ones
     seen = []
     doc = bench.run_bench([(32, 20, 1), (40, 20, 2)], ["events"], repeats=1,
                           progress=lambda point, stage: seen.append((point["n"], stage, len(traced))))
@@ -201,7 +202,7 @@ def test_each_strategy_reports_how_much_overlapped_in_its_traced_runs(cpu):
 
 
 def test_the_ring_sweep_measures_every_point_at_every_depth(cpu, monkeypatch):
-    monkeypatch.setattr(ch.compare, "solve", _times_only(ch.compare.solve))
+    monkeypatch.setattr(ch.measure.compare, "solve", _times_only(ch.measure.compare.solve))
     doc = bench.run_bench([(128, 40, 4)], ["events"], repeats=1, nscratch=[5, 12])
     assert [(p["n"], p["nscratch"]) for p in doc["points"]] == [(128, 5), (128, 12)]
     hidden = [p["strategies"]["events"]["hidden_fraction"] for p in doc["points"]]

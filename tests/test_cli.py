@@ -69,7 +69,7 @@ def test_out_naming_a_file_is_refused_by_name(tmp_path, capsys, command):
 def test_full_disk_names_the_file_and_what_to_do(tmp_path, capsys, monkeypatch):
     import types
 
-    from course_helper import timeline
+    from course_helper.timelines import timeline
 
     def dump_onto_a_full_disk(doc, f):
         with open("/dev/full", "w") as full:      # every write there fails with ENOSPC

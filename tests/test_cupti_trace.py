@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper import cupti_trace, raw_cupy
+from course_helper.timelines import cupti_trace
+from course_helper import raw_cupy
 
 
 class _S:
@@ -96,7 +97,7 @@ def test_raw_loop_needs_the_gpu(backend):
 def test_a_cupti_trace_builds_no_op_description(backend, monkeypatch):
     """Timed by CUPTI, a traced loop queues its work as an untraced one does and only notes what
     it queued (in the op journal); the modelled GPU runs from Op descriptions, so there every op has one."""
-    from course_helper import observe
+    from course_helper.runtime import observe
     built, real_op = [], observe.Op
     monkeypatch.setattr(observe, "Op", lambda *a, **k: built.append(a[0]) or real_op(*a, **k))
     p = ch.WaveProblem(n0=32, n1=32, nt=12)

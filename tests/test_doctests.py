@@ -16,7 +16,7 @@ import course_helper as ch
 PACKAGE = pathlib.Path(ch.__file__).parent
 MODULES = sorted(f"course_helper.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__main__")
 # Examples that must run here (not skipped): a docstring that loses them fails the check below.
-MUST_RUN = {"course_helper.halo.decompose", "course_helper.streams.create_streams",
+MUST_RUN = {"course_helper.distributed.halo.decompose", "course_helper.streams.create_streams",
             "course_helper.wave.WaveProblem"}
 
 

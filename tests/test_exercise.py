@@ -173,13 +173,13 @@ def _polling_loop(stack, buffers):
             ch.bake_layer(buffers[0], k, compute)
             io.wait_event(compute.record())
             ch.copy_to_host_async(stack[k], buffers[0], io, level=k)
-            while not io.query():
+            while not io.done:
                 pass
     return loop
 
 
 @pytest.mark.parametrize("make, line", [(_to_host_loop, "`stack[k] = ch.to_host(buffers[k % len(buffers)])` x5"),
-                                        (_polling_loop, "`while not io.query():` x5")],
+                                        (_polling_loop, "`while not io.done:` x5")],
                          ids=["to_host", "polling"])
 def test_every_host_blocking_call_in_the_loop_breaks_rule_3(backend, make, line):
     stack, buffers = ch.pinned_empty((6, 8, 8)), [ch.device_empty((8, 8)) for _ in range(2)]

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import course_helper as ch
-from course_helper import compare, solver, strategies
+from course_helper.measure import compare
+from course_helper import solver, strategies
 from conftest import course_threads
 
 P = dict(n0=24, n1=24, nt=12)
@@ -156,7 +157,7 @@ def test_bad_input_leaves_nothing_queued(backend):
                  lambda: ch.launch_wave2d(_dev(), _dev(), _dev((8, 8)), _dev(), _problem(), 0, stream=s)):
         with pytest.raises((ValueError, TypeError)):
             call()
-    assert s.query()
+    assert s.done
 
 
 def test_graph_strategy_refusal_names_reason_and_alternative(cpu, monkeypatch):
@@ -277,7 +278,7 @@ def test_a_fault_mid_solve_leaves_the_process_usable(backend, monkeypatch, fault
         ch.solve(p, strategy)
     monkeypatch.setattr(strategies, "launch_wave2d", real)
     gc.collect()
-    from course_helper import recording
+    from course_helper.timelines import recording
     assert recording.current() is None                       # no recording left switched on
     deadline = time.time() + 5
     while len(course_threads()) > threads_before and time.time() < deadline:
@@ -314,7 +315,7 @@ def test_threads_do_not_pile_up_over_many_solves(cpu):
 def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monkeypatch, ctrl_c_at_copy, strategy,
                                                              fault):
     import weakref
-    from course_helper import store
+    from course_helper.disk import store
     slots = []
     real_ring = store.Ring.__init__
 
@@ -348,7 +349,7 @@ def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monke
     gc.collect()
     assert slots and not [s for s in slots if s() is not None]
     monkeypatch.undo()
-    s = ch.store.open_store(tmp_path / "s.zarr")
+    s = ch.disk.open_store(tmp_path / "s.zarr")
     assert s.state == "failed" and 0 < s.complete.sum() < len(s.levels)
 
 
@@ -371,4 +372,4 @@ def test_a_failed_run_that_saved_nothing_leaves_no_store_in_the_way(cpu, tmp_pat
     assert any("no level was saved" in note for note in info.value.__notes__)
     monkeypatch.undo()
     r = ch.solve(p, "events", store=tmp_path / "s.zarr")          # the same path runs again
-    assert ch.store.open_store(tmp_path / "s.zarr").complete.all() and r.store == tmp_path / "s.zarr"
+    assert ch.disk.open_store(tmp_path / "s.zarr").complete.all() and r.store == tmp_path / "s.zarr"

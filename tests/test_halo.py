@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper import halo
+from course_helper.distributed import halo
 from course_helper.wave import PAD
 
 
@@ -123,7 +123,7 @@ def test_check_passes_for_an_odd_size_of_1023(ranks, strategy, tmp_path):
 
 _BORDERS_SCRIPT = """
 import sys, numpy as np, course_helper as ch
-from course_helper import halo
+from course_helper.distributed import halo
 team = halo.Team()
 for s in halo.decompose(1023, team.size)[1:]:
     problem = ch.WaveProblem(n0=1023, n1=33, nt=40, source=(s.first, 16))   # on this slab's first row
@@ -232,7 +232,7 @@ def test_the_api_refuses_bad_input_before_starting_ranks():
 
 _SNAPSHOT_SCRIPT = """
 import json, pathlib, sys, numpy as np, course_helper as ch
-from course_helper import halo
+from course_helper.distributed import halo
 team = halo.Team()
 seen = []
 def on_snapshot(level, rows, data):
@@ -360,7 +360,7 @@ def _mpi_flavour():
 
 _LAUNCH_SCRIPT = """
 import sys
-from course_helper import halo
+from course_helper.distributed import halo
 try:
     halo.launch_halo(ranks=2, n=64, nt=2000000, every=1000000, trace=False, backend="cpu")
 except KeyboardInterrupt:
@@ -447,7 +447,7 @@ def test_exit_status_1_is_a_failure_unless_the_check_reported_a_difference(verdi
 
 # -- two GPUs (skipped with fewer) -------------------------------------------------
 def _two_gpus():
-    if not ch.backend.gpu_available():
+    if not ch.runtime.gpu_available():
         pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
     import cupy
     if cupy.cuda.runtime.getDeviceCount() < 2:

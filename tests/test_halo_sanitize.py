@@ -15,7 +15,8 @@ import textwrap
 import pytest
 
 import course_helper as ch
-from course_helper import halo, runtime
+from course_helper.distributed import halo
+from course_helper import runtime
 
 RANKS = (2, 3)
 PROBLEM = dict(n0=40, n1=24, nt=16)     # 16 levels: the ring of 5 buffers wraps twice
@@ -149,7 +150,7 @@ def test_the_kernel_declares_the_rows_it_writes_not_its_context_rows(cpu):
 
 _SANITIZED_RANKS = """
 import course_helper as ch
-from course_helper import halo
+from course_helper.distributed import halo
 team = halo.Team()
 for strategy in halo.STRATEGIES:
     with ch.sanitize():

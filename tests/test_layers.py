@@ -77,7 +77,7 @@ def test_module_uses_no_other_module_private_name(path):
 
 @pytest.mark.parametrize("source", [
     "from .memory import _queue_copy\n",
-    "from course_helper.backend import _state as s\n",
+    "from course_helper.runtime.backend import _state as s\n",
     "from . import backend\nbackend._state\n",
     "import zarr\nclass S(zarr.storage.LocalStore):\n    def f(self):\n        return self._is_open\n",
     "class S(Base):\n    async def set(self):\n        await super()._open()\n",
@@ -113,7 +113,7 @@ def _class_names(path, cls):
 
 
 def test_the_runtime_interface_is_abstract():
-    from course_helper.runtime_base import Runtime
+    from course_helper.runtime.base import Runtime
     assert {"host_ms", "enqueue", "new_stream", "sync_device", "trace_times"} <= Runtime.__abstractmethods__
 
     class Partial(Runtime):
@@ -123,8 +123,8 @@ def test_the_runtime_interface_is_abstract():
         Partial()
 
 
-@pytest.mark.parametrize("module, cls", [("model", "ModelRuntime"), ("gpu_runtime", "GpuRuntime")])
+@pytest.mark.parametrize("module, cls", [("runtime/model", "ModelRuntime"), ("runtime/gpu", "GpuRuntime")])
 def test_each_runtime_implements_every_abstract_method(module, cls):
-    from course_helper.runtime_base import Runtime
+    from course_helper.runtime.base import Runtime
     missing = Runtime.__abstractmethods__ - _class_names(PACKAGE / f"{module}.py", cls)
     assert not missing, f"{cls} does not implement {sorted(missing)}"

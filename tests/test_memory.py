@@ -69,7 +69,7 @@ def _busy_stream_then_copy(dst, src):
     with ch.tracing() as trace:
         s.launch_host_func(lambda: time.sleep(0.2))
         ch.copy_to_host_async(dst, src, s, allow_pageable=True)
-        done_at_return = s.query()
+        done_at_return = s.done
         ch.synchronize()
     return s, done_at_return, trace
 
@@ -91,7 +91,8 @@ def test_a_pageable_copy_on_request_returns_only_when_it_has_finished(backend):
 
 
 def test_the_modelled_host_waits_for_a_pageable_copy_on_its_timeline(cpu):
-    from course_helper import model, runtime
+    from course_helper.runtime import model
+    from course_helper import runtime
     rt = runtime.get()
     (s,) = ch.create_streams(1)
     n = 4 * 2**20

@@ -2,6 +2,7 @@
 import contextlib
 import gc
 import json
+import pathlib
 import threading
 import weakref
 
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper import calibrate, model, runtime
+from course_helper.measure import calibrate
+from course_helper.runtime import model
+from course_helper import runtime
 from course_helper.cli import main
 
 MIB = 2**20
@@ -26,7 +29,7 @@ def rt(cpu):
 def _modelled_with(tmp_path, section, key, value):
     """The CPU backend on the H200 profile with ``profile[section][key] = value``; yields that
     profile, and goes back to the shipped profile after."""
-    profile = ch.profiles.load("h200")
+    profile = ch.runtime.profiles.load("h200")
     profile[section][key] = value
     path = tmp_path / f"{section}-{key}.json"
     path.write_text(json.dumps(profile))
@@ -97,12 +100,12 @@ def test_pageable_copies_block_the_host_and_pinned_ones_do_not(rt):
     t0 = rt.host_ms()
     ch.copy_to_host_async(ch.pinned_empty(4 * MIB), src, s)
     assert rt.host_ms() - t0 == pytest.approx(rt.profile["host_us"]["copy"] * 1e-3, abs=2e-6)   # returned at once
-    assert not s.query()
+    assert not s.done
     s.synchronize()
     t0 = rt.host_ms()
     ch.copy_to_host_async(np.empty(4 * MIB, np.float32), src, s, allow_pageable=True)   # what the driver does
     assert rt.host_ms() - t0 >= model.link_ms(rt.profile, "D2H_pageable", 16 * MIB)
-    assert s.query()                                                     # it returned when the copy was done
+    assert s.done                                                     # it returned when the copy was done
     rows = {r["memory"]: r for r in ch.measure_bandwidth(sizes_mib=(16,), repeats=2)}
     assert rows["pinned"]["returned_early"] == 1.0 and rows["pageable"]["returned_early"] == 0.0
     assert rows["pinned"]["gb_per_s"] > 2 * rows["pageable"]["gb_per_s"]
@@ -202,7 +205,7 @@ def test_graph_replay_costs_one_launch_plus_the_device_work(rt):
     with ch.graphs.capture_graph(s) as cap:
         for _ in range(50):
             ch.launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=s)
-    assert s.query()                                  # capture ran nothing
+    assert s.done                                  # capture ran nothing
     start, end = ch.create_events(2, timing=True)
     s.record(start)
     t0 = rt.host_ms()
@@ -292,7 +295,7 @@ def test_no_output_stack_stays_alive_after_the_result_is_deleted(cpu):
 
 
 def test_a_profile_is_chosen_by_set_backend_and_checked(cpu, tmp_path):
-    doc = json.loads(open(model.__file__.replace("model.py", "profiles/h200.json")).read())
+    doc = json.loads(open(pathlib.Path(ch.__file__).parent / "profiles" / "h200.json").read())
     doc["links"]["D2H"]["gbps"] *= 2
     doc["device"]["short_name"] = "H200 x2"
     path = tmp_path / "fast.json"

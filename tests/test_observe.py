@@ -4,7 +4,7 @@ import threading
 import pytest
 
 import course_helper as ch
-from course_helper import observe
+from course_helper.runtime import observe
 
 
 class Log:

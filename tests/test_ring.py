@@ -11,9 +11,9 @@ import pytest
 
 import course_helper as ch
 from course_helper import runtime, solver, strategies
-from course_helper.model import kernel_us, link_ms
+from course_helper.runtime.model import kernel_us, link_ms
 from course_helper.strategies import COPY_LAG, level_times, ring_depth
-from course_helper.timeline import _intersection, _length, _union
+from course_helper.timelines.timeline import _intersection, _length, _union
 
 BALANCED = dict(n0=3072, n1=3072, nt=320)
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper import observe, store as disk
+from course_helper.runtime import observe
+from course_helper.disk import store as disk
 
 CPU_STRATEGIES = ("sequential", "streams", "events", "staged")
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,7 +256,7 @@ def test_the_disk_measurement_writes_the_buffers_it_is_given(tmp_path, monkeypat
 
 
 def test_the_profile_disk_section_is_measured_and_cleaned_up(tmp_path):
-    from course_helper import calibrate
+    from course_helper.measure import calibrate
     spec = calibrate.measure_disk(tmp_path, mib=8, chunk_mib=1, writers=2)
     assert spec["gbps"] > 0 and spec["latency_us"] > 0 and spec["writers"] == 2
     assert "fsync" in spec["provenance"]
@@ -298,7 +299,7 @@ def test_cli_run_streams_to_a_store(tmp_path, capsys):
 
 
 def test_disk_bench_point_reports_the_bound_with_the_disk(tmp_path):
-    from course_helper import bench
+    from course_helper.measure import bench
     point = bench.disk_point(48, 30, 1, tmp_path, strategies=("staged",), compress=(None, "zstd"), repeats=1)
     out = point["output_bytes"]
     assert point["bound_ms"] == pytest.approx(max(point["compute_only_ms"], out / point["disk_gbps"] / 1e6,
@@ -311,7 +312,7 @@ def test_disk_bench_point_reports_the_bound_with_the_disk(tmp_path):
 def test_disk_bench_holds_each_run_against_the_disk_on_both_sides_of_it(tmp_path, monkeypatch):
     """The disk is measured before the first raw run and after each; a run's B takes the mean
     of the two measurements around it, and its efficiency is the median of B / time."""
-    from course_helper import bench
+    from course_helper.measure import bench
     speeds = iter([1.0, 3.0, 1.0, 2.0, 5.0])          # GB/s: a burst, then before run 1, after 1, 2, 3
     monkeypatch.setattr(bench, "disk_bandwidth", lambda *a: next(speeds))
     point = bench.disk_point(48, 30, 1, tmp_path, strategies=("events",), compress=(None,), repeats=3)
@@ -327,7 +328,7 @@ def test_disk_bench_holds_each_run_against_the_disk_on_both_sides_of_it(tmp_path
 def test_the_disk_is_measured_once_the_run_before_is_deleted(tmp_path, monkeypatch):
     """A measurement right after a run must not find that run's store still on the disk: each
     measurement then follows a deletion of a run's files and each run a measurement's, alike."""
-    from course_helper import bench
+    from course_helper.measure import bench
     stores_seen = []
 
     def measure(where, *args):
@@ -484,7 +485,7 @@ def test_a_profile_without_a_disk_section_is_refused_clearly(tmp_path, monkeypat
 
 
 def test_on_a_gpu_the_disk_lanes_are_timed_on_the_real_clock(tmp_path):
-    if not ch.backend.gpu_available():
+    if not ch.runtime.gpu_available():
         pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
     ch.set_backend("gpu")
     p = _problem()

@@ -80,7 +80,7 @@ def test_without_wait_the_second_stream_runs_ahead(backend):
     ch.copy_to_host_async(dst, src, a)
     ch.memory.zero_async(small, b)
     b.synchronize()
-    assert not a.query(), "the fill should not have waited for the copy on another stream"
+    assert not a.done, "the fill should not have waited for the copy on another stream"
     a.synchronize()
 
 
@@ -145,17 +145,17 @@ def test_work_after_a_failure_is_skipped_not_run(cpu):
     assert log == []
 
 
-def test_event_query_record_and_elapsed(backend):
+def test_event_done_record_and_elapsed(backend):
     (s,) = ch.create_streams(1)
     start, end = ch.create_events(2, timing=True)
-    assert start.done and start.query()           # never recorded: complete
+    assert start.done                             # never recorded: complete
     with pytest.raises(ValueError, match="never recorded"):
         ch.elapsed_ms(start, end)
     s.record(start)
     s.launch_host_func(lambda: time.sleep(0.2))
     s.record(end)
     assert not end.done                           # the host did not wait
-    assert not s.query() and not s.done
+    assert not s.done
     end.synchronize()
     assert end.done and s.done
     ms = ch.elapsed_ms(start, end)
@@ -313,3 +313,12 @@ def test_a_failed_stream_of_a_finished_thread_is_reported_once(cpu):
     thread.join(30)
     assert _outcome(ch.synchronize) == "raised"              # nobody else can hear it: the first sync does
     assert _outcome(ch.synchronize) == "returned"
+
+
+def test_streams_and_events_have_one_completion_query_done_as_cupy_spells_it(backend):
+    """``.done`` is the one way to ask (CuPy's spelling); there is no second one to keep in step."""
+    (s,) = ch.create_streams(1)
+    (ev,) = ch.create_events(1)
+    for obj in (s, ev):
+        assert isinstance(type(obj).done, property)
+        assert not hasattr(obj, "query") and not hasattr(obj, "is_done")

@@ -22,7 +22,7 @@ ROOT = TESTS.parent
 
 @pytest.fixture
 def _needs_a_gpu():
-    if not ch.backend.gpu_available():
+    if not ch.runtime.gpu_available():
         pytest.skip("no working CUDA GPU here: with one backend nothing can leak")
 
 
@@ -30,7 +30,7 @@ def test_the_thread_leak_check_sees_every_thread_the_package_starts(tmp_path, cp
     """course_threads() (the leak check of test_failure_modes and others) finds a live disk
     pipeline's threads, and each of them has a name from store.THREAD_NAMES."""
     before = set(threading.enumerate())
-    sink = ch.store.DiskSink(tmp_path / "s.zarr", ch.WaveProblem(n0=16, n1=16, nt=8), 1, 1)
+    sink = ch.disk.DiskSink(tmp_path / "s.zarr", ch.WaveProblem(n0=16, n1=16, nt=8), 1, 1)
     try:
         started = {t for t in threading.enumerate() if t not in before and t.name.startswith("disk ")}
         assert len(started) == sink.writers + 2
@@ -38,7 +38,7 @@ def test_the_thread_leak_check_sees_every_thread_the_package_starts(tmp_path, cp
     finally:
         sink.finish()
     assert not course_threads()
-    ch.store.measure_disk_bandwidth(tmp_path, mib=1, chunk_mib=1, writers=2)
+    ch.disk.measure_disk_bandwidth(tmp_path, mib=1, chunk_mib=1, writers=2)
     assert not course_threads()
 
 

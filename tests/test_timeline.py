@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import course_helper as ch
-from course_helper.timeline import Trace, TraceEvent
+from course_helper.timelines.timeline import Trace, TraceEvent
 
 
 def hand_trace():
@@ -178,7 +178,7 @@ def test_unwritable_paths_are_refused_by_name_and_leave_nothing_behind(tmp_path)
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) for a real full disk")
 def test_full_disk_names_the_file_and_leaves_nothing_behind(tmp_path):
-    from course_helper.timeline import write_atomically
+    from course_helper.timelines.timeline import write_atomically
 
     def write_onto_a_full_disk(f):
         f.write("partial")
@@ -195,7 +195,7 @@ def test_full_disk_names_the_file_and_leaves_nothing_behind(tmp_path):
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)],
                          ids=["umask-022", "umask-077", "umask-002"])
 def test_files_get_the_usual_mode_under_the_umask(tmp_path, umask, mode):
-    from course_helper.timeline import write_atomically
+    from course_helper.timelines.timeline import write_atomically
     previous = os.umask(umask)
     try:
         path = write_atomically(tmp_path / "x.json", lambda f: f.write("{}"))
@@ -205,7 +205,7 @@ def test_files_get_the_usual_mode_under_the_umask(tmp_path, umask, mode):
 
 
 def test_failed_write_removes_the_temporary_file(tmp_path):
-    from course_helper.timeline import write_atomically
+    from course_helper.timelines.timeline import write_atomically
 
     def boom(f):
         f.write("partial")
@@ -304,7 +304,7 @@ def test_overlap_of_a_modelled_run_follows_the_ring_depth(cpu):
 _WAIT_SCRIPT = """
 import json, sys
 import course_helper as ch
-from course_helper import cupti_trace
+from course_helper.timelines import cupti_trace
 n, kernels = int(sys.argv[1]), int(sys.argv[2])
 p = ch.WaveProblem(n0=n, n1=n, nt=kernels + 2)
 rt = ch.runtime.get()
@@ -357,7 +357,7 @@ def test_host_lane_shares_the_device_lanes_origin_on_the_gpu(timing):
     """Timed by CUPTI (where it works; "auto") or by CUDA events, a host wait for a stream of long
     kernels is drawn ending within 0.1 ms of the last kernel's end: in the first trace of a fresh
     process (CUPTI's set-up then takes longest) and in a later one."""
-    if not ch.backend.gpu_available():
+    if not ch.runtime.gpu_available():
         pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
     traces = _first_and_later_wait("gpu", 8192, 10, timing)
     expected = "CUPTI" if timing == "auto" and traces[0]["cupti"] else "CUDA events"

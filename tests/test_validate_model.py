@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 import course_helper as ch
-from course_helper import profiles
+from course_helper.runtime import profiles
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,8 @@ import cupy
 import cupyx
 import numpy as np
 
-from .runtime_base import GraphsUnsupported, Runtime
+from .backend import gpu_name
+from .base import GraphsUnsupported, Runtime
 
 _clock = time.perf_counter
 _D2H, _H2D, _D2D = 2, 1, 3      # cudaMemcpyKind values
@@ -33,9 +34,7 @@ class GpuRuntime(Runtime):
     device_array_type = cupy.ndarray
 
     def __init__(self):
-        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-        name = props["name"]
-        self.device_label = name.decode() if isinstance(name, bytes) else str(name)
+        self.device_label = gpu_name()
         self._rt = cupy.cuda.runtime
         self._event_pool = []     # raw cudaEvent_t handles for timeline marks, reused between recordings
         self._capturing = 0       # captures in progress: marks then become graph nodes

@@ -1,16 +1,16 @@
 """Recording a timeline of device work while it is queued.
 
-The recorder is an observer (:mod:`course_helper.observe`) of the runtime: it
+The recorder is an observer (:mod:`course_helper.runtime.observe`) of the runtime: it
 sees every operation queued while it is active (``with tracing() as trace:``
 or ``solve(..., trace=True)``) and asks the runtime to time it *on its own
-stream* (:meth:`~course_helper.runtime_base.Runtime.trace_start`):
+stream* (:meth:`~course_helper.runtime.base.Runtime.trace_start`):
 
 * GPU backend: a CUDA event is recorded just before and just after the
   operation on its stream, read against one reference event after the run
-  (see :mod:`course_helper.gpu_runtime`);
+  (see :mod:`course_helper.runtime.gpu`);
 * GPU backend with CUPTI (``cupti-python`` installed, the default where it
   works): no events at all; the driver's activity records time each operation
-  (:mod:`course_helper.cupti_trace`, itself an observer of the queued operations);
+  (:mod:`course_helper.timelines.cupti_trace`, itself an observer of the queued operations);
 * CPU backend: the modelled GPU knows when each operation started and ended,
   in modelled time.
 
@@ -18,11 +18,11 @@ stream* (:meth:`~course_helper.runtime_base.Runtime.trace_start`):
 events" or "modelled H200").
 
 Host waits are timed with the runtime's host clock. Host and device lanes share
-one origin, taken once (:meth:`~course_helper.runtime_base.Runtime.trace_begin`,
+one origin, taken once (:meth:`~course_helper.runtime.base.Runtime.trace_begin`,
 when the device is idle): event marks are timed from an event recorded at that
 moment, the model's times are on the modelled host clock already, and CUPTI's
 records are mapped onto the host clock through readings of both clocks taken
-together (:func:`course_helper.cupti_trace.read_clocks_together`). A host
+together (:func:`course_helper.timelines.cupti_trace.read_clocks_together`). A host
 wait that ends when a kernel ends is drawn ending where the kernel does.
 
 A recording belongs to the thread that opened it: work queued by other threads
@@ -33,8 +33,10 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from . import cupti_trace, observe, runtime
-from .streams import synchronize
+from . import cupti_trace
+from ..runtime import observe
+from .. import runtime
+from ..streams import synchronize
 from .timeline import Trace, TraceEvent
 
 _local = threading.local()
@@ -158,7 +160,7 @@ class Recorder:
 
 class _MarkTimer:
     """Times each queued operation with marks the runtime places just before and just after
-    it on its stream (:meth:`~course_helper.runtime_base.Runtime.trace_start`); fills the
+    it on its stream (:meth:`~course_helper.runtime.base.Runtime.trace_start`); fills the
     recorder's ``items`` and ``tracks``."""
 
     def __init__(self, rt, origin, items, tracks):

@@ -1,25 +1,5 @@
-"""The runtime layer: the one place where device work is queued, ordered and timed.
-
-Every operation of the course - a kernel, a copy, a fill, an event record, a
-stream waiting on an event, a host wait, a host function, a CUDA graph
-capture or replay, reading the time between two events - goes through the
-active :class:`Runtime`. There are two:
-
-* :class:`course_helper.gpu_runtime.GpuRuntime` queues the work on a CUDA GPU
-  through CuPy;
-* :class:`course_helper.model.ModelRuntime` (the CPU backend) runs the same
-  work in NumPy on a *modelled* GPU: a deterministic discrete-event model of
-  the device's engines and links, calibrated on a real GPU, that keeps
-  modelled time.
-
-The modules above this one (streams, memory, the kernels, the solver) never
-ask which backend is active; the observers of :mod:`course_helper.observe`
-(the timeline recorder, the race sanitizer) watch what is queued here and
-never dispatch it.
-
-Objects that a runtime hands out (streams, events, graphs) are *raw* objects
-of that runtime; :mod:`course_helper.streams` wraps them for learners.
-"""
+"""The active runtime: which one runs the work now, its clock, and :func:`submit`, the one door
+every operation of the course goes through (see :mod:`course_helper.runtime`)."""
 from __future__ import annotations
 
 import os
@@ -28,7 +8,7 @@ import threading
 from . import observe, profiles
 from .backend import backend_name, generation, profile_name
 from .model import ModelRuntime
-from .runtime_base import CpuDeviceArray, GraphsUnsupported, Runtime
+from .base import CpuDeviceArray, GraphsUnsupported, Runtime
 
 __all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "get", "submit", "wants_op", "host_ms",
            "time_label"]
@@ -61,7 +41,7 @@ def _choose():
             rt = _runtimes.get(key)
             if rt is None:
                 if name == "gpu":
-                    from .gpu_runtime import GpuRuntime     # imported here so the CPU never imports CuPy
+                    from .gpu import GpuRuntime  # imported here so the CPU never imports CuPy
                     rt = GpuRuntime()
                 else:
                     rt = ModelRuntime(profiles.load(key[1]))
@@ -81,7 +61,7 @@ def time_label():
 
 
 def wants_op(stream):
-    """Whether work queued on ``stream`` needs an :class:`~course_helper.observe.Op` description:
+    """Whether work queued on ``stream`` needs an :class:`~course_helper.runtime.observe.Op` description:
     the model runs from it and observers read it. CuPy on a GPU with nobody watching needs none,
     so callers may skip building one, queue the work directly and note what they queued in the
     thread's op journal (:func:`observe.note_op`, read by a CUPTI recording)."""

@@ -30,15 +30,17 @@ import platform
 
 import numpy as np
 
-from . import checks, raw_cupy, runtime, store
-from .backend import backend_name, device_report
+from .. import checks, raw_cupy, runtime
+from ..disk import store
+from ..runtime.backend import backend_name, device_report
 from .compare import nscratch_for, baseline_first, time_strategies
-from .graphs import capture_graph, graphs_supported
-from .memory import copy_to_host_async, device_zeros, pinned_empty, to_device
-from .solver import available_strategies, chunk_levels, plan_memory, saved_levels, solve, suggest_nscratch
-from .streams import create_events, create_streams, elapsed_ms, synchronize
-from .timeline import write_atomically
-from .wave import WaveProblem, launch_wave2d
+from ..graphs import capture_graph, graphs_supported
+from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
+from ..solver import available_strategies, chunk_levels, plan_memory, solve, suggest_nscratch
+from ..wave import saved_levels
+from ..streams import create_events, create_streams, elapsed_ms, synchronize
+from ..timelines.timeline import write_atomically
+from ..wave import WaveProblem, launch_wave2d
 
 __all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "parse_nscratch",
            "compute_only_ms", "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point",

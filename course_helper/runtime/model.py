@@ -63,7 +63,7 @@ import weakref
 
 import numpy as np
 
-from .runtime_base import CpuDeviceArray, Runtime
+from .base import CpuDeviceArray, Runtime
 
 __all__ = ["ModelRuntime", "DiskWrite", "kernel_us", "link_ms"]
 

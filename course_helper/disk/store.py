@@ -78,7 +78,7 @@ What the store guarantees
 
 Timing. On a GPU, writer ``i`` times each chunk's write on the host clock
 (lane "disk i" of the timeline). On the CPU backend the disk is a stage of
-the modelled machine (:meth:`course_helper.model.ModelRuntime.disk_write`):
+the modelled machine (:meth:`course_helper.runtime.model.ModelRuntime.disk_write`):
 a chunk's modelled write starts when the copy into its slot has completed
 and takes latency + bytes / bandwidth from the profile's ``disk`` section,
 the writers sharing the disk's bandwidth; the host waits for a slot until
@@ -107,8 +107,11 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 
-from . import checks, observe, recording, runtime, streams
-from .memory import pinned_empty
+from .. import checks, runtime, streams
+from ..runtime import observe
+from ..timelines import recording
+from ..memory import pinned_empty
+from ..wave import saved_levels
 
 __all__ = ["Ring", "DiskSink", "open_store", "StoredRun", "StoredImages", "StoreDamaged", "StoreWriteError",
            "check_target", "free_bytes", "measure_disk_bandwidth", "codec_speed", "CODECS", "DEFAULT_WRITERS",
@@ -357,7 +360,7 @@ def create_store(path, problem, every, chunk, compress=None):
     opened at ``path`` and the locked :class:`_RunState` ("writing") of the run."""
     zarr = _zarr()
     path = Path(path)
-    levels = np.arange(0, problem.nt, every)
+    levels = np.asarray(saved_levels(problem.nt, every))
     nsaved = len(levels)
     _remove_stale_creations(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}{PARTIAL}")
@@ -521,7 +524,7 @@ class DiskSink:
     def __init__(self, path, problem, every, chunk, *, compress=None, writers=None, pinned=True):
         writers = checks.positive_int("writers", DEFAULT_WRITERS if writers is None else writers)
         self.path = Path(path)
-        self.nsaved = len(range(0, problem.nt, every))
+        self.nsaved = len(saved_levels(problem.nt, every))
         check_target(self.path, self.nsaved * problem.nbytes_level, compress)
         self.every = every
         self.writers = writers

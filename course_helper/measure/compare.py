@@ -1,15 +1,15 @@
 """Run several strategies on one problem and put them side by side.
 
 :func:`time_strategies` is the timing both :func:`compare_strategies` and the
-benchmark (:mod:`course_helper.bench`) use.
+benchmark (:mod:`course_helper.measure.bench`) use.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import checks, runtime
-from .solver import STRATEGIES, solve, stack_difference
-from .wave import WaveProblem
+from .. import checks, runtime
+from ..solver import STRATEGIES, solve, stack_difference
+from ..wave import WaveProblem
 
 __all__ = ["compare_strategies", "Comparison", "time_strategies", "baseline_first"]
 
@@ -105,11 +105,11 @@ class Comparison:
     ``rows`` is a list of dicts with ``strategy``, ``median_ms``, ``min_ms``,
     ``max_ms``, ``speedup`` (sequential median / this median),
     ``max_diff`` (largest difference from the sequential images), from one
-    traced run (:meth:`~course_helper.timeline.Trace.overlap`): ``compute_busy_ms``,
+    traced run (:meth:`~course_helper.timelines.timeline.Trace.overlap`): ``compute_busy_ms``,
     ``copy_busy_ms`` (device-to-host copies), ``overlap_ms`` (both at once),
     ``hidden_fraction`` (overlap / the shorter of the two) and ``overlap_timing`` (the
     clock that timed that run), and ``overlap`` (the share of all host-copy time a
-    kernel ran too, :meth:`~course_helper.timeline.Trace.summary`). ``results`` keeps the
+    kernel ran too, :meth:`~course_helper.timelines.timeline.Trace.summary`). ``results`` keeps the
     last Result of each strategy (with its trace).
     """
 

@@ -19,24 +19,19 @@ import time
 
 import numpy as np
 
-from . import store
-from .backend import backend_name, device_report
-from .exercise import bake_layer
-from .graphs import capture_graph
-from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
-                     pinned_zeros, queue_copy, to_device, zero_async)
-from .solver import solve
-from .streams import create_events, create_streams, elapsed_ms, synchronize
-from .wave import WaveProblem, launch_wave2d
+from ..disk import store
+from ..runtime.backend import backend_name, device_report
+from ..exercise import bake_layer
+from ..graphs import capture_graph
+from ..memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
+                      pinned_zeros, queue_copy, to_device, zero_async)
+from ..solver import solve
+from ..streams import create_events, create_streams, elapsed_ms, synchronize
+from ..timelines.stopwatch import Stopwatch
+from ..wave import WaveProblem, launch_wave2d
 
 __all__ = ["calibrate", "fit_line", "wake_us", "copies_per_link", "loop_turn_us", "measure_disk"]
 
-_SPIN = r"""
-extern "C" __global__ void course_helper_spin(long long cycles) {
-    long long t0 = clock64();
-    while (clock64() - t0 < cycles) { }
-}
-"""
 _MIB = 2**20
 #: Loop turns (launch + record) timed after a blocking wait: enough for the host to be back
 #: at its usual pace (the first calls after a wait are the slow ones).
@@ -47,50 +42,6 @@ def fit_line(xs, ys):
     """Least-squares ``(intercept, slope)`` of ys against xs."""
     slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
     return float(intercept), float(slope)
-
-
-class Bench:
-    """Times on the GPU: device time of queued work (CUDA events behind a spinning kernel) and
-    the host's time of a call. Used by :func:`calibrate` and by
-    :func:`course_helper.strategies.level_times`."""
-
-    def __init__(self):
-        import cupy          # calibration runs on the GPU only
-        self.cupy = cupy
-        self.spin = cupy.RawKernel(_SPIN, "course_helper_spin")
-        (self.s,) = create_streams(1, name="calibrate")
-        self.start, self.end = create_events(2, timing=True)
-
-    def hold(self, ms=4.0):
-        """Keep the stream busy for about ``ms`` (clock rate ~1.7 GHz; only needs to outlast the queueing)."""
-        with self.s.raw:
-            self.spin((1,), (1,), (np.int64(ms * 2e6),))
-
-    def device_ms(self, queue, repeat=20):
-        """Device time of one ``queue()``: ``repeat`` of them queued behind a spin, timed by events."""
-        queue()                                    # warm-up (module loads, pool allocations)
-        synchronize()
-        self.hold()
-        self.start.record(self.s)
-        for _ in range(repeat):
-            queue()
-        self.end.record(self.s)
-        self.end.synchronize()
-        return elapsed_ms(self.start, self.end) / repeat
-
-    def host_us(self, call, n=200, busy=True):
-        """Median wall time (µs) of one ``call()`` by the host."""
-        call()
-        synchronize()
-        if busy:
-            self.hold(ms=20.0)
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
-        synchronize()
-        return float(np.median(times)) * 1e6
 
 
 def _link(bench, kind, sizes, repeat=10):
@@ -277,12 +228,12 @@ HOST_ROUNDS = 5
 
 
 def calibrate(progress=print):
-    """Measure the active GPU and return a profile dict (see :mod:`course_helper.profiles`)."""
+    """Measure the active GPU and return a profile dict (see :mod:`course_helper.runtime.profiles`)."""
     if backend_name() != "gpu":
         raise RuntimeError("calibration measures a real GPU: run it on the GPU backend "
                            "(the CPU backend models a GPU from such a profile)")
     rep = device_report()
-    bench = Bench()
+    bench = Stopwatch()
     s = bench.s
     sizes = [256 * 1024, _MIB, 4 * _MIB, 16 * _MIB, 64 * _MIB]
     progress("host costs of the helper calls")
@@ -303,7 +254,7 @@ def calibrate(progress=print):
         "copy_d2d": (lambda: copy_on_device_async(stage[next(k) % 16], U[2], s), True),
         "record": (lambda: s.record(ev), True),
         "wait_event": (lambda: s.wait_event(ev), True),
-        "query": (s.query, True),
+        "query": (lambda: s.done, True),      # the profile's name: cudaStreamQuery
         "synchronize": (s.synchronize, False),
         "host_func": (lambda: s.launch_host_func(lambda: None), True),
         "graph_launch": (cap.graph.launch, True),

@@ -52,13 +52,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import checks, observe, recording, runtime, streams
-from .backend import backend_name, cupy_module
-from .memory import copy_to_host_async, device_zeros, measure_bandwidth, pinned_empty, to_device, zero_async
-from .streams import create_events, create_streams, stream_priority_range, synchronize
-from .graphs import capture_graph
-from .timeline import Trace, TraceEvent
-from .wave import PAD, WaveProblem, launch_wave2d
+from .. import checks, runtime, streams
+from ..runtime import observe
+from ..timelines import recording
+from ..runtime.backend import backend_name, cupy_module, gpu_name
+from ..memory import copy_to_host_async, device_zeros, measure_bandwidth, pinned_empty, to_device, zero_async
+from ..streams import create_events, create_streams, stream_priority_range, synchronize
+from ..graphs import capture_graph
+from ..timelines.timeline import Trace, TraceEvent
+from ..wave import PAD, WaveProblem, launch_wave2d, saved_levels
 
 __all__ = ["HALO", "STRATEGIES", "REGISTRY", "HaloStrategy", "capture_rank_loop", "Slab", "Window", "HaloLink",
            "decompose", "owner_of", "Team", "run_rank", "gather",
@@ -214,8 +216,7 @@ class Team:
         self.backend = backend_name()
         if self.backend == "gpu":
             cupy = cupy_module()
-            self.device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-            self.device = self.device.decode() if isinstance(self.device, bytes) else self.device
+            self.device = gpu_name()
             if self.size > 1:
                 sharing = self.comm.Split_type(_mpi().COMM_TYPE_SHARED).Get_size()
                 if sharing > cupy.cuda.runtime.getDeviceCount():
@@ -327,7 +328,7 @@ class _RankRun:
         self.m = NSCRATCH
         self.U = [device_zeros((s.rows, problem.n1)) for _ in range(self.m)]
         self.V = to_device(np.ascontiguousarray(problem.velocity[s.lo:s.hi]))
-        self.levels = np.arange(0, problem.nt, every) if every else np.arange(0)
+        self.levels = np.asarray(saved_levels(problem.nt, every) if every else range(0))
         self.images = pinned_empty((len(self.levels), s.owned, problem.n1))
         self.images.fill(np.nan)
         # The windows: the whole slab, or its boundary rows (inner sides only) and the rest.
@@ -726,7 +727,7 @@ def ranks_env(backend):
     on the path, the chosen backend, and (as root, e.g. in a container) Open MPI's consent to run
     as root, which MPICH ignores."""
     env = dict(os.environ, COURSE_HELPER_BACKEND=backend)
-    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[1]),
+    env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")

@@ -39,8 +39,9 @@ from __future__ import annotations
 import os
 import warnings
 
-from . import observe, runtime
-from .backend import backend_name, cupy_module
+from ..runtime import observe
+from .. import runtime
+from ..runtime.backend import backend_name, cupy_module
 from .timeline import TraceEvent
 
 __all__ = ["available", "wanted", "ActivitySession", "CuptiTimer", "TIMING_ENV", "read_clocks_together"]
@@ -262,7 +263,7 @@ def read_clocks_together(host_ms, cupti_ns, tries=5):
 # --------------------------------------------------------------------------
 class CuptiTimer:
     """Times a recording with CUPTI: keeps the thread's op journal (every operation the helper
-    queues, see :mod:`course_helper.observe`) and, at the end, matches CUPTI's records with
+    queues, see :mod:`course_helper.runtime.observe`) and, at the end, matches CUPTI's records with
     those operations (see the module text for how). It also observes graph captures, to know
     which operations a graph replays."""
 

@@ -10,7 +10,7 @@ The choice is made once, on first use:
 * ``COURSE_HELPER_BACKEND=cpu`` always uses NumPy.
 
 On the CPU backend the work runs in NumPy on a *modelled* GPU (see
-:mod:`course_helper.model`): results are the GPU's, times are modelled on a
+:mod:`course_helper.runtime.model`): results are the GPU's, times are modelled on a
 device profile (``COURSE_HELPER_PROFILE``, default the H200).
 
 :func:`set_backend` switches in the same process (the tests use it).
@@ -24,7 +24,8 @@ import threading
 
 import numpy as np
 
-from . import checks, profiles
+from .. import checks
+from . import profiles
 
 ENV_VAR = "COURSE_HELPER_BACKEND"
 CHOICES = ("auto", "gpu", "cpu")
@@ -119,10 +120,7 @@ def _announce():
         return
     _state.announced = True
     if _state.name == "gpu":
-        import cupy
-        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        print(f"course_helper: GPU backend on {name} ({_state.reason})")
+        print(f"course_helper: GPU backend on {gpu_name()} ({_state.reason})")
     else:
         device = profiles.load(profile_name())["device"]["name"]
         print(f"course_helper: CPU backend ({_state.reason}) - results are identical, "
@@ -183,6 +181,14 @@ def cupy_module():
     return cupy
 
 
+def gpu_name() -> str:
+    """The current CUDA device's name, e.g. ``"NVIDIA H200"`` (only call on the GPU backend).
+    CUDA hands it over as bytes, as a C string."""
+    cupy = cupy_module()
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 # --------------------------------------------------------------------------
 # Device report
 # --------------------------------------------------------------------------
@@ -219,9 +225,8 @@ def device_report(print_it: bool = False) -> dict:
         rt = cupy.cuda.runtime
         dev = cupy.cuda.Device().id
         props = rt.getDeviceProperties(dev)
-        name = props["name"]
         report.update(
-            device=name.decode() if isinstance(name, bytes) else str(name),
+            device=gpu_name(),
             memory_gib=round(props["totalGlobalMem"] / 2**30, 1),
             multiprocessors=int(props["multiProcessorCount"]),
             compute_capability=f"{props['major']}.{props['minor']}",

@@ -1,0 +1,11 @@
+"""Measuring: the benchmark sweep against the physical limit B, side-by-side comparisons, and the
+calibration that fits the modelled device's profile to a real GPU.
+"""
+from .bench import (BALANCED_POINT, compute_only_ms, measure_trace_cost, paired_ratio, peak_d2h_gbps,
+                    physical_limit, plot_bench, run_bench)
+from . import calibrate  # noqa: F401 - the module: calibrate.calibrate() fits a profile
+from .compare import Comparison, compare_strategies
+
+__all__ = ["BALANCED_POINT", "compute_only_ms", "measure_trace_cost", "paired_ratio", "peak_d2h_gbps",
+           "physical_limit", "plot_bench", "run_bench", "Comparison",
+           "compare_strategies"]

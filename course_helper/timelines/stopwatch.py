@@ -1,0 +1,59 @@
+"""A stopwatch for work on a GPU: device time of queued work and host time of a call."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..streams import create_events, create_streams, elapsed_ms, synchronize
+
+_SPIN = r"""
+extern "C" __global__ void course_helper_spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}
+"""
+
+
+class Stopwatch:
+    """Times on the GPU: device time of queued work (CUDA events behind a spinning kernel, so the
+    host's queueing is not timed) and the host's time of a call. Used by
+    :func:`course_helper.measure.calibrate` and :func:`course_helper.strategies.level_times`."""
+
+    def __init__(self):
+        import cupy          # a GPU tool: the CPU backend never imports CuPy
+        self.cupy = cupy
+        self.spin = cupy.RawKernel(_SPIN, "course_helper_spin")
+        (self.s,) = create_streams(1, name="calibrate")
+        self.start, self.end = create_events(2, timing=True)
+
+    def hold(self, ms=4.0):
+        """Keep the stream busy for about ``ms`` (clock rate ~1.7 GHz; only needs to outlast the queueing)."""
+        with self.s.raw:
+            self.spin((1,), (1,), (np.int64(ms * 2e6),))
+
+    def device_ms(self, queue, repeat=20):
+        """Device time of one ``queue()``: ``repeat`` of them queued behind a spin, timed by events."""
+        queue()                                    # warm-up (module loads, pool allocations)
+        synchronize()
+        self.hold()
+        self.start.record(self.s)
+        for _ in range(repeat):
+            queue()
+        self.end.record(self.s)
+        self.end.synchronize()
+        return elapsed_ms(self.start, self.end) / repeat
+
+    def host_us(self, call, n=200, busy=True):
+        """Median wall time (µs) of one ``call()`` by the host."""
+        call()
+        synchronize()
+        if busy:
+            self.hold(ms=20.0)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        synchronize()
+        return float(np.median(times)) * 1e6
