@@ -149,3 +149,17 @@ def test_the_readme_results_table_is_the_committed_sweep():
     table = headline_table(json.loads((ROOT / "benchmarks" / "bench.json").read_text()))
     assert table in (ROOT / "README.md").read_text()
     assert table in (ROOT / "docs" / "results.md").read_text()
+
+
+def test_the_readme_two_gpu_table_is_the_committed_halo_benchmark():
+    """The two-GPU table is printed from benchmarks/halo.json, in the README and docs/two-gpus.md."""
+    import json
+    import sys
+    sys.path.insert(0, str(ROOT / "tools"))
+    from results_table import halo_table
+    doc = json.loads((ROOT / "benchmarks" / "halo.json").read_text())
+    table = halo_table(doc)
+    assert table in (ROOT / "README.md").read_text()
+    assert table in (ROOT / "docs" / "two-gpus.md").read_text()
+    one = next(p for p in doc["weak"] if p["ranks"] == 1 and p["n1"] == 2048)["strategies"]["blocking"]["ms"]
+    assert f"| 2048² | {one:.1f} |" in table

@@ -1,10 +1,14 @@
-"""Print the README's headline table from a benchmark sweep (default: benchmarks/bench.json).
+"""Print the README's results tables from the committed benchmark files.
 
-    python3 tools/results_table.py [BENCH_JSON]
+    python3 tools/results_table.py [BENCH_JSON]       # one GPU (default: benchmarks/bench.json)
+    python3 tools/results_table.py --halo [HALO_JSON]  # two GPUs (default: benchmarks/halo.json)
 
-One row per point: the physical limit B, the three steps of the lesson's ladder (pageable
+One GPU: one row per point: the physical limit B, the three steps of the lesson's ladder (pageable
 sequential, sequential-pinned, the events loop with its hidden fraction), and the strategy nearest
-B. tests/test_repository.py checks that the README holds exactly this table.
+B. Two GPUs: one row per grid size per GPU (weak scaling): the time on one GPU, the distributed
+bound on two, and each halo strategy's time with its weak-scaling efficiency (one GPU's time over
+two GPUs' time) and its efficiency against the bound. tests/test_repository.py checks that the
+README and the docs hold exactly these tables.
 """
 import json
 import pathlib
@@ -31,6 +35,29 @@ def headline_table(doc):
     return "\n".join(lines)
 
 
+HALO_STRATEGIES = ("blocking", "overlap", "overlap-graph")
+
+
+def halo_table(doc):
+    """The markdown weak-scaling table of ``doc`` (a halo.json document), as a string."""
+    lines = ["| grid per GPU | 1 GPU (ms) | B on 2 GPUs (ms) | " + " | ".join(HALO_STRATEGIES) + " |",
+             "|---|---|---|" + "---|" * len(HALO_STRATEGIES)]
+    one = {p["n1"]: p for p in doc["weak"] if p["ranks"] == 1}
+    for two in (p for p in doc["weak"] if p["ranks"] == 2):
+        single = one[two["n1"]]["strategies"]["blocking"]["ms"]
+        cells = []
+        for name in HALO_STRATEGIES:
+            row = two["strategies"][name]
+            cells.append(f"{row['ms']:.1f} ({single / row['ms']:.2f}, {row['bound_efficiency']:.2f})")
+        lines.append(f"| {two['n1']}² | {single:.1f} | {two['bound_ms']:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    path = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "benchmarks" / "bench.json"
-    print(headline_table(json.loads(path.read_text())))
+    args = sys.argv[1:]
+    if args[:1] == ["--halo"]:
+        path = pathlib.Path(args[1]) if len(args) > 1 else ROOT / "benchmarks" / "halo.json"
+        print(halo_table(json.loads(path.read_text())))
+    else:
+        path = pathlib.Path(args[0]) if args else ROOT / "benchmarks" / "bench.json"
+        print(headline_table(json.loads(path.read_text())))
