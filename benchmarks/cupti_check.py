@@ -14,7 +14,7 @@ import numpy as np
 
 from course_helper.timelines import cupti_trace
 from course_helper.streams import synchronize
-from course_helper.timelines.timeline import _intersection, _length, _union
+from course_helper.timelines.timeline import covered_length, intersection_length, merge_intervals
 
 __all__ = ["cupti_available", "run_with_cupti", "agreement"]
 
@@ -74,14 +74,15 @@ def agreement(trace, records):
             out[f"{label}_abs_diff_us_median"] = float(np.median(d))
             out[f"{label}_abs_diff_us_max"] = float(d.max())
 
-    k_cu = _union((r["start_ns"] / 1e6, r["end_ns"] / 1e6) for r in cuk)
-    c_cu = _union((r["start_ns"] / 1e6, r["end_ns"] / 1e6) for r in cuc)
+    k_cu = merge_intervals((r["start_ns"] / 1e6, r["end_ns"] / 1e6) for r in cuk)
+    c_cu = merge_intervals((r["start_ns"] / 1e6, r["end_ns"] / 1e6) for r in cuc)
     s = trace.summary()
     out.update({
-        "events_compute_ms": s["compute_ms"], "cupti_compute_ms": _length(k_cu),
-        "events_copy_ms": s["copy_ms"], "cupti_copy_ms": _length(c_cu),
-        "events_overlap_ms": s["overlap_ms"], "cupti_overlap_ms": _intersection(k_cu, c_cu),
+        "events_compute_ms": s["compute_ms"], "cupti_compute_ms": covered_length(k_cu),
+        "events_copy_ms": s["copy_ms"], "cupti_copy_ms": covered_length(c_cu),
+        "events_overlap_ms": s["overlap_ms"], "cupti_overlap_ms": intersection_length(k_cu, c_cu),
         "events_overlap_fraction": s["overlap_fraction"],
-        "cupti_overlap_fraction": (_intersection(k_cu, c_cu) / _length(c_cu)) if _length(c_cu) else 0.0,
+        "cupti_overlap_fraction": (intersection_length(k_cu, c_cu) / covered_length(c_cu)
+                                   if covered_length(c_cu) else 0.0),
     })
     return out

@@ -24,7 +24,7 @@ import course_helper as ch
 from benchmarks import cupti_check
 from course_helper import strategies
 from course_helper.solver import Run
-from course_helper.timelines.timeline import _length, _union
+from course_helper.timelines.timeline import covered_length, merge_intervals
 
 
 def make_run(problem, nio, images, nscratch=5):
@@ -69,7 +69,7 @@ def analyse(records):
     copies = sorted((r for r in records if r["cls"] == "DTOH"), key=lambda r: r["start_ns"])
     ms = lambda ns: ns / 1e6                                   # noqa: E731
     t0 = min(r["start_ns"] for r in kernels + copies)
-    busy = _union((ms(r["start_ns"]), ms(r["end_ns"])) for r in copies)
+    busy = merge_intervals((ms(r["start_ns"]), ms(r["end_ns"])) for r in copies)
     window = ms(copies[-1]["end_ns"] - copies[0]["start_ns"])
     dur_us = [(r["end_ns"] - r["start_ns"]) / 1e3 for r in copies]
     # the most copies running at the same moment
@@ -86,15 +86,16 @@ def analyse(records):
     return {
         "kernels": len(kernels), "copies": len(copies), "memsets": sum(r["cls"] == "memset" for r in records),
         "device_span_ms": ms(max(r["end_ns"] for r in kernels + copies) - t0),
-        "copy_busy_ms": _length(busy), "copy_window_ms": window, "copy_idle_in_window_ms": window - _length(busy),
+        "copy_busy_ms": covered_length(busy), "copy_window_ms": window,
+        "copy_idle_in_window_ms": window - covered_length(busy),
         "copy_median_us": statistics.median(dur_us), "copy_sum_ms": sum(dur_us) / 1e3,
-        "copy_gbps_busy": nbytes / (_length(busy) * 1e-3) / 1e9,
+        "copy_gbps_busy": nbytes / (covered_length(busy) * 1e-3) / 1e9,
         "copy_gbps_median_single": statistics.median(r["bytes"] / (r["end_ns"] - r["start_ns"]) for r in copies),
         "max_concurrent_copies": most, "copy_channels": {str(k): v for k, v in sorted(channels.items())},
         "gap_median_us": statistics.median(gaps_us), "gap_p90_us": float(np.percentile(gaps_us, 90)),
         "first_copy_after_first_kernel_us": (copies[0]["start_ns"] - kernels[0]["start_ns"]) / 1e3,
         "last_copy_after_last_kernel_us": (copies[-1]["end_ns"] - kernels[-1]["end_ns"]) / 1e3,
-        "kernel_busy_ms": _length(_union((ms(r["start_ns"]), ms(r["end_ns"])) for r in kernels)),
+        "kernel_busy_ms": covered_length(merge_intervals((ms(r["start_ns"]), ms(r["end_ns"])) for r in kernels)),
     }
 
 

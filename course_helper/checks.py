@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import numbers
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any
 
 #: Share of the available host memory one run may plan to take; the rest is left to the
 #: notebook, the browser and the operating system.
 HOST_MEMORY_SHARE = 0.8
 
 
-def positive_int(name, value, *, minimum=1, hint=""):
+def positive_int(name: str, value: object, *, minimum: int = 1, hint: str = "") -> int:
     """Return ``value`` as an int, refusing non-integers and values below ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
@@ -25,7 +30,7 @@ def positive_int(name, value, *, minimum=1, hint=""):
     return int(value)
 
 
-def flag(name, value):
+def flag(name: str, value: object) -> bool:
     """Return ``value`` as a bool, refusing anything but True and False.
 
     A flag taken by truthiness would read ``unsafe="no"`` as yes.
@@ -35,7 +40,7 @@ def flag(name, value):
     return bool(value)
 
 
-def positive_float(name, value, *, hint=""):
+def positive_float(name: str, value: object, *, hint: str = "") -> float:
     """Return ``value`` as a float, refusing non-numbers, NaN, infinities and values <= 0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
@@ -45,20 +50,22 @@ def positive_float(name, value, *, hint=""):
     return value
 
 
-def one_of(name, value, choices):
+def one_of(name: str, value: str, choices: Sequence[str]) -> str:
     """Refuse ``value`` unless it is one of ``choices`` (strings)."""
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; choose one of: {', '.join(map(repr, choices))}")
     return value
 
 
-def instance(name, value, cls, what):
+def instance(name: str, value: Any, cls: type | tuple[type, ...], what: str) -> Any:
+    """Return ``value``, refusing (TypeError) anything not an instance of ``cls``; ``what`` says
+    what is wanted ("a Stream from create_streams()")."""
     if not isinstance(value, cls):
         raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
     return value
 
 
-def shape_tuple(name, shape):
+def shape_tuple(name: str, shape: int | Iterable[int]) -> tuple[int, ...]:
     """Normalise an int or a tuple of ints into a shape tuple of non-negative ints."""
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (shape,)
@@ -72,7 +79,7 @@ def shape_tuple(name, shape):
     return tuple(int(s) for s in shape)
 
 
-def same_layout(dst, src):
+def same_layout(dst: Any, src: Any) -> None:
     """A copy needs equal shapes and dtypes and C-contiguous buffers on both sides."""
     # Equal shapes and dtypes, the usual case, are two comparisons; the messages need more work.
     if dst.shape == src.shape and dst.dtype == src.dtype and dst.flags.c_contiguous and src.flags.c_contiguous:
@@ -89,7 +96,7 @@ def same_layout(dst, src):
                              "contiguous block - copy whole rows/planes, or make a contiguous buffer first")
 
 
-def host_memory_available():
+def host_memory_available() -> int | None:
     """Bytes of host memory available now (None when the operating system does not say)."""
     try:
         with open("/proc/meminfo") as f:
@@ -104,7 +111,7 @@ def host_memory_available():
         return None
 
 
-def host_memory_shortfall(need):
+def host_memory_shortfall(need: int) -> int | None:
     """None when ``need`` bytes fit in the host memory a run may take, else the bytes available."""
     avail = host_memory_available()
     if avail is not None and need > HOST_MEMORY_SHARE * avail:
@@ -112,7 +119,7 @@ def host_memory_shortfall(need):
     return None
 
 
-def host_memory(need, what, advice, detail=""):
+def host_memory(need: int, what: str, advice: str | Callable[[int], str], detail: str = "") -> None:
     """Refuse (MemoryError) to go on when ``need`` bytes do not fit in host memory.
 
     ``what`` names what needs the memory and ``detail`` breaks the bytes down;

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from .distributed import halo
 from .disk import store
 from .strategies import STRATEGIES
 from .timelines.timeline import write_atomically
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
 #: What each strategy does (the loops are in course_helper/strategies.py).
@@ -140,7 +144,8 @@ def _add_run_parser(sub):
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def run_main(args):
+def run_main(args: argparse.Namespace) -> int:
+    """``run``: one solve streamed to a new Zarr store, with a progress bar; returns the exit status."""
     if args.backend:
         backend.set_backend(args.backend)
     problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
@@ -207,7 +212,8 @@ def _parse_points(text):
     return points
 
 
-def bench_main(args):
+def bench_main(args: argparse.Namespace) -> int:
+    """``bench``: the benchmark sweep (or ``--disk``: the runs streamed to disk); returns the exit status."""
     if args.backend or args.profile:
         backend.set_backend(args.backend or os.environ.get(backend.ENV_VAR, "auto"), profile=args.profile)
     else:
@@ -314,7 +320,9 @@ def _check_out(folder):
         raise PermissionError(f"the output folder {folder} is not writable; choose another with --out")
 
 
-def compare_main(args):
+def compare_main(args: argparse.Namespace) -> int:
+    """``compare``: every strategy on one problem, the table, and (``--out``) traces and timelines;
+    returns the exit status (1 when the strategies' images differ)."""
     if args.backend:
         backend.set_backend(args.backend)
     else:
@@ -361,7 +369,7 @@ def compare_main(args):
     return 0
 
 
-def halo_main(args):
+def halo_main(args: argparse.Namespace) -> int:
     """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks."""
     if args.backend:
         os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
@@ -424,7 +432,8 @@ def _halo_ranks(args, problem):
     return 0
 
 
-def calibrate_main(args):
+def calibrate_main(args: argparse.Namespace) -> int:
+    """``calibrate``: measure this GPU and write its profile for the modelled device; returns the exit status."""
     if backend.backend_name() != "gpu":
         raise RuntimeError("calibrate measures a real GPU, and this process runs on the CPU backend "
                            f"({backend.device_report()['device']}); run it on a machine with a CUDA GPU")
@@ -436,7 +445,9 @@ def calibrate_main(args):
     return 0
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: the process's arguments); returns the exit status
+    (2 for bad input, with the error on stderr)."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "compare":
@@ -455,6 +466,6 @@ def main(argv=None):
     return 2
 
 
-def compare_entry():
+def compare_entry() -> NoReturn:
     """Console-script alias: ``course-compare [options]``."""
     sys.exit(main(["compare", *sys.argv[1:]]))

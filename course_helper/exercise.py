@@ -14,6 +14,7 @@ import sys
 import threading
 import types
 from collections import Counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,14 @@ from .timelines import recording
 from .memory import is_device_array, is_pinned
 from .sanitizer import RaceError, Sanitizer, byte_span
 from .streams import synchronize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    from numpy.typing import ArrayLike
+
+    from .streams import Stream
 
 __all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
 
@@ -55,7 +64,7 @@ extern "C" __global__ void bake_layer(float* plane, const int n0, const int n1, 
 OVEN_GBPS = 80.0
 
 
-def oven_us(nbytes):
+def oven_us(nbytes: int) -> float:
     """How long (µs) :func:`bake_layer` keeps a plane of ``nbytes`` in the oven."""
     return nbytes / (OVEN_GBPS * 1e3)
 
@@ -64,7 +73,7 @@ class LayerCakeError(AssertionError):
     """The stack is not what the exercise expects; the message says why and what to try."""
 
 
-def layer_values(k, shape):
+def layer_values(k: int, shape: tuple[int, int]) -> np.ndarray:
     """The expected content of plane ``k`` (float32), computed on the host."""
     n0, n1 = shape
     i = np.arange(n0)[:, None]
@@ -87,7 +96,7 @@ def _kernel():
     return _compiled["kernel"], _compiled["blocks"]
 
 
-def bake_layer(plane, k, stream=None, *, oven=True):
+def bake_layer(plane: Any, k: int, stream: Stream | None = None, *, oven: bool = True) -> None:
     """Queue the kernel that bakes layer ``k`` into the device array ``plane`` on ``stream``.
 
     The kernel keeps the plane in the oven for :func:`oven_us` (``plane.nbytes`` at
@@ -125,7 +134,8 @@ def bake_layer(plane, k, stream=None, *, oven=True):
 OVERLAP_NEEDED = 0.5
 
 
-def check_layer_cake(stack, nplanes=None, loop=None, buffers=None):
+def check_layer_cake(stack: ArrayLike, nplanes: int | None = None, loop: Callable[[], None] | None = None,
+                     buffers: Sequence[Any] | None = None) -> str:
     """Check a layer cake; raise :class:`LayerCakeError` saying what is wrong.
 
     Without ``loop``, it checks that every plane of ``stack`` holds its own layer.

@@ -14,15 +14,22 @@ work. On CuPy built for ROCm :func:`capture_graph` raises
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from . import checks, runtime, streams
 from .runtime import observe
 from .runtime.base import GraphsUnsupported
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+    from .streams import Stream
+
 __all__ = ["GraphsUnsupported", "Graph", "capture_graph", "graphs_supported"]
 
 
-def graphs_supported():
+def graphs_supported() -> tuple[bool, str]:
     """``(True, "")`` when graphs work here, else ``(False, reason)``."""
     return runtime.get().graphs_supported()
 
@@ -30,18 +37,18 @@ def graphs_supported():
 class Graph:
     """A captured graph; :meth:`launch` replays it on a stream."""
 
-    def __init__(self, raw, stream):
+    def __init__(self, raw: Any, stream: Stream):
         self.raw = raw
         self.stream = stream
 
-    def upload(self, stream=None):
+    def upload(self, stream: Stream | None = None) -> None:
         """Prepare the replay on ``stream`` (default: the capture stream) ahead of the first
         :meth:`launch`, which then does not pay for it (``cudaGraphUpload``). Asynchronous,
         like a launch; ``solve`` uploads right after the capture, outside the timed replay."""
         stream = self.stream if stream is None else streams.resolve(stream)
         stream.runtime.upload_graph(self.raw, stream.raw)
 
-    def launch(self, stream=None):
+    def launch(self, stream: Stream | None = None) -> None:
         """Replay the whole captured loop on ``stream`` (default: the capture stream)."""
         stream = self.stream if stream is None else streams.resolve(stream)
         stream.runtime.launch_graph(self.raw, stream.raw)
@@ -49,11 +56,11 @@ class Graph:
 
 
 class _Capture:
-    graph = None
+    graph: Graph | None = None     # the captured graph, once the block has ended
 
 
 @contextlib.contextmanager
-def capture_graph(stream):
+def capture_graph(stream: Stream) -> Iterator[_Capture]:
     """Capture the work queued on ``stream`` inside the block into a :class:`Graph`.
 
     Other streams join the capture by waiting on an event recorded on a

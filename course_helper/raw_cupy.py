@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import checks
 from .runtime.backend import backend_name, cupy_module
 from .wave import WaveProblem, kernel_source, saved_levels
+
+if TYPE_CHECKING:
+    import cupy
 
 __all__ = ["events_loop", "streams_loop", "sequential_loop", "launch_step", "copy_level_to_host"]
 
@@ -55,7 +59,7 @@ def _prepare(problem, every, nscratch, pinned=True):
         d2h=cupy.cuda.runtime.memcpyDeviceToHost)
 
 
-def launch_step(r, level, stream):
+def launch_step(r: SimpleNamespace, level: int, stream: cupy.cuda.Stream) -> None:
     """Queue the kernel that computes ``level`` (into ``U[level % m]``) on ``stream``."""
     U, m = r.U, r.m
     with stream:                                    # a RawKernel launches on the current stream
@@ -63,7 +67,7 @@ def launch_step(r, level, stream):
                                    *r.scalars, r.amp(level - 2)))
 
 
-def copy_level_to_host(r, level, stream):
+def copy_level_to_host(r: SimpleNamespace, level: int, stream: cupy.cuda.Stream) -> None:
     """Queue the copy of ``level`` (from ``U[level % m]``) into its slot of the pinned output."""
     r.cupy.cuda.runtime.memcpyAsync(r.images[level // r.every].ctypes.data, r.U[level % r.m].data.ptr,
                                     r.nbytes, r.d2h, stream.ptr)
@@ -77,7 +81,7 @@ def _timed(loop, r):
     return r.images, (time.perf_counter() - t0) * 1e3
 
 
-def events_loop(problem, every=1, nscratch=5):
+def events_loop(problem: WaveProblem, every: int = 1, nscratch: int = 5) -> tuple[np.ndarray, float]:
     """Solve ``problem`` with the events strategy in plain CuPy.
 
     Returns ``(images, elapsed_ms)``: the saved levels (a NumPy view of pinned
@@ -110,7 +114,7 @@ def events_loop(problem, every=1, nscratch=5):
     return _timed(loop, r)
 
 
-def streams_loop(problem, every=1, nscratch=5):
+def streams_loop(problem: WaveProblem, every: int = 1, nscratch: int = 5) -> tuple[np.ndarray, float]:
     """The streams strategy in plain CuPy: the host synchronises the IO stream of a
     buffer before the kernel that overwrites it. Returns ``(images, elapsed_ms)``."""
     r = _prepare(problem, every, nscratch)
@@ -137,7 +141,7 @@ def streams_loop(problem, every=1, nscratch=5):
     return _timed(loop, r)
 
 
-def sequential_loop(problem, every=1):
+def sequential_loop(problem: WaveProblem, every: int = 1) -> tuple[np.ndarray, float]:
     """The sequential strategy in plain CuPy: default stream, a blocking copy to
     pageable memory after every kernel. Returns ``(images, elapsed_ms)``."""
     r = _prepare(problem, every, 3, pinned=False)

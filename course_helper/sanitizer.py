@@ -52,11 +52,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .runtime import observe
 from .streams import Event, Stream, synchronize
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+    from .graphs import Graph
+    from .runtime.observe import Op
+    from .solver import Run
 
 __all__ = ["RaceError", "Sanitizer", "sanitize", "byte_span"]
 
@@ -76,7 +85,7 @@ class RaceError(RuntimeError):
         The dependency that would order them.
     """
 
-    def __init__(self, message, first="", second="", fix=""):
+    def __init__(self, message: str, first: str = "", second: str = "", fix: str = ""):
         super().__init__(message)
         self.first, self.second, self.fix = first, second, fix
 
@@ -84,7 +93,7 @@ class RaceError(RuntimeError):
 # --------------------------------------------------------------------------
 # Memory ranges
 # --------------------------------------------------------------------------
-def _span(a):
+def _span(a: Any) -> tuple[str, int, int] | None:
     """``(space, first byte, one past the last byte)`` of array ``a``, or None if empty.
 
     Host and device memory are separate address spaces. A strided view gets
@@ -244,7 +253,7 @@ class Sanitizer:
     suggests a host synchronise as a fix (for a loop whose rules forbid it).
     """
 
-    def __init__(self, names=None, host_sync_fixes=True):
+    def __init__(self, names: dict[str, Any] | None = None, host_sync_fixes: bool = True):
         self.names = _Names()
         self.labels = {}                     # id(stream or event) -> (it, its name in messages)
         self.host_sync_fixes = host_sync_fixes
@@ -267,12 +276,12 @@ class Sanitizer:
         self.race = None                     # (the RaceError, the thread it was raised in)
         self.lock = threading.RLock()         # held by each notification (a subclass's too)
 
-    def close(self):
+    def close(self) -> None:
         """Stop watching and let go of the buffers it remembers (device memory can be freed)."""
         observe.remove(self)
         self.shadow, self.spans, self.graphs, self.capture = _Shadow(), {}, {}, None
 
-    def name(self, name, arrays):
+    def name(self, name: str, arrays: Any) -> None:
         """Name an array, a stream or an event (or a list of them) in race messages."""
         if isinstance(arrays, (Stream, Event)):
             self.labels[id(arrays)] = (arrays, name)
@@ -282,12 +291,12 @@ class Sanitizer:
         else:
             self.names.add(name, arrays)
 
-    def label_of(self, obj):
+    def label_of(self, obj: Stream | Event) -> str | None:
         """The name given to a stream or an event, or None."""
         known = self.labels.get(id(obj))
         return known[1] if known is not None and known[0] is obj else None
 
-    def stream_name(self, stream):
+    def stream_name(self, stream: Stream) -> str:
         """A stream's name in messages: the name given to it, else its own."""
         return self.label_of(stream) or stream.name
 
@@ -330,7 +339,7 @@ class Sanitizer:
 
     # -- observer calls ------------------------------------------------------
     @_serialised
-    def op_queued(self, op):
+    def op_queued(self, op: Op) -> None:
         if self.failed:
             return
         vc = self._enqueue(op.stream)
@@ -342,7 +351,7 @@ class Sanitizer:
                     self._access(_Access(op.stream, clock, op, None, a, span, write), vc)
 
     @_serialised
-    def event_recorded(self, stream, event):
+    def event_recorded(self, stream: Stream, event: Event) -> None:
         if self.failed:
             return
         vc = self._enqueue(stream)
@@ -351,7 +360,7 @@ class Sanitizer:
         self.records.setdefault(stream, []).append((vc.get(stream, 0), event, self.order))
 
     @_serialised
-    def event_waited(self, stream, event):
+    def event_waited(self, stream: Stream, event: Event) -> None:
         if self.failed:
             return
         known = self.events.get(id(event))
@@ -362,7 +371,7 @@ class Sanitizer:
             _join(vc, known[1])
 
     @_serialised
-    def host_synced(self, target):
+    def host_synced(self, target: Stream | Event | None) -> None:
         if self.failed:
             return
         self.host_version += 1
@@ -377,7 +386,7 @@ class Sanitizer:
                 _join(self.host, known[1])
 
     @_serialised
-    def host_access(self, array, mode, where):
+    def host_access(self, array: np.ndarray, mode: str, where: str) -> None:
         if self.failed:
             return
         span = _span(array)
@@ -387,7 +396,7 @@ class Sanitizer:
             self._access(_Access(_HOST, clock, None, where, array, span, "w" in mode), self.host)
 
     @_serialised
-    def capture_started(self, stream):
+    def capture_started(self, stream: Stream) -> None:
         if self.failed:
             return
         saved = ({s: dict(c) for s, c in self.clocks.items()}, dict(self.host), dict(self.events),
@@ -398,7 +407,7 @@ class Sanitizer:
         self.shadow = _Shadow()              # nothing captured runs now: check it within the capture
 
     @_serialised
-    def capture_ended(self, stream, graph):
+    def capture_ended(self, stream: Stream, graph: Graph | None) -> None:
         """The capture on ``stream`` ended with ``graph`` (None: it failed or was abandoned)."""
         if self.capture is None:
             return
@@ -409,7 +418,7 @@ class Sanitizer:
             self.graphs[id(graph)] = (graph, captured)
 
     @_serialised
-    def graph_launched(self, graph, stream):
+    def graph_launched(self, graph: Graph, stream: Stream) -> None:
         if self.failed:
             return
         known = self.graphs.get(id(graph))
@@ -532,7 +541,7 @@ def _describe(op):
 
 
 @contextlib.contextmanager
-def sanitize(names=None, host_sync_fixes=True):
+def sanitize(names: dict[str, Any] | None = None, host_sync_fixes: bool = True) -> Iterator[Sanitizer]:
     """Check every operation queued inside the block for races; raise :class:`RaceError` at the first.
 
     ``names`` maps names to arrays, streams or events (or lists of them) so
@@ -569,7 +578,7 @@ def sanitize(names=None, host_sync_fixes=True):
         raise san.race[0]                         # found in work another thread queued
 
 
-def watch_run(run):
+def watch_run(run: Run) -> Sanitizer:
     """Start a sanitizer for one of ``solve``'s runs, with its buffers named (None: not wanted)."""
     buffers = {"U": run.U, "V": run.V, "staging": run.staging}
     if isinstance(run.images, np.ndarray):
@@ -579,7 +588,7 @@ def watch_run(run):
     return observe.add(Sanitizer(buffers), every_thread=True)
 
 
-def stop(san):
+def stop(san: Sanitizer | None) -> None:
     """Stop ``san`` (from :func:`watch_run`); nothing when None."""
     if san is not None:
         san.close()

@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,16 @@ from .strategies import COPY_LAG, KERNEL_LEVELS, STRATEGIES, capture_loop, level
 from .streams import create_events, create_streams, synchronize
 from .wave import WaveProblem, launch_wave2d, saved_levels
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+    import zarr
+    from numpy.typing import ArrayLike
+
+    from .streams import Event, Stream
+    from .timelines.timeline import Trace
+
 __all__ = ["prepare", "solve", "timing_only", "Run", "Result", "STRATEGIES", "plan_memory",
            "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch"]
 
@@ -35,7 +46,7 @@ MAX_RING = 32
 DEFAULT_NSTAGING = 4
 
 
-def available_strategies():
+def available_strategies() -> list[str]:
     """Names of the strategies the active backend runs, in the order of :data:`STRATEGIES`."""
     return [name for name, entry in STRATEGIES.items() if entry.available()[0]]
 
@@ -52,47 +63,47 @@ class Run:
     problem: WaveProblem
     every: int
     nscratch: int
-    U: list                  # scratch wavefields on the device, level L in U[L % nscratch]
-    V: object                # velocity model on the device
+    U: list[Any]             # scratch wavefields on the device, level L in U[L % nscratch]
+    V: Any                   # velocity model on the device
     images: np.ndarray       # host output, one slice per saved level (NaN until written)
-    staging: list = field(default_factory=list)  # staging ring on the device (staged strategies)
+    staging: list[Any] = field(default_factory=list)  # staging ring on the device (staged strategies)
     batch: int = 1                                # saved levels per staging buffer
-    compute: object = None                        # the compute stream
-    io: list = field(default_factory=list)        # io[b]: the IO stream of buffer b
-    ready: list = field(default_factory=list)     # ready[b]: the level in U[b] is computed (ring)
-    copied: list = field(default_factory=list)    # copied[b]: the copy out of buffer b is done
-    filled: list = field(default_factory=list)    # filled[s]: staging buffer s holds its batch (staged)
+    compute: Stream | None = None                 # the compute stream
+    io: list[Stream] = field(default_factory=list)     # io[b]: the IO stream of buffer b
+    ready: list[Event] = field(default_factory=list)   # ready[b]: the level in U[b] is computed (ring)
+    copied: list[Event] = field(default_factory=list)  # copied[b]: the copy out of buffer b is done
+    filled: list[Event] = field(default_factory=list)  # filled[s]: staging buffer s holds its batch (staged)
     strategy: str = ""                            # the name of the strategy it was prepared for
     nscratch_reason: str = ""                     # why nscratch has its value (see suggest_nscratch)
 
     @property
-    def nt(self):
+    def nt(self) -> int:
         return self.problem.nt
 
     @property
-    def nstaging(self):
+    def nstaging(self) -> int:
         return len(self.staging)
 
     @property
-    def levels(self):
+    def levels(self) -> range:
         """The saved time levels, as a range."""
         return saved_levels(self.problem.nt, self.every)
 
     @property
-    def nsaved(self):
+    def nsaved(self) -> int:
         return len(self.levels)
 
-    def level_of(self, k):
+    def level_of(self, k: int) -> int:
         """The time level stored at output index ``k``."""
         return k * self.every
 
-    def slot(self, level):
+    def slot(self, level: int) -> int | None:
         """Index of ``level`` in the output, or None if it is not saved (or out of range)."""
         if 0 <= level < self.problem.nt and level % self.every == 0:
             return level // self.every
         return None
 
-    def close(self):
+    def close(self) -> None:
         """This run's streams take no more work (on the CPU backend, queueing more raises;
         GPU streams are freed by CuPy). The output ``images`` stays usable."""
         for s in ([self.compute] if self.compute is not None else []) + list(self.io):
@@ -133,8 +144,10 @@ class Result:
     problem : WaveProblem
     """
 
-    def __init__(self, images, levels, elapsed_ms, strategy, problem, every, nscratch, backend, trace,
-                 nstaging=0, batch=1, capture_ms=None, store=None, time_label="", nscratch_reason=""):
+    def __init__(self, images: np.ndarray | zarr.Array, levels: np.ndarray, elapsed_ms: float, strategy: str,
+                 problem: WaveProblem, every: int, nscratch: int, backend: str, trace: Trace | None,
+                 nstaging: int = 0, batch: int = 1, capture_ms: float | None = None,
+                 store: str | os.PathLike | None = None, time_label: str = "", nscratch_reason: str = ""):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -153,7 +166,7 @@ class Result:
         self._trace = trace
 
     @property
-    def trace(self):
+    def trace(self) -> Trace:
         """The run's :class:`~course_helper.timelines.timeline.Trace` (only if it was recorded)."""
         if self._trace is None:
             raise ValueError(f"this {self.strategy!r} run did not record a trace; "
@@ -161,10 +174,10 @@ class Result:
         return self._trace
 
     @property
-    def has_trace(self):
+    def has_trace(self) -> bool:
         return self._trace is not None
 
-    def max_difference(self, other):
+    def max_difference(self, other: Result | ArrayLike) -> float:
         """Largest absolute difference from another Result (or image stack)."""
         return stack_difference(self.images, other.images if isinstance(other, Result) else other)
 
@@ -174,7 +187,7 @@ class Result:
                 f"{self.problem.n0}x{self.problem.n1}, nscratch {self.nscratch}, {self.elapsed_ms:.1f} ms{clock}>")
 
 
-def stack_difference(images, other):
+def stack_difference(images: np.ndarray | zarr.Array, other: ArrayLike) -> float:
     """Largest absolute difference between two stacks of saved levels of the same shape."""
     b = np.asarray(other)
     if b.shape != images.shape:
@@ -183,14 +196,15 @@ def stack_difference(images, other):
     return max((float(np.max(np.abs(a.astype(np.float64) - c))) for a, c in zip(images, b)), default=0.0)
 
 
-def default_batch(problem):
+def default_batch(problem: WaveProblem) -> int:
     """Saved levels per staging buffer: enough for copies of about 4 MiB (at most 16 levels),
     since small device-to-host copies run far below the link's bandwidth."""
     return int(max(1, min(16, (4 * 2**20) // problem.nbytes_level)))
 
 
-def plan_memory(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=False, nstaging=None,
-                batch=None):
+def plan_memory(problem: WaveProblem | None = None, strategy: str = "events", every: int = 1,
+                nscratch: int | None = None, *, unsafe: bool = False, nstaging: int | None = None,
+                batch: int | None = None) -> dict[str, int]:
     """Bytes a run needs: ``{"device": ..., "host": ...}``, with the same argument checks
     (and defaults) as :func:`solve`.
 
@@ -202,7 +216,7 @@ def plan_memory(problem=None, strategy="events", every=1, nscratch=None, *, unsa
     return _plan(problem, every, nscratch, nstaging, batch)
 
 
-def suggest_nscratch(problem=None, every=1, strategy="events"):
+def suggest_nscratch(problem: WaveProblem | None = None, every: int = 1, strategy: str = "events") -> tuple[int, str]:
     """``(nscratch, reason)``: the scratch wavefields ``solve(problem, strategy, every=every)``
     uses by default, and why (the same sentence as ``result.nscratch_reason``).
 
@@ -252,7 +266,7 @@ def _fits(problem, every, nscratch):
     return True
 
 
-def chunk_levels(problem, strategy, every=1):
+def chunk_levels(problem: WaveProblem, strategy: str, every: int = 1) -> int:
     """Levels per chunk of a store that ``strategy`` streams to with its default settings:
     one staging batch for the staged strategies (see :func:`default_batch`), else one level.
     Same checks as :func:`solve`."""
@@ -356,8 +370,9 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
     return every, nscratch, nstaging, batch, f"{nscratch}, as given"
 
 
-def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=False, nstaging=None,
-            batch=None, output=True):
+def prepare(problem: WaveProblem | None = None, strategy: str = "events", every: int = 1,
+            nscratch: int | None = None, *, unsafe: bool = False, nstaging: int | None = None,
+            batch: int | None = None, output: bool = True) -> Run:
     """Check the arguments and build everything a strategy's loop receives: a :class:`Run`.
 
     Takes the same arguments as :func:`solve` (less ``trace``) and refuses
@@ -409,8 +424,9 @@ def prepare(problem=None, strategy="events", every=1, nscratch=None, *, unsafe=F
     return run
 
 
-def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, unsafe=False,
-          nstaging=None, batch=None, sanitize=False, store=None, compress=None):
+def solve(problem: WaveProblem | None = None, strategy: str = "events", every: int = 1, nscratch: int | None = None,
+          trace: bool = True, unsafe: bool = False, nstaging: int | None = None, batch: int | None = None,
+          sanitize: bool = False, store: str | os.PathLike | None = None, compress: str | None = None) -> Result:
     """Solve the wave problem with one IO strategy and return a :class:`Result`.
 
     ``solve`` is :func:`prepare`, then the strategy's loop run and timed (for a
@@ -548,9 +564,8 @@ def solve(problem=None, strategy="events", every=1, nscratch=None, trace=True, u
                   time_label=runtime.time_label(), nscratch_reason=run.nscratch_reason)
 
 
-
 @contextlib.contextmanager
-def timing_only():
+def timing_only() -> Iterator[None]:
     """Inside the block, runs are for their times and timelines only.
 
     On the CPU backend the modelled GPU then skips the NumPy arithmetic: times, timelines and

@@ -17,6 +17,9 @@ with ``inspect.getsource``, so what you read there is what runs.
 * ``"graph"`` / ``"graph-staged"`` - the event loop / the staged loop captured
   once into a CUDA graph by :func:`capture_loop` (``solve`` then replays it).
 
+A loop takes the :class:`~course_helper.solver.Run` that ``prepare`` builds; its type is
+written ``"Run"``, in quotes, so that a loop copied into a notebook cell runs as it is.
+
 Each strategy declares what its loop needs in one :class:`Strategy` entry of
 :data:`STRATEGIES`, at the end of this module; argument checks, defaults,
 ``solve``, the command line, the benchmark and the tests all read it. A new
@@ -31,7 +34,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from . import checks, runtime
 from .graphs import capture_graph, graphs_supported
@@ -39,6 +42,10 @@ from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, dev
                      to_device, zero_async)
 from .runtime.model import kernel_us, link_ms
 from .wave import WaveProblem, kernel_cost, launch_wave2d
+
+if TYPE_CHECKING:
+    from .graphs import Graph
+    from .solver import Run
 
 __all__ = ["sequential", "sequential_pinned", "with_streams", "with_events", "staged", "capture_loop",
            "COPY_LAG", "ring_depth", "level_times", "LevelTimes", "Strategy", "STRATEGIES", "register"]
@@ -49,7 +56,7 @@ __all__ = ["sequential", "sequential_pinned", "with_streams", "with_events", "st
 COPY_LAG = 3
 
 
-def sequential(run):
+def sequential(run: "Run") -> None:
     """Everything on the default stream; after each kernel a blocking copy to pageable memory."""
     U, m = run.U, run.nscratch                     # m = 3 scratch wavefields
     for level in range(run.nt):
@@ -61,7 +68,7 @@ def sequential(run):
             copy_to_host(run.images[k], U[level % m], level=level)   # the host waits here
 
 
-def sequential_pinned(run):
+def sequential_pinned(run: "Run") -> None:
     """The sequential loop on a compute stream, copying into pinned memory: the copies run at
     the pinned speed, but the host still waits for each, so nothing overlaps."""
     U, m, compute = run.U, run.nscratch, run.compute   # m = 3 scratch wavefields
@@ -74,7 +81,7 @@ def sequential_pinned(run):
             copy_to_host(run.images[k], U[level % m], compute, level=level)   # the host waits here
 
 
-def with_streams(run):
+def with_streams(run: "Run") -> None:
     """Compute on one stream, copy on IO streams; the host synchronises an IO stream
     before the buffer it reads is overwritten."""
     U, m = run.U, run.nscratch                      # m >= 4 scratch wavefields
@@ -95,7 +102,7 @@ def with_streams(run):
             copy_to_host_async(run.images[k], U[c], io[c], level=old)
 
 
-def with_events(run):
+def with_events(run: "Run") -> None:
     """The same dependencies expressed with events: the compute stream waits on the
     copy of the buffer it overwrites; the host never blocks."""
     U, m = run.U, run.nscratch
@@ -117,7 +124,7 @@ def with_events(run):
             io[c].record(copied[c])                 # U[c] may be overwritten after this point
 
 
-def staged(run):
+def staged(run: "Run") -> None:
     """Stage each saved level with a fast device-to-device copy on the compute stream, then
     copy whole staging buffers (``batch`` levels each) to the host on the IO streams."""
     U, m = run.U, run.nscratch                      # 3 scratch wavefields: only compute touches them
@@ -142,16 +149,15 @@ def staged(run):
             io[s].record(copied[s])
 
 
-def capture_loop(loop, run):
+def capture_loop(loop: Callable[["Run"], None], run: "Run") -> "Graph":
     """Capture ``loop(run)`` into a CUDA graph that starts from the zero initial state every replay.
 
     Nothing runs during the capture; ``graph.launch()`` replays the whole loop. ``solve``
     captures the graph strategies this way (untimed, like compiling) and times one replay.
 
-    All copies are captured on one IO stream. In a graph every captured stream
-    becomes a branch, and copies spread over several branches ran about 10%
-    slower where the copies set the pace; one chain of copies runs as fast as
-    the stream loops (benchmarks/graph_copies.py)."""
+    All copies are captured on one IO stream: in a graph every captured stream
+    becomes a branch, and one chain of copies keeps pace with the stream loops
+    where copies spread over several branches fell behind them (docs/results.md)."""
     compute = run.compute
     run = replace(run, io=[run.io[0]] * len(run.io))   # one IO stream for every buffer: one chain of copies
     with capture_graph(compute) as cap:
@@ -167,7 +173,7 @@ def capture_loop(loop, run):
 # --------------------------------------------------------------------------
 # How deep a ring: room for a copy to run under compute
 # --------------------------------------------------------------------------
-def ring_depth(kernel_ms, copy_ms):
+def ring_depth(kernel_ms: float, copy_ms: float) -> int:
     """Scratch buffers a ring loop (:func:`with_events`, :func:`with_streams`) needs so that
     the copy of a saved level never holds up a kernel: ``COPY_LAG + floor(copy_ms / kernel_ms) + 1``.
 
@@ -204,7 +210,7 @@ class LevelTimes(NamedTuple):
     source: str       # what gave them, e.g. "modelled H200" or "measured on NVIDIA H200"
 
 
-def level_times(problem):
+def level_times(problem: WaveProblem) -> LevelTimes:
     """``(kernel_ms, copy_ms, source)`` of one level of ``problem`` on the active backend: the
     wave kernel and the device-to-host copy of one level into pinned memory, each alone.
 
@@ -273,7 +279,7 @@ class Strategy:
         Whether ``solve`` captures the loop once into a CUDA graph and times a replay.
     """
     name: str
-    loop: Callable
+    loop: Callable[[Run], None]
     nscratch: int = KERNEL_LEVELS
     min_nscratch: int = KERNEL_LEVELS
     max_nscratch: int | None = None
@@ -282,12 +288,12 @@ class Strategy:
     graph: bool = False
 
     @property
-    def ring(self):
+    def ring(self) -> bool:
         """Whether the loop copies straight out of its scratch ring, so that a deeper ring
         gives each copy more kernels to run under (:func:`ring_depth`)."""
         return not self.staged and self.max_nscratch is None
 
-    def available(self):
+    def available(self) -> tuple[bool, str]:
         """``(True, "")`` when the active backend runs this strategy, else ``(False, reason)``."""
         if self.graph:
             return graphs_supported()
@@ -295,10 +301,10 @@ class Strategy:
 
 
 #: strategy name -> its :class:`Strategy`, in the order the course introduces them
-STRATEGIES = {}
+STRATEGIES: dict[str, Strategy] = {}
 
 
-def register(strategy):
+def register(strategy: Strategy) -> Strategy:
     """Add a :class:`Strategy` to :data:`STRATEGIES` (its name must be new); returns it."""
     if not isinstance(strategy, Strategy):
         raise TypeError(f"register a Strategy(...), got {type(strategy).__name__}")

@@ -15,10 +15,17 @@ semantics. Both go through :mod:`course_helper.runtime`.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from . import checks, runtime
 from .runtime import observe
 from .runtime.backend import backend_name
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from .runtime.base import Runtime
 
 __all__ = ["Stream", "Event", "create_streams", "create_events", "default_stream",
            "current_stream", "elapsed_ms", "stream_priority_range", "synchronize"]
@@ -34,7 +41,7 @@ class host_wait:
 
     __slots__ = ("name", "runtime", "t0")
 
-    def __init__(self, name):
+    def __init__(self, name: str):
         self.name = name
 
     def __enter__(self):
@@ -62,7 +69,7 @@ def _host_wait(rt, name, target, sync, raw):
         observe.notify("host_synced", target)
 
 
-def synchronize():
+def synchronize() -> None:
     """Block the host until all work on the active backend's device has finished.
 
     An exception raised by queued work (on the CPU backend) is raised here. Work
@@ -91,7 +98,7 @@ class Stream:
         CuPy, e.g. ``with s.raw: ...``), or the modelled GPU's stream.
     """
 
-    def __init__(self, raw, name, blocking, priority, rt, is_default=False):
+    def __init__(self, raw: Any, name: str, blocking: bool, priority: int, rt: Runtime, is_default: bool = False):
         self.raw = raw
         self.name = name
         self.blocking = blocking
@@ -100,7 +107,7 @@ class Stream:
         self.backend = rt.name
         self.is_default = is_default
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Block the host until all work queued on this stream has finished.
 
         On the CPU backend, an exception raised by the stream's work is raised
@@ -111,11 +118,11 @@ class Stream:
             return
         self.wait_for_host(f"wait for {self.name}")
 
-    def wait_for_host(self, name):
+    def wait_for_host(self, name: str) -> None:
         """:meth:`synchronize`, labelled ``name`` on timelines (e.g. "blocking copy")."""
         _host_wait(self.runtime, name, self, self.runtime.sync_stream, self.raw)
 
-    def wait_event(self, event):
+    def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait until ``event`` completes (the host does not wait)."""
         # Exact type and same runtime, the usual case, cost two identity tests; else the full checks.
         if type(event) is not Event or event.runtime is not self.runtime:
@@ -126,12 +133,12 @@ class Stream:
         if observe.listening["event_waited"]:   # heard even so: a wait queued before the record it meant
             observe.notify("event_waited", self, event)
 
-    def wait_stream(self, other):
+    def wait_stream(self, other: Stream) -> None:
         """Make later work on this stream wait for the work queued so far on ``other``."""
         checks.instance("other", other, Stream, "a Stream")
         self.wait_event(other.record())
 
-    def record(self, event=None):
+    def record(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new one if None) at this point of the stream and return it."""
         if event is None:
             event = create_events(1)[0]
@@ -140,7 +147,7 @@ class Stream:
         event.record(self)
         return event
 
-    def launch_host_func(self, fn):
+    def launch_host_func(self, fn: Callable[[], object]) -> None:
         """Queue a Python function to run (on a driver/worker thread) when the
         stream reaches this point, like ``cudaLaunchHostFunc``.
 
@@ -187,14 +194,14 @@ class Event:
     ``timing=True`` events also carry a timestamp for :func:`elapsed_ms`.
     """
 
-    def __init__(self, raw, timing, rt):
+    def __init__(self, raw: Any, timing: bool, rt: Runtime):
         self.raw = raw
         self.timing = timing
         self.runtime = rt
         self.backend = rt.name
         self.recorded = False
 
-    def record(self, stream=None):
+    def record(self, stream: Stream | None = None) -> Event:
         """Mark the current end of ``stream`` (the current stream if None); returns the event."""
         stream = current_stream() if stream is None else stream
         # Exact type and same runtime, the usual case, cost two identity tests; else the full checks.
@@ -207,7 +214,7 @@ class Event:
             observe.notify("event_recorded", stream, self)
         return self
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Block the host until the work before the event's latest record has finished."""
         _host_wait(self.runtime, "wait for event", self, self.runtime.sync_event, self.raw)
 
@@ -248,7 +255,7 @@ def _same_backend(a, b):
                          "choosing the backend")
 
 
-def stream_priority_range():
+def stream_priority_range() -> tuple[int, int]:
     """``(lowest, highest)`` stream priority on this device; lower numbers are higher priority.
 
     The CPU backend mirrors CUDA's convention (0 is the lowest priority, more
@@ -258,7 +265,7 @@ def stream_priority_range():
     return runtime.get().priority_range()
 
 
-def create_streams(n, blocking=False, priority=None, name="stream"):
+def create_streams(n: int, blocking: bool = False, priority: int | None = None, name: str = "stream") -> list[Stream]:
     """Create ``n`` streams.
 
     Parameters
@@ -305,7 +312,7 @@ def create_streams(n, blocking=False, priority=None, name="stream"):
                    lo if priority is None else priority, rt) for label in names]
 
 
-def create_events(n, timing=False):
+def create_events(n: int, timing: bool = False) -> list[Event]:
     """Create ``n`` events; ``timing=True`` lets :func:`elapsed_ms` time between them.
 
     On the CPU backend the times are modelled (see :mod:`course_helper.runtime.model`).
@@ -316,7 +323,7 @@ def create_events(n, timing=False):
     return [Event(rt.new_event(bool(timing)), bool(timing), rt) for _ in range(n)]
 
 
-def elapsed_ms(start, end):
+def elapsed_ms(start: Event, end: Event) -> float:
     """Milliseconds of device time between two completed timing events (modelled on the CPU backend)."""
     for label, ev in (("start", start), ("end", end)):
         checks.instance(label, ev, Event, "an Event")
@@ -335,7 +342,7 @@ def elapsed_ms(start, end):
 _default_cache = {}
 
 
-def default_stream():
+def default_stream() -> Stream:
     """The default (legacy "null") stream of the active backend."""
     rt = runtime.get()
     cached = _default_cache.get(id(rt))
@@ -344,7 +351,7 @@ def default_stream():
     return cached
 
 
-def current_stream():
+def current_stream() -> Stream:
     """The innermost stream of a ``with stream:`` block, else the default stream."""
     stack = _stack()
     if stack and stack[-1].runtime is runtime.get():
@@ -352,7 +359,7 @@ def current_stream():
     return default_stream()
 
 
-def resolve(stream):
+def resolve(stream: Stream | None) -> Stream:
     """``stream`` checked, or the current stream when None."""
     if stream is None:
         return current_stream()

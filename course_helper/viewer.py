@@ -2,11 +2,24 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .memory import CpuDeviceArray
 from .disk.store import open_store
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    import matplotlib.figure
+    from numpy.typing import ArrayLike
+
+    from .solver import Result
+
+    #: What the viewers take: a Result, a stack of slices (n, n0, n1) or the path of a store.
+    Slices = Result | ArrayLike | str | os.PathLike
 
 __all__ = ["plot_slices", "compare_slices", "animate", "Animation", "SliceViewer", "colour_limit", "show_code"]
 
@@ -35,7 +48,7 @@ def _stack_of(result_or_images, lazy=False):
     return images, np.asarray(levels), times
 
 
-def colour_limit(images, clip=0.05, peak=None):
+def colour_limit(images: np.ndarray, clip: float = 0.05, peak: float | None = None) -> float:
     """Symmetric colour limit shared by all slices.
 
     ``clip`` is the fraction of the largest amplitude to saturate at: 1.0
@@ -70,7 +83,8 @@ class SliceViewer:
         The slice shown now.
     """
 
-    def __init__(self, result_or_images, clip=0.05, cmap="seismic", title="wavefield"):
+    def __init__(self, result_or_images: Slices, clip: float = 0.05, cmap: str = "seismic",
+                 title: str = "wavefield"):
         import ipywidgets as widgets
         import matplotlib.pyplot as plt
 
@@ -108,13 +122,14 @@ class SliceViewer:
         children.append(self.figure.canvas if self.interactive else self.out)
         self.widget = widgets.VBox(children)
 
-    def title_for(self, i):
+    def title_for(self, i: int) -> str:
+        """The caption of slice ``i``: its level, and its time where the source gives times."""
         level = int(self.levels[i])
         if self.times_ms is not None:
             return f"{self.label}: level {level}, t = {float(self.times_ms[i]):.2f} ms"
         return f"{self.label}: slice {level}"
 
-    def show(self, i):
+    def show(self, i: int) -> None:
         """Display slice ``i``."""
         i = int(i)
         if not 0 <= i < self.images.shape[0]:
@@ -132,10 +147,11 @@ class SliceViewer:
                 display(self.figure)
 
     @property
-    def title(self):
+    def title(self) -> str:
+        """The figure's title now (the shown slice's caption)."""
         return self.ax.get_title()
 
-    def png(self, dpi=72):
+    def png(self, dpi: float = 72) -> bytes:
         """The figure as it shows now, as PNG bytes."""
         import io
         buffer = io.BytesIO()
@@ -150,7 +166,8 @@ class SliceViewer:
         return bundle
 
 
-def plot_slices(result_or_images, clip=0.05, cmap="seismic", title="wavefield"):
+def plot_slices(result_or_images: Slices, clip: float = 0.05, cmap: str = "seismic",
+                title: str = "wavefield") -> SliceViewer:
     """Explore a stack of wavefield slices with a slider and a play button.
 
     Works with ``%matplotlib widget`` (ipympl: the figure redraws in place)
@@ -173,7 +190,8 @@ def plot_slices(result_or_images, clip=0.05, cmap="seismic", title="wavefield"):
     return SliceViewer(result_or_images, clip=clip, cmap=cmap, title=title)
 
 
-def compare_slices(a, b, index=None, clip=0.05, labels=("a", "b")):
+def compare_slices(a: Slices, b: Slices, index: int | None = None, clip: float = 0.05,
+                   labels: tuple[str, str] = ("a", "b")) -> matplotlib.figure.Figure:
     """Two stacks side by side with their difference, at one slice.
 
     ``index`` defaults to the slice where the two differ most (or the last
@@ -211,11 +229,12 @@ class Animation:
     JavaScript and nothing fetched from the web. ``levels`` are the animated levels, in order.
     """
 
-    def __init__(self, gif, strip, levels):
+    def __init__(self, gif: bytes, strip: bytes, levels: list[int]):
         self.gif, self.strip, self.levels = gif, strip, levels
 
     @property
-    def data(self):
+    def data(self) -> bytes:
+        """The animated GIF's bytes."""
         return self.gif
 
     def _ipython_display_(self):
@@ -231,7 +250,8 @@ def _first_visible(images, vlim):
     return int(loud[0]) if loud.size else 0
 
 
-def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield", dpi=60):
+def animate(result_or_images: Slices, clip: float = 0.05, step: int = 1, interval: int = 50,
+            title: str = "wavefield", dpi: float = 60) -> Animation:
     """An animated GIF of the slices (a plain image: it plays in an untrusted notebook and in
     any export), with a still strip of four of its levels beside it.
 
@@ -284,7 +304,7 @@ def animate(result_or_images, clip=0.05, step=1, interval=50, title="wavefield",
 class SourceCode:
     """Source text that Jupyter renders as highlighted Python (via Markdown)."""
 
-    def __init__(self, source):
+    def __init__(self, source: str):
         self.source = source
 
     def _repr_markdown_(self):
@@ -294,7 +314,7 @@ class SourceCode:
         return self.source
 
 
-def show_code(obj):
+def show_code(obj: Callable[..., Any] | type) -> SourceCode:
     """Display the source of a function (e.g. a strategy's loop) as highlighted code.
 
     The notebooks show the loops this way, so the code you read is the code that runs.

@@ -13,7 +13,7 @@ import course_helper as ch
 from course_helper import runtime, solver, strategies
 from course_helper.runtime.model import kernel_us, link_ms
 from course_helper.strategies import COPY_LAG, level_times, ring_depth
-from course_helper.timelines.timeline import _intersection, _length, _union
+from course_helper.timelines.timeline import covered_length, intersection_length, merge_intervals
 
 BALANCED = dict(n0=3072, n1=3072, nt=320)
 
@@ -178,9 +178,9 @@ def test_sequential_pinned_waits_for_every_copy_and_overlaps_nothing(cpu):
         wait = next(w for w in waits if w.start_ms <= copy.end_ms <= w.end_ms)
         later = [k for k in kernels if k.start_ms >= copy.start_ms]
         assert all(k.start_ms >= wait.end_ms for k in later)
-    overlap = _intersection(_union((k.start_ms, k.end_ms) for k in kernels),
-                            _union((c.start_ms, c.end_ms) for c in copies))
-    assert overlap == 0 and _length(_union((c.start_ms, c.end_ms) for c in copies)) > 0
+    overlap = intersection_length(merge_intervals((k.start_ms, k.end_ms) for k in kernels),
+                            merge_intervals((c.start_ms, c.end_ms) for c in copies))
+    assert overlap == 0 and covered_length(merge_intervals((c.start_ms, c.end_ms) for c in copies)) > 0
     # the events loop at the same point does overlap: the measure can see it
     assert hidden_fraction(modelled(p, "events", every=16, nscratch=8).trace) > 0.3
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import course_helper as ch
-from course_helper.timelines.timeline import Trace, TraceEvent
+from course_helper.timelines.timeline import Trace, TraceEvent, covered_length, intersection_length, merge_intervals
 
 
 def hand_trace():
@@ -363,3 +363,24 @@ def test_host_lane_shares_the_device_lanes_origin_on_the_gpu(timing):
     expected = "CUPTI" if timing == "auto" and traces[0]["cupti"] else "CUDA events"
     assert [t["timing"] for t in traces] == [expected] * 2
     _assert_wait_ends_with_the_kernels(traces)
+
+
+def _on_grid(intervals, step=0.25, end=12.0):
+    """The grid points ``k * step`` (k < end / step) that lie inside some interval: a slow, plain way to
+    measure a union (the intervals below start and end on the grid)."""
+    return {k for k in range(int(end / step)) for a, b in intervals if a <= k * step < b}
+
+
+@pytest.mark.parametrize("x, y", [
+    ([(0, 1), (0.5, 2), (3, 4)], [(1.5, 3.25)]),
+    ([(5, 6), (0, 10)], [(2, 3), (2.5, 4), (9.75, 11)]),
+    ([(1, 1)], [(0, 2)]),                          # an empty interval covers nothing
+    ([], [(0, 2)]),
+])
+def test_the_public_interval_helpers_agree_with_counting_grid_points(x, y):
+    """merge_intervals, covered_length and intersection_length (what benchmarks/cupti_check uses)
+    against counting the grid points each union covers."""
+    mx, my = merge_intervals(x), merge_intervals(y)
+    assert all(a < b for a, b in zip([iv[1] for iv in mx], [iv[0] for iv in mx[1:]]))   # disjoint, sorted
+    assert covered_length(mx) == pytest.approx(len(_on_grid(x)) * 0.25)
+    assert intersection_length(mx, my) == pytest.approx(len(_on_grid(x) & _on_grid(y)) * 0.25)

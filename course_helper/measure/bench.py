@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import platform
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,15 +43,19 @@ from ..streams import create_events, create_streams, elapsed_ms, synchronize
 from ..timelines.timeline import write_atomically
 from ..wave import WaveProblem, launch_wave2d
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    import matplotlib.figure
+
 __all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "peak_d2h_gbps", "parse_nscratch",
            "compute_only_ms", "physical_limit", "bench_point", "run_bench", "plot_bench", "DISK_POINTS", "disk_point",
            "RAW_ROW", "paired_ratio", "add_trace_cost", "measure_trace_cost", "check_disk_folder"]
 
 #: (n, nt, every) where overlap is the lesson: compute and copies take about as long, so overlapping
-#: them can nearly halve the time if the ring is deep enough. A saved level's copy takes about 14
-#: kernels, and a kernel (~50 µs on an H200) is long next to the Python that queues each turn, so
-#: the compute stream has no host gaps for copies to fall into (at 2048² a kernel, ~23 µs, is as
-#: short as the host's turn).
+#: them can nearly halve the time if the ring is deep enough; and a kernel is long next to the Python
+#: that queues each turn, so the compute stream has no host gaps for the copies to fall into. What
+#: was measured there, on which GPU: docs/results.md.
 BALANCED_POINT = (3072, 320, 16)
 #: (n, nt, every): the course sweep, from launch-bound to IO-bound, and the balanced point.
 DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (2048, 320, 16), BALANCED_POINT, (4096, 128, 8)]
@@ -75,7 +80,7 @@ def _median_ms(fn, stream, repeats):
     return float(np.median(times))
 
 
-def peak_d2h_gbps(mib=512, repeats=5):
+def peak_d2h_gbps(mib: float = 512, repeats: int = 5) -> float:
     """Device-to-host bandwidth of one large pinned copy, in GB/s (1 GB = 1e9 bytes)."""
     n = int(mib * 2**20) // 4
     src = device_zeros(n)
@@ -89,7 +94,7 @@ def peak_d2h_gbps(mib=512, repeats=5):
     return n * 4 / (ms * 1e-3) / 1e9
 
 
-def compute_only_ms(problem, repeats=5):
+def compute_only_ms(problem: WaveProblem, repeats: int = 5) -> float:
     """Device time of the run's kernels alone, no copies.
 
     On the GPU both a plain launch loop and its CUDA graph are timed and the
@@ -118,7 +123,8 @@ def compute_only_ms(problem, repeats=5):
     return best
 
 
-def physical_limit(problem=None, every=1, peak_gbps=None, repeats=5):
+def physical_limit(problem: WaveProblem | None = None, every: int = 1, peak_gbps: float | None = None,
+                   repeats: int = 5) -> dict[str, float | str]:
     """The fastest any overlap strategy could run ``problem`` saving every ``every``-th level.
 
     Returns a dict: ``peak_d2h_gbps`` (measured here unless given),
@@ -146,7 +152,7 @@ def _fits(output_bytes, strategies):
     return None
 
 
-def parse_nscratch(text):
+def parse_nscratch(text: str) -> list[int]:
     """The ring depths of ``--nscratch``, e.g. ``"5,8,12"`` -> ``[5, 8, 12]`` (each at least 1;
     whether a strategy can run with it is checked before anything is measured)."""
     depths = []
@@ -171,7 +177,8 @@ def _check_point(n, nt, every, strategies, nscratch):
     return plan_memory(problem, "sequential", every)["host"]
 
 
-def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=True, nscratch=None):
+def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats: int = 5,
+                peak_gbps: float | None = None, trace_cost: bool = True, nscratch: int | None = None) -> dict:
     """Measure one (n, nt, every) point: B's two parts and each strategy's times (and, with
     ``trace_cost``, what tracing costs and how much overlapped: see :func:`add_trace_cost`).
     ``nscratch`` is the ring depth of the strategies that take one (None: their defaults)."""
@@ -208,15 +215,15 @@ def bench_point(n, nt, every, strategies, repeats=5, peak_gbps=None, trace_cost=
     return point
 
 
-def add_trace_cost(point, strategies, repeats=5):
+def add_trace_cost(point: dict, strategies: Iterable[str], repeats: int = 5) -> dict:
     """Add to each strategy of a measured ``point`` what recording its timeline costs
     (``trace_overhead``: traced over untraced, in rounds of one of each, see :func:`measure_trace_cost`),
     the clock that timed the traces, and how much of the work overlapped in them
-    (``compute_busy_ms``, ``copy_busy_ms``, ``overlap_ms``, ``hidden_fraction``).
+    (``compute_busy_ms``, ``copy_busy_ms``, ``overlap_ms``, ``hidden_fraction``); returns ``point``.
 
-    Run it after every untraced measurement of the process: on the H200, plain CuPy and the
-    helper alike ran 5-11% slower at 256² for the rest of the process once a CUPTI
-    recording had been made (``benchmarks/host_cost.json``)."""
+    Run it after every untraced measurement of the process: a CUPTI recording leaves the rest
+    of the process slower, plain CuPy and the helper alike (docs/tracing.md), and the untraced
+    times must not pay for it."""
     if "strategies" not in point:
         return point
     problem = WaveProblem(n0=point["n"], n1=point["n"], nt=point["nt"])
@@ -226,7 +233,8 @@ def add_trace_cost(point, strategies, repeats=5):
     return point
 
 
-def measure_trace_cost(problem, name, every, repeats, nscratch=None):
+def measure_trace_cost(problem: WaveProblem, name: str, every: int, repeats: int,
+                       nscratch: int | None = None) -> dict:
     """What recording a timeline costs: ``repeats`` rounds of one untraced and one traced run,
     back to back (a host whose speed drifts slows both alike). Returns the medians
     (``traced_ms``, ``untraced_beside_ms``), ``trace_overhead``, the median of the rounds'
@@ -250,7 +258,7 @@ def measure_trace_cost(problem, name, every, repeats, nscratch=None):
             "overlap_timing": timing, "nscratch": r.nscratch}
 
 
-def paired_ratio(times, reference_times):
+def paired_ratio(times: Sequence[float], reference_times: Sequence[float]) -> float:
     """The median over rounds of ``times[i] / reference_times[i]``: two loops timed back to back
     in each round, compared round by round, so that the host's drift between rounds cancels."""
     if len(times) != len(reference_times) or not times:
@@ -270,7 +278,7 @@ def _settle():
         os.sync()
 
 
-def check_disk_folder(folder):
+def check_disk_folder(folder: str | os.PathLike) -> str | os.PathLike:
     """Refuse a folder the disk points cannot write their stores into (before measuring anything)."""
     if not isinstance(folder, (str, os.PathLike)):
         raise TypeError(f"the disk folder must be a path, got {type(folder).__name__}")
@@ -282,7 +290,7 @@ def check_disk_folder(folder):
     return folder
 
 
-def disk_bandwidth(where, mib, chunk_mib):
+def disk_bandwidth(where: str | os.PathLike, mib: float, chunk_mib: float) -> float:
     """The disk's sustained write bandwidth in GB/s under ``where``, as a streamed run uses it
     (``mib`` MiB in files of ``chunk_mib``, :data:`store.DEFAULT_WRITERS` threads, fsync'ed);
     on the CPU backend the modelled disk's."""
@@ -293,8 +301,10 @@ def disk_bandwidth(where, mib, chunk_mib):
     return store.measure_disk_bandwidth(where, mib=mib, chunk_mib=chunk_mib, writers=store.DEFAULT_WRITERS)
 
 
-def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(None, "zstd", "blosc"),
-               repeats=3, peak_gbps=None):
+def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
+               strategies: Sequence[str] = ("events", "staged"),
+               compress: Sequence[str | None] = (None, "zstd", "blosc"), repeats: int = 3,
+               peak_gbps: float | None = None) -> dict:
     """One run streamed to a store under ``folder``, against the bound with the disk in it:
     B = max(compute-only, bytes / peak D2H, bytes / sustained disk bandwidth).
 
@@ -371,7 +381,7 @@ def disk_point(n, nt, every, folder, strategies=("events", "staged"), compress=(
     return point
 
 
-def machine_info():
+def machine_info() -> dict:
     """The machine a benchmark ran on, as its results file records it."""
     rep = device_report()
     info = {k: rep[k] for k in ("backend", "device", "memory_gib", "compute_capability",
@@ -386,7 +396,9 @@ def machine_info():
     return info
 
 
-def run_bench(points=None, strategies=None, repeats=5, progress=None, nscratch=None):
+def run_bench(points: Iterable[tuple[int, int, int]] | None = None, strategies: Iterable[str] | None = None,
+              repeats: int = 5, progress: Callable[[dict, str], object] | None = None,
+              nscratch: Iterable[int] | None = None) -> dict:
     """Run the sweep and return ``{"machine": ..., "points": [...]}``.
 
     ``nscratch``: a list of ring depths; every point is then measured once at each (an entry
@@ -436,7 +448,7 @@ def _overlap_cells(row):
             f"{100 * row['hidden_fraction']:5.0f}%")
 
 
-def table(doc):
+def table(doc: dict) -> str:
     """The sweep as aligned text, one line per point and strategy ("traced": a traced run's time
     over the untraced median, what recording the timeline costs; compute, D2H, overlap ms and
     hidden: from the traced runs, see :func:`measure_trace_cost`)."""
@@ -464,7 +476,7 @@ def _identical(row):
     return "not computed (times only)" if same is None else same
 
 
-def plot_bench(doc, path=None):
+def plot_bench(doc: dict, path: str | os.PathLike | None = None) -> matplotlib.figure.Figure:
     """Efficiency and speedup per strategy per point; returns the figure (and saves it to ``path``)."""
     import matplotlib.pyplot as plt
     pts = [p for p in doc["points"] if "strategies" in p]
@@ -503,5 +515,6 @@ def plot_bench(doc, path=None):
     return fig
 
 
-def write_json(doc, path):
+def write_json(doc: dict, path: str | os.PathLike) -> str:
+    """Write a sweep's results file (``bench.json``) whole or not at all; returns the path."""
     return write_atomically(os.fspath(path), lambda f: json.dump(doc, f, indent=1))

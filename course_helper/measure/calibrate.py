@@ -16,6 +16,7 @@ import datetime
 import platform
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from ..streams import create_events, create_streams, elapsed_ms, synchronize
 from ..timelines.stopwatch import Stopwatch
 from ..wave import WaveProblem, launch_wave2d
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
 __all__ = ["calibrate", "fit_line", "wake_us", "copies_per_link", "loop_turn_us", "measure_disk"]
 
 _MIB = 2**20
@@ -38,7 +42,7 @@ _MIB = 2**20
 WAKE_TURNS = 4
 
 
-def fit_line(xs, ys):
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares ``(intercept, slope)`` of ys against xs."""
     slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
     return float(intercept), float(slope)
@@ -94,7 +98,7 @@ def _pageable(bench, kind, sizes, overhead_us, count=8):
             "points_us": [[b, round(t, 3)] for b, t in pts]}
 
 
-def wake_us(after_wait_ms, unhurried_ms):
+def wake_us(after_wait_ms: Sequence[float], unhurried_ms: Sequence[float]) -> float:
     """The host's wake-up (µs) from two samples of the same turns' device time: started by
     a host that has just come back from a blocking wait, and by one that has not waited
     (median against median, never below zero)."""
@@ -160,7 +164,8 @@ def _wave(n, stream):
     return (lambda: launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=stream)), 4 * U[2].nbytes
 
 
-def measure_disk(folder=None, mib=1024, chunk_mib=4, writers=None):
+def measure_disk(folder: str | None = None, mib: float = 1024, chunk_mib: float = 4,
+                 writers: int | None = None) -> dict:
     """The profile's ``disk`` section: the disk holding ``folder`` (default: the temporary
     folder) measured as a streamed run uses it, in a temporary folder that is removed after.
 
@@ -178,7 +183,7 @@ def measure_disk(folder=None, mib=1024, chunk_mib=4, writers=None):
                            "then renamed; latency = time per fsync'ed 4 KiB file from one thread")}
 
 
-def copies_per_link(first_ms, second_ms):
+def copies_per_link(first_ms: float, second_ms: float) -> int:
     """1 when two equal copies queued together in one direction ran one after the other (the
     first ended by three quarters of the time the second took), 0 when they shared the link
     (both ended together). The model then runs one copy per link at a time, or shares it."""
@@ -206,7 +211,7 @@ def _copies_together(bench, nbytes=16 * _MIB, trials=5):
     return float(first), float(second)
 
 
-def loop_turn_us(ms_per_level, host):
+def loop_turn_us(ms_per_level: float, host: dict[str, float]) -> float:
     """The host time (µs) a strategy's loop spends per turn outside the helper's calls: the
     events loop's time per level where the device never holds the host back (``ms_per_level``),
     less the six calls of one of its turns (two waits, a launch, two records, a copy) as
@@ -227,7 +232,7 @@ def _events_ms_per_level(n=64, nt=640, repeats=9):
 HOST_ROUNDS = 5
 
 
-def calibrate(progress=print):
+def calibrate(progress: Callable[[str], object] = print) -> dict:
     """Measure the active GPU and return a profile dict (see :mod:`course_helper.runtime.profiles`)."""
     if backend_name() != "gpu":
         raise RuntimeError("calibration measures a real GPU: run it on the GPU backend "

@@ -5,16 +5,25 @@ benchmark (:mod:`course_helper.measure.bench`) use.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .. import checks, runtime
 from ..solver import STRATEGIES, solve, stack_difference
 from ..wave import WaveProblem
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    import matplotlib.axes
+
+    from ..solver import Result
+
 __all__ = ["compare_strategies", "Comparison", "time_strategies", "baseline_first"]
 
 
-def baseline_first(strategies):
+def baseline_first(strategies: str | Iterable[str]) -> list[str]:
     """Checked strategy names, each once, with ``"sequential"`` (the baseline) first."""
     if isinstance(strategies, str):
         strategies = [strategies]
@@ -26,13 +35,15 @@ def baseline_first(strategies):
     return ["sequential"] + [s for s in dict.fromkeys(strategies) if s != "sequential"]
 
 
-def nscratch_for(name, nscratch):
+def nscratch_for(name: str, nscratch: int | None) -> int | None:
     """``nscratch`` for a strategy that takes a chosen number of scratch buffers, else None."""
     return nscratch if STRATEGIES[name].max_nscratch is None else None
 
 
-def time_strategies(problem, strategies, repeats, every=1, nscratch=None, progress=None, also=None,
-                    also_after=None):
+def time_strategies(problem: WaveProblem, strategies: str | Iterable[str], repeats: int, every: int = 1,
+                    nscratch: int | None = None, progress: Callable[[str, int], object] | None = None,
+                    also: dict[str, Callable[[], tuple[np.ndarray, float]]] | None = None,
+                    also_after: str | None = None) -> dict[str, dict]:
     """Time each strategy on ``problem``: one untimed warm-up solve each (kernel loading,
     pinned pool), then ``repeats`` rounds of timed solves, untraced.
 
@@ -113,18 +124,18 @@ class Comparison:
     last Result of each strategy (with its trace).
     """
 
-    def __init__(self, rows, results, problem, every):
+    def __init__(self, rows: list[dict], results: dict[str, Result], problem: WaveProblem, every: int):
         self.rows = rows
         self.results = results
         self.problem = problem
         self.every = every
 
     @property
-    def agree(self):
+    def agree(self) -> bool:
         """True when every strategy gave exactly the sequential images."""
         return all(r["max_diff"] == 0.0 for r in self.rows)
 
-    def table(self, timings=True):
+    def table(self, timings: bool = True) -> str:
         """The rows as aligned text. ``timings=False`` leaves out machine-dependent columns."""
         timings = checks.flag("timings", timings)
         head = ["strategy"] + (["median ms", "min ms", "max ms", "speedup", "compute ms", "D2H ms", "overlap ms",
@@ -156,7 +167,7 @@ class Comparison:
     def _repr_pretty_(self, p, cycle):
         p.text(self.table())
 
-    def plot(self, ax=None):
+    def plot(self, ax: matplotlib.axes.Axes | None = None) -> matplotlib.axes.Axes:
         """Bar chart of the median times, annotated with the speedup."""
         import matplotlib.pyplot as plt
         if ax is None:
@@ -178,8 +189,10 @@ class Comparison:
         return ax
 
 
-def compare_strategies(problem=None, strategies=("sequential", "streams", "events"), repeats=3,
-                       every=1, nscratch=None, progress=None):
+def compare_strategies(problem: WaveProblem | None = None,
+                       strategies: str | Iterable[str] = ("sequential", "streams", "events"), repeats: int = 3,
+                       every: int = 1, nscratch: int | None = None,
+                       progress: Callable[[str, int], object] | None = None) -> Comparison:
     """Run each strategy ``repeats`` times on the same problem and tabulate them.
 
     The sequential strategy is always run (first) as the baseline for speedup

@@ -17,9 +17,9 @@ copy) to *start* is the k-th captured: in the course's captured loops each
 kind of work forms one chain. Host waits stay on the host clock.
 
 CUPTI sets up its kernel tracing at the first kernel launch of a recording
-session, which took 0.8 to 5 ms on the course's H200. A recording therefore
-starts with one tiny launch of a kernel of its own (:func:`warm_up`), before
-the work it records; that launch is left out of the trace.
+session, which takes far longer than a launch (docs/tracing.md says how long). A
+recording therefore starts with one tiny launch of a kernel of its own
+(:func:`warm_up`), before the work it records; that launch is left out of the trace.
 
 CUPTI's timestamps run on CUPTI's own clock, host waits on the runtime's host
 clock (:func:`course_helper.runtime.host_ms`). A session reads the two clocks
@@ -38,11 +38,18 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
 from ..runtime import observe
 from .. import runtime
 from ..runtime.backend import backend_name, cupy_module
 from .timeline import TraceEvent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from ..graphs import Graph
+    from ..streams import Stream
 
 __all__ = ["available", "wanted", "ActivitySession", "CuptiTimer", "TIMING_ENV", "read_clocks_together"]
 
@@ -62,13 +69,13 @@ extern "C" __global__ void course_helper_cupti_warm_up(int* x) { x[0] = 1; }
 """
 
 
-def warm_up():
+def warm_up() -> None:
     """Launch one tiny kernel on a stream of its own and wait for it, telling no observer
     (GPU backend).
 
     A CUPTI recording calls this right after it starts: the first kernel launch under a new
-    CUPTI session sets up CUPTI's kernel tracing (0.8 to 5 ms on the H200), which would
-    otherwise land inside the recorded loop and count as tracing overhead."""
+    CUPTI session sets up CUPTI's kernel tracing, which would otherwise land inside the
+    recorded loop and count as tracing overhead."""
     if backend_name() != "gpu":
         raise RuntimeError("warm_up launches a CUDA kernel itself, so it needs the GPU backend; "
                            "the CPU backend has no CUPTI to warm up")
@@ -81,7 +88,7 @@ def warm_up():
     stream.synchronize()
 
 
-def available():
+def available() -> tuple[bool, str]:
     """``(True, "")`` when CUPTI can time traces here, else ``(False, reason)``."""
     if backend_name() != "gpu":
         return False, "CUPTI needs the GPU backend"
@@ -94,7 +101,7 @@ def available():
     return True, ""
 
 
-def wanted():
+def wanted() -> bool:
     """True when new traces should be timed by CUPTI.
 
     That is: CUPTI is :func:`available`, no other CUPTI recording is running
@@ -148,7 +155,7 @@ class ActivitySession:
     Only one session records at a time (CUPTI's activity buffers are global).
     """
 
-    def __init__(self, kinds=("kernel", "memcpy", "memset")):
+    def __init__(self, kinds: Sequence[str] = ("kernel", "memcpy", "memset")):
         from cupti import cupti
         self._cupti = cupti
         a = cupti.ActivityKind
@@ -164,7 +171,8 @@ class ActivitySession:
         # maps onto the host clock (see host_ms_of)
         self.clock_pairs = []
 
-    def start(self):
+    def start(self) -> ActivitySession:
+        """Start recording (and :meth:`begin_here`); returns the session."""
         global _receiver, _callbacks_registered
         if _receiver is not None:
             raise RuntimeError("a CUPTI recording is already running in this process")
@@ -183,10 +191,11 @@ class ActivitySession:
         return self
 
     @property
-    def running(self):
+    def running(self) -> bool:
+        """Whether this session is recording now."""
         return _receiver is self
 
-    def stop(self):
+    def stop(self) -> None:
         """Flush every completed record into ``records`` and stop recording."""
         global _receiver
         if _receiver is not self:
@@ -200,14 +209,14 @@ class ActivitySession:
                 cupti.activity_disable(kind)
             _receiver = None
 
-    def begin_here(self):
+    def begin_here(self) -> None:
         """Keep only the records of work that starts from now on (what ran before, since
         :meth:`start`, was set-up work of the recorder's own), and read CUPTI's clock
         together with the host clock (see :meth:`host_ms_of`)."""
         host, self.t0_ns = read_clocks_together(runtime.get().host_ms, self._cupti.get_timestamp)
         self.clock_pairs = [(host, self.t0_ns)]
 
-    def host_ms_of(self, ns):
+    def host_ms_of(self, ns: int) -> float:
         """A CUPTI timestamp (ns) as a reading of the host clock (:func:`runtime.host_ms`, ms).
 
         The map is the straight line through the two clocks' joint readings at
@@ -244,7 +253,8 @@ class ActivitySession:
                 "channel": int(getattr(a, "channel_id", -1)), "dst_kind": dst})
 
 
-def read_clocks_together(host_ms, cupti_ns, tries=5):
+def read_clocks_together(host_ms: Callable[[], float], cupti_ns: Callable[[], int],
+                         tries: int = 5) -> tuple[float, int]:
     """``(host ms, CUPTI ns)`` read at one moment: CUPTI's clock is read between two readings
     of the host clock, and the host time is the middle of that bracket. Of ``tries`` attempts
     the tightest bracket is kept (a thread switch inside one would widen it)."""
@@ -274,13 +284,15 @@ class CuptiTimer:
         self.journal = []
 
     # -- observer calls (from the recording thread, so in order with the journal's entries) -----
-    def capture_started(self, stream):
+    def capture_started(self, stream: Stream) -> None:
+        """A graph capture began: the operations queued from now on go into a graph."""
         self.journal.append(_CAPTURE_BEGINS)
 
-    def capture_ended(self, stream, graph):
+    def capture_ended(self, stream: Stream, graph: Graph | None) -> None:
+        """The graph capture ended (``graph`` None: it failed)."""
         self.journal.append(_CAPTURE_ENDS)
 
-    def queued_ops(self):
+    def queued_ops(self) -> list[tuple]:
         """The journal's operations that CUPTI times, each as ``(kind, name, stream, level, nbytes,
         captured)``, ``captured`` telling whether it went into a graph rather than a stream."""
         ops, depth = [], 0
@@ -294,15 +306,17 @@ class CuptiTimer:
         return ops
 
     # -- life cycle --------------------------------------------------------------
-    def start(self):
+    def start(self) -> CuptiTimer:
+        """Open the op journal and start CUPTI (its set-up launch made, see :func:`warm_up`);
+        returns the timer."""
         # All it needs of an operation is a journal entry: it asks for no Op, so none is built
         # unless an observer (a sanitizer, say) reads one.
         self.journal = observe.open_journal()
         observe.add(self)
         try:
             self.session.start()
-            # CUPTI sets up its kernel tracing at the first launch of a session (0.8-5 ms on
-            # the H200): let that be a launch of our own, now, rather than the loop's first.
+            # CUPTI sets up its kernel tracing at the first launch of a session: let that be a
+            # launch of our own, now, rather than the loop's first.
             warm_up()
             self.session.begin_here()
         except BaseException:
@@ -313,16 +327,18 @@ class CuptiTimer:
         return self
 
     @property
-    def running(self):
+    def running(self) -> bool:
+        """Whether CUPTI is recording for this timer now."""
         return self.session.running
 
-    def stop(self):
+    def stop(self) -> None:
+        """Stop CUPTI and close the op journal (the records are kept for :meth:`events`)."""
         observe.remove(self)
         observe.close_journal()
         self.session.stop()
 
     # -- matching ---------------------------------------------------------------
-    def events(self):
+    def events(self) -> tuple[list[TraceEvent], list[str], dict[str, int]]:
         """``(events, tracks, info)``: TraceEvents timed on the host clock (ms readings of
         :func:`runtime.host_ms`, as host waits are), the lanes in the order they were first used,
         and counts for the trace's meta."""
@@ -383,9 +399,8 @@ def _match_graph(ops, recs):
     """Pair the ops captured into a graph with the records of its replays.
 
     A replayed graph runs its nodes on streams of its own, so the stream does
-    not tell which op a record belongs to, and the graph node ids that
-    cupti-python 13.4 reported on the course's H200 (driver 580) were not
-    usable. Records are matched in start order instead: in the course's
+    not tell which op a record belongs to, and the records' graph node ids are
+    not used (docs/tracing.md says why). Records are matched in start order: in the course's
     captured loops each kind of work forms one chain (the kernels and the
     device copies on the compute stream, the copies to the host on one IO
     stream), so it starts in the order it was queued, and every replay repeats

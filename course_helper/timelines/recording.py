@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import TYPE_CHECKING
 
 from . import cupti_trace
 from ..runtime import observe
@@ -39,10 +40,13 @@ from .. import runtime
 from ..streams import synchronize
 from .timeline import Trace, TraceEvent
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 _local = threading.local()
 
 
-def current():
+def current() -> Recorder | None:
     """The calling thread's active recorder, or None when it is not tracing."""
     return getattr(_local, "recorder", None)
 
@@ -50,7 +54,7 @@ def current():
 class Recorder:
     """Collects the operations of one run; :meth:`finish` turns them into a Trace."""
 
-    def __init__(self, meta=None):
+    def __init__(self, meta: dict | None = None):
         self.runtime = runtime.get()
         self.backend = self.runtime.name
         self.meta = dict(meta or {})
@@ -71,7 +75,7 @@ class Recorder:
         # so a CUPTI recording pays nothing per operation for the marks it does not use.
         self.marks = None
         if self.timing == "CUPTI":
-            # CUPTI's set-up (0.8 to ~22 ms) comes before the origin; its records are mapped
+            # CUPTI's set-up comes before the origin; its records are mapped
             # onto the host clock (CuptiTimer.events), so they share the origin with host waits.
             self.cupti = cupti_trace.CuptiTimer().start()
         try:
@@ -83,7 +87,7 @@ class Recorder:
         if self.cupti is None:
             self.marks = _MarkTimer(self.runtime, self._origin, self.items, self.tracks)
 
-    def activate(self):
+    def activate(self) -> Recorder:
         """Make this the recorder that the calling thread's operations report to."""
         if current() is not None:
             raise RuntimeError("a trace is already being recorded; nested tracing() blocks are not supported")
@@ -93,7 +97,7 @@ class Recorder:
             observe.add(self.marks)
         return self
 
-    def deactivate(self):
+    def deactivate(self) -> None:
         """Stop receiving operations (safe to call more than once)."""
         observe.remove(self)
         if self.marks is not None:
@@ -108,16 +112,18 @@ class Recorder:
             self.cupti.stop()
 
     # -- what the runtime announces -------------------------------------------
-    def host_waited(self, name, t_start, t_end):
+    def host_waited(self, name: str, t_start: float, t_end: float) -> None:
+        """The host waited (``name``) from ``t_start`` to ``t_end``, ms on the runtime's host clock."""
         self.hosts.append((name, t_start, t_end))
 
-    def add_interval(self, track, kind, name, t_start, t_end, nbytes=0, level=None):
+    def add_interval(self, track: str, kind: str, name: str, t_start: float, t_end: float, nbytes: int = 0,
+                     level: int | None = None) -> None:
         """Add work timed on the runtime's host clock (:func:`runtime.host_ms`) on a lane of
         its own, e.g. the disk writes of a streamed run; safe to call from other threads."""
         self.intervals.append((track, kind, name, t_start, t_end, nbytes, level))
 
     # -- turning marks into times -------------------------------------------
-    def finish(self):
+    def finish(self) -> Trace:
         """Wait for the device, read every timestamp, and return a :class:`Trace`."""
         self.deactivate()
         synchronize()
@@ -203,7 +209,7 @@ class _TraceHandle:
 
 
 @contextlib.contextmanager
-def tracing(**meta):
+def tracing(**meta: object) -> Iterator[_TraceHandle]:
     """Record a timeline of the helper operations queued inside the block.
 
     Examples

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..streams import create_events, create_streams, elapsed_ms, synchronize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _SPIN = r"""
 extern "C" __global__ void course_helper_spin(long long cycles) {
@@ -27,12 +31,12 @@ class Stopwatch:
         (self.s,) = create_streams(1, name="calibrate")
         self.start, self.end = create_events(2, timing=True)
 
-    def hold(self, ms=4.0):
+    def hold(self, ms: float = 4.0) -> None:
         """Keep the stream busy for about ``ms`` (clock rate ~1.7 GHz; only needs to outlast the queueing)."""
         with self.s.raw:
             self.spin((1,), (1,), (np.int64(ms * 2e6),))
 
-    def device_ms(self, queue, repeat=20):
+    def device_ms(self, queue: Callable[[], object], repeat: int = 20) -> float:
         """Device time of one ``queue()``: ``repeat`` of them queued behind a spin, timed by events."""
         queue()                                    # warm-up (module loads, pool allocations)
         synchronize()
@@ -44,8 +48,9 @@ class Stopwatch:
         self.end.synchronize()
         return elapsed_ms(self.start, self.end) / repeat
 
-    def host_us(self, call, n=200, busy=True):
-        """Median wall time (µs) of one ``call()`` by the host."""
+    def host_us(self, call: Callable[[], object], n: int = 200, busy: bool = True) -> float:
+        """Median wall time (µs) of one ``call()`` by the host, over ``n`` calls (with ``busy``: queued
+        behind a 20 ms spin on the stream, so that the device is busy while the calls are timed)."""
         call()
         synchronize()
         if busy:

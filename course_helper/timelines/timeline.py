@@ -6,8 +6,15 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "write_atomically"]
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    import matplotlib.axes
+
+__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "write_atomically", "merge_intervals", "covered_length",
+           "intersection_length"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
 KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
@@ -27,7 +34,7 @@ class TraceEvent:
     level: int | None = None
 
     @property
-    def duration_ms(self):
+    def duration_ms(self) -> float:
         return self.end_ms - self.start_ms
 
 
@@ -47,14 +54,19 @@ class Overlap:
     hidden_fraction: float
     timing: str
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, float | str]:
         """The numbers under the names the benchmark's JSON uses."""
         return {"compute_busy_ms": self.compute_ms, "copy_busy_ms": self.copy_ms, "overlap_ms": self.overlap_ms,
                 "hidden_fraction": self.hidden_fraction, "overlap_timing": self.timing}
 
 
-def _union(intervals):
-    """Merge intervals into a sorted list of disjoint ones."""
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[list[float]]:
+    """The union of ``(start, end)`` intervals, as a sorted list of disjoint ``[start, end]`` ones
+    (what :func:`covered_length` and :func:`intersection_length` take).
+
+    >>> merge_intervals([(3, 4), (0, 1), (0.5, 2)])
+    [[0, 2], [3, 4]]
+    """
     merged = []
     for a, b in sorted(intervals):
         if merged and a <= merged[-1][1]:
@@ -64,7 +76,12 @@ def _union(intervals):
     return merged
 
 
-def _length(intervals):
+def covered_length(intervals: Iterable[list[float]]) -> float:
+    """Total length of disjoint intervals (from :func:`merge_intervals`): the time something was busy.
+
+    >>> covered_length(merge_intervals([(0, 1), (0.5, 2), (3, 4)]))
+    3.0
+    """
     return float(sum(b - a for a, b in intervals))
 
 
@@ -83,8 +100,13 @@ def _percent(fraction):
     return f"{100 * fraction:.0f}%"
 
 
-def _intersection(x, y):
-    """Total length where two disjoint sorted interval lists overlap."""
+def intersection_length(x: list[list[float]], y: list[list[float]]) -> float:
+    """Total length where two disjoint sorted interval lists (from :func:`merge_intervals`) overlap:
+    the time both things were busy at once.
+
+    >>> intersection_length(merge_intervals([(0, 2)]), merge_intervals([(1, 3), (4, 5)]))
+    1.0
+    """
     i = j = 0
     total = 0.0
     while i < len(x) and j < len(y):
@@ -163,7 +185,7 @@ class Trace:
         What was run (strategy, sizes, backend).
     """
 
-    def __init__(self, events, tracks, meta=None):
+    def __init__(self, events: Iterable[TraceEvent], tracks: Iterable[str], meta: dict | None = None):
         self.events = sorted(events, key=lambda e: (e.start_ms, e.end_ms))
         self.tracks = list(tracks)
         for e in self.events:
@@ -172,18 +194,21 @@ class Trace:
         self.meta = dict(meta or {})
 
     # -- selections -------------------------------------------------------
-    def of_kind(self, *kinds):
+    def of_kind(self, *kinds: str) -> list[TraceEvent]:
+        """The events of these kinds (e.g. ``"kernel"``, ``"D2H"``), in time order."""
         return [e for e in self.events if e.kind in kinds]
 
     @property
-    def kernels(self):
+    def kernels(self) -> list[TraceEvent]:
+        """The kernels, in time order."""
         return self.of_kind("kernel")
 
     @property
-    def copies(self):
+    def copies(self) -> list[TraceEvent]:
+        """The copies (to and from the host, and on the device), in time order."""
         return self.of_kind(*_COPIES)
 
-    def window_for_levels(self, first, last):
+    def window_for_levels(self, first: int, last: int) -> tuple[float, float]:
         """(start_ms, end_ms) covering every event of levels ``first`` .. ``last``."""
         sel = [e for e in self.events if e.level is not None and first <= e.level <= last]
         if not sel:
@@ -191,7 +216,7 @@ class Trace:
         return min(e.start_ms for e in sel), max(e.end_ms for e in sel)
 
     # -- numbers ----------------------------------------------------------
-    def summary(self):
+    def summary(self) -> dict[str, float | str]:
         """Busy times and overlap, in ms.
 
         Returns a dict: ``compute_ms`` (time at least one kernel ran),
@@ -202,29 +227,29 @@ class Trace:
         what timed the device work ("CUPTI", "CUDA events", or the modelled GPU, e.g.
         "modelled H200").
         """
-        kern = _union((e.start_ms, e.end_ms) for e in self.kernels)
-        copy = _union((e.start_ms, e.end_ms) for e in self.of_kind("D2H", "H2D"))
-        host = _union((e.start_ms, e.end_ms) for e in self.of_kind("host wait"))
-        overlap = _intersection(kern, copy)
-        copy_ms = _length(copy)
+        kern = merge_intervals((e.start_ms, e.end_ms) for e in self.kernels)
+        copy = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("D2H", "H2D"))
+        host = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("host wait"))
+        overlap = intersection_length(kern, copy)
+        copy_ms = covered_length(copy)
         total = (max(e.end_ms for e in self.events) - min(e.start_ms for e in self.events)) if self.events else 0.0
-        return {"compute_ms": _length(kern), "copy_ms": copy_ms, "overlap_ms": overlap,
-                "host_wait_ms": _length(host), "total_ms": total,
+        return {"compute_ms": covered_length(kern), "copy_ms": copy_ms, "overlap_ms": overlap,
+                "host_wait_ms": covered_length(host), "total_ms": total,
                 "overlap_fraction": overlap / copy_ms if copy_ms > 0 else 0.0,
                 "timing": self.timing}
 
-    def overlap(self):
+    def overlap(self) -> Overlap:
         """Compute busy, copy busy (device-to-host copies), their overlap and the hidden fraction:
         an :class:`Overlap`. This is the one place these numbers are computed; tables and the
         benchmark's JSON take them from here."""
-        kern = _union((e.start_ms, e.end_ms) for e in self.kernels)
-        d2h = _union((e.start_ms, e.end_ms) for e in self.of_kind("D2H"))
-        both = _intersection(kern, d2h)
-        shorter = min(_length(kern), _length(d2h))
-        return Overlap(compute_ms=_length(kern), copy_ms=_length(d2h), overlap_ms=both,
+        kern = merge_intervals((e.start_ms, e.end_ms) for e in self.kernels)
+        d2h = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("D2H"))
+        both = intersection_length(kern, d2h)
+        shorter = min(covered_length(kern), covered_length(d2h))
+        return Overlap(compute_ms=covered_length(kern), copy_ms=covered_length(d2h), overlap_ms=both,
                        hidden_fraction=both / shorter if shorter > 0 else 0.0, timing=self.timing)
 
-    def busy_fractions(self, window=None):
+    def busy_fractions(self, window: tuple[float, float] | None = None) -> dict[str, float]:
         """``{track: fraction}``: the share of ``window`` (``(start_ms, end_ms)``; default: first
         start to last end) during which each track had work (on the host lane: waited)."""
         if window is None:
@@ -234,12 +259,12 @@ class Trace:
         lo, hi = window
         if not hi > lo:
             raise ValueError(f"the window must end after it starts, got {window}")
-        return {name: _length(_clip(_union((e.start_ms, e.end_ms) for e in self.events if e.track == name),
-                                    lo, hi)) / (hi - lo)
+        return {name: covered_length(_clip(merge_intervals((e.start_ms, e.end_ms) for e in self.events
+                                                           if e.track == name), lo, hi)) / (hi - lo)
                 for name in self.tracks}
 
     @property
-    def clock(self):
+    def clock(self) -> str:
         """The clock of the timeline's device lanes, as plot titles name it: "CUPTI (GPU)",
         "CUDA events (GPU)" or, on the CPU backend, e.g. "modelled H200 profile (predicted)"."""
         if self.meta.get("clock"):                     # the CPU backend's modelled device
@@ -249,11 +274,11 @@ class Trace:
         return f"timing: {self.timing}"
 
     @property
-    def timing(self):
+    def timing(self) -> str:
         """What timed the device work: "CUPTI", "CUDA events" or "modelled H200" (the CPU backend)."""
         return self.meta.get("timing", "not recorded")
 
-    def describe(self):
+    def describe(self) -> str:
         """One sentence stating what the timeline shows."""
         s = self.summary()
         staging = len(self.of_kind("D2D"))
@@ -265,7 +290,7 @@ class Trace:
                 f"host waited {s['host_wait_ms']:.2f} ms (timing: {s['timing']})")
 
     # -- export -----------------------------------------------------------
-    def to_chrome(self, pid=1, process_name=None):
+    def to_chrome(self, pid: int = 1, process_name: str | None = None) -> dict:
         """The trace as a Chrome Trace Event Format dict (what Perfetto opens).
 
         ``pid`` and ``process_name`` place it as one process among several (one per rank of a
@@ -291,7 +316,7 @@ class Trace:
                         "args": args})
         return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": dict(self.meta, timing=self.timing)}
 
-    def to_chrome_json(self, path):
+    def to_chrome_json(self, path: str | os.PathLike) -> str:
         """Write the trace for https://ui.perfetto.dev or chrome://tracing; returns the path.
 
         Written under a temporary name and renamed, so a failure leaves nothing half-written.
@@ -300,7 +325,8 @@ class Trace:
         return write_atomically(path, lambda f: json.dump(doc, f))
 
     # -- picture ------------------------------------------------------------
-    def plot(self, ax=None, window=None, levels=None, title=None):
+    def plot(self, ax: matplotlib.axes.Axes | None = None, window: tuple[float, float] | None = None,
+             levels: tuple[int, int] | None = None, title: str | None = None) -> matplotlib.axes.Axes:
         """Draw the timeline: one lane per track, kernels and copies in their colours.
 
         Each operation is drawn exactly as long as it ran, so a lane that was busy 5% of a
