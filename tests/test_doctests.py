@@ -14,7 +14,8 @@ import pytest
 import course_helper as ch
 
 PACKAGE = pathlib.Path(ch.__file__).parent
-MODULES = sorted(f"course_helper.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__main__")
+MODULES = sorted(".".join(("course_helper", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+                 for p in PACKAGE.rglob("*.py") if p.stem != "__main__")
 # Examples that must run here (not skipped): a docstring that loses them fails the check below.
 MUST_RUN = {"course_helper.distributed.halo.decompose", "course_helper.streams.create_streams",
             "course_helper.wave.WaveProblem"}
@@ -36,6 +37,12 @@ def _run(name):
         if result.attempted:                 # examples run, skipped ones not counted
             ran.add(test.name)
     return ran, runner.failures, report.getvalue()
+
+
+def test_every_module_of_every_layer_is_read_and_every_must_run_example_is_in_one():
+    assert {"course_helper.runtime.model", "course_helper.timelines.timeline", "course_helper.disk"} <= set(MODULES)
+    for name in MUST_RUN:
+        assert name.rpartition(".")[0] in MODULES, f"{name}: no such module any more"
 
 
 @pytest.mark.parametrize("name", MODULES)
