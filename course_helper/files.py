@@ -56,8 +56,9 @@ def write_atomically(path: str | os.PathLike, content: BytesLike | tuple[BytesLi
     """
     path = Path(path)
     tmp = temporary_name(path)
+    f = open(tmp, "xb" if binary else "x")    # "x": a new file, never someone else's
     try:
-        with open(tmp, "xb" if binary else "x") as f:     # "x": a new file, never someone else's
+        with f:
             if callable(content):
                 content(f)
             else:

@@ -51,6 +51,38 @@ def test_store_equals_in_memory_result(tmp_path, strategy, every, compress):
     assert np.array_equal(stored.group["peak"][:], np.abs(ref.images).max(axis=(1, 2)))   # level by level
 
 
+@pytest.mark.parametrize("strategy", CPU_STRATEGIES)
+def test_the_sink_is_a_stage_of_the_pipeline_not_an_observer(tmp_path, monkeypatch, strategy):
+    """The copy into a ring slot hands the slot to the sink; the sink never listens to the runtime."""
+    added, handed = [], []
+    real_add, real_handed = observe.add, sink_module.DiskSink.copy_queued
+    monkeypatch.setattr(observe, "add", lambda obs, *a, **k: (added.append(obs), real_add(obs, *a, **k))[1])
+    monkeypatch.setattr(sink_module.DiskSink, "copy_queued",
+                        lambda self, s, first, n, stream: (handed.append((first, n)), real_handed(self, s, first, n,
+                                                                                                   stream))[1])
+    p = _problem(nt=12)        # no more chunks than slots: a slot never handed on fails here, not hangs
+    r = ch.solve(p, strategy, every=2, trace=True, store=tmp_path / "s.zarr", batch=_batch(strategy))
+    assert not [o for o in added if isinstance(o, sink_module.DiskSink)]
+    chunk = r.images.chunks[0]
+    assert handed == [(first, min(chunk, len(r.levels) - first)) for first in range(0, len(r.levels), chunk)]
+    assert disk.open_store(tmp_path / "s.zarr").complete.all()
+
+
+def test_a_ring_slot_carries_the_hand_off_and_arrays_made_from_it_do_not(tmp_path):
+    sink = disk.DiskSink(tmp_path / "s.zarr", _problem(nt=8), 1, 1)
+    try:
+        view = sink.ring[0]
+        assert isinstance(view, sink_module.Slot) and view.shape == (48, 40) and callable(view.copy_queued)
+        assert getattr(view[1:], "copy_queued", None) is None and getattr(view + 1, "copy_queued", None) is None
+        src = ch.memory.device_zeros(view.shape)
+        ch.memory.copy_to_host_async(view, src, ch.create_streams(1)[0], level=0)   # hands slot 0 on
+        ch.synchronize()
+    finally:
+        sink.finish()
+    stored = disk.open_store(tmp_path / "s.zarr")
+    assert stored.complete.tolist() == [True] + [False] * 7 and (stored.images[0] == 0).all()
+
+
 def test_store_is_an_xarray_dataset_with_coordinates(tmp_path):
     xr = pytest.importorskip("xarray")
     p = _problem()
