@@ -19,14 +19,14 @@ import tempfile
 import numpy as np
 
 import course_helper as ch
-from course_helper.disk import store
+from course_helper import disk
 
 
 def write_rate(folder, nbytes, chunk, buffers):
     """The disk as ``bench --disk`` measures it (fsync'ed files of one chunk, its writer threads),
     file i written from ``buffers[i % len(buffers)]``."""
     os.sync()
-    return store.measure_disk_bandwidth(folder, mib=nbytes / 2**20, chunk_mib=chunk / 2**20, buffers=buffers)
+    return disk.measure_disk_bandwidth(folder, mib=nbytes / 2**20, chunk_mib=chunk / 2**20, buffers=buffers)
 
 
 def run_rate(folder, problem, strategy, nbytes):

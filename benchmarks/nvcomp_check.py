@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 import course_helper as ch
-from course_helper.disk import store
+from course_helper import disk
 from course_helper.runtime.backend import cupy_module
 
 ALGORITHMS = ("LZ4", "Snappy", "Zstd", "GDeflate", "Deflate", "Cascaded", "Bitcomp", "ANS")
@@ -135,7 +135,7 @@ def main(argv=None):
         doc["zstd_interchange"] = _in_a_process_of_its_own("interchange", levels_file)
     print("zstd interchange", doc["zstd_interchange"])
     for codec in ("zstd", "blosc"):
-        doc["host"][codec] = store.codec_speed(np.stack(host_levels), codec)
+        doc["host"][codec] = disk.codec_speed(np.stack(host_levels), codec)
         print(codec, "(host, one thread)", doc["host"][codec], flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -26,7 +26,7 @@ from .runtime import backend, observe, profiles
 from .measure import bench, calibrate, compare
 from . import checks, runtime, solver, wave
 from .distributed import halo
-from .disk import store
+from . import disk
 from .strategies import STRATEGIES
 from .timelines.timeline import write_atomically
 
@@ -168,7 +168,7 @@ def run_main(args: argparse.Namespace) -> int:
         if watcher is not None:
             observe.remove(watcher)
             bar.close()
-    stored = store.open_store(args.store)
+    stored = disk.open_store(args.store)
     raw = len(res.levels) * problem.nbytes_level
     clock, rate = (f" ({res.time_label} time)", " (modelled)") if res.time_label else ("", "")
     print(f"{problem.n0}x{problem.n1} grid, {len(res.levels)} of {problem.nt} levels ({raw / 2**20:,.1f} MiB) "

@@ -239,6 +239,7 @@ def copy_to_host_async(dst, src, stream=None, *, level=None, allow_pageable=Fals
         ptr = _require_pinned("dst", dst, "device-to-host")
         _require_writable("dst", dst)
     queue_copy("D2H", dst, src, stream, level, host_ptr=ptr)
+    _hand_on(dst, stream)
 
 
 def _pageable_copy(dst, src, stream, level):
@@ -324,7 +325,17 @@ def copy_to_host(dst, src, stream=None, *, level=None):
     _require_writable("dst", dst)
     observe.notify("host_access", dst, "w", "copy_to_host")
     stream = queue_copy("D2H", dst, src, streams.resolve(stream), level, pageable=None)
+    _hand_on(dst, stream)
     stream.wait_for_host("blocking copy")
+
+
+def _hand_on(dst, stream):
+    """The copy into ``dst`` is queued on ``stream``: a host array that takes its data on from
+    there (a slot of a store's ring, :class:`course_helper.disk.sink.Slot`) is told so, and
+    hands itself to the store's writers."""
+    copy_queued = getattr(dst, "copy_queued", None)
+    if copy_queued is not None:
+        copy_queued(stream)
 
 
 def _label(kind, level):

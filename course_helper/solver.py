@@ -19,7 +19,7 @@ import numpy as np
 from . import checks, runtime, sanitizer
 from .runtime import observe
 from .timelines import recording
-from .disk import store as disk
+from . import disk
 from .runtime.backend import backend_name
 from .graphs import GraphsUnsupported
 from .memory import device_zeros, pinned_empty, to_device
@@ -461,7 +461,7 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
         ``RaceError`` at the first; leave it off for timings.
     store : str or path, optional
         Stream every saved level into a new Zarr v3 store at this path while
-        computing (see :mod:`course_helper.disk.store`): host memory is then a small
+        computing (see :mod:`course_helper.disk`): host memory is then a small
         ring of slots whatever ``nt`` is, and ``result.images`` reads from the
         store lazily. Not for the graph strategies (their loop is replayed
         without the host, which hands each filled slot to the disk).
@@ -529,8 +529,7 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
             graph.launch()                                # the timed part: one replay
         else:
             t0 = rt.host_ms()
-            with sink.watching() if sink else contextlib.nullcontext():
-                entry.loop(run)
+            entry.loop(run)                               # with a store, each copy hands its slot to the sink
         synchronize()
         if sink is not None:
             sink.finish()                                 # the timed part ends when all is on disk

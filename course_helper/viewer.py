@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .memory import CpuDeviceArray
-from .disk.store import open_store
+from .disk import open_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,7 +25,7 @@ __all__ = ["plot_slices", "compare_slices", "animate", "Animation", "SliceViewer
 
 
 def _opened(source):
-    """A store path opened lazily (:func:`course_helper.disk.store.open_store`); anything else as it is."""
+    """A store path opened lazily (:func:`course_helper.disk.open_store`); anything else as it is."""
     if isinstance(source, (str, os.PathLike)):
         return open_store(source)
     return source

@@ -21,7 +21,7 @@ def test_compare_end_to_end_on_the_cpu_backend(tmp_path, capsys):
         doc = json.loads((out / f"trace_{s}.json").read_text())
         assert any(e["ph"] == "X" for e in doc["traceEvents"])
         assert (out / f"timeline_{s}.png").read_bytes()[:4] == b"\x89PNG"
-    assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
+    assert not [f for f in os.listdir(out) if f.endswith(".partial")]
 
 
 def test_module_entry_point_and_progress_bar(tmp_path):
@@ -83,7 +83,7 @@ def test_full_disk_names_the_file_and_what_to_do(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert f"cannot write {out / 'trace_'}" in err           # names the trace file it was writing
     assert "No space left on device" in err and "free some space" in err
-    assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
+    assert not [f for f in os.listdir(out) if f.endswith(".partial")]
 
 
 def test_written_files_are_readable_by_others_under_umask_022(tmp_path):

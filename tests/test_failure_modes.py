@@ -315,15 +315,15 @@ def test_threads_do_not_pile_up_over_many_solves(cpu):
 def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monkeypatch, ctrl_c_at_copy, strategy,
                                                              fault):
     import weakref
-    from course_helper.disk import store
+    from course_helper.disk import sink
     slots = []
-    real_ring = store.Ring.__init__
+    real_ring = sink.Ring.__init__
 
     def ring(self, *args, **kwargs):
         real_ring(self, *args, **kwargs)
         slots.extend(weakref.ref(s) for s in self.slots)
 
-    monkeypatch.setattr(store.Ring, "__init__", ring)
+    monkeypatch.setattr(sink.Ring, "__init__", ring)
     if fault == "deferred":
         ctrl_c_at_copy(30)
         expected = KeyboardInterrupt

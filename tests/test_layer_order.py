@@ -4,9 +4,11 @@ From the bottom up: ``runtime/`` (the backends and the modelled device, with the
 every layer shares), the primitives a learner calls (streams, memory, graphs, the race sanitizer),
 ``timelines/`` (recording and drawing what ran), the running example and the exercise, the IO
 strategies and ``disk/``, what runs them (the solver, several GPUs in ``distributed/``, the views),
-``measure/`` (the benchmark, comparisons, calibration), and the command line on top. A module may
+``measure/`` (the benchmark, comparisons, calibration), and the command line on top. The argument
+checks and the atomic file writer sit with the runtime at the bottom: every layer uses them. A module may
 import its own layer and the layers below it, never one above: so a layer can be read, tested and
-changed knowing only what is under it. Imports made inside a function count too.
+changed knowing only what is under it. Imports made inside a function count too; those under
+``if TYPE_CHECKING:`` do not (they name a type for the reader and the type checker, and never run).
 """
 import ast
 import pathlib
@@ -17,7 +19,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "course_helper"
 
 #: Layer of each subpackage, and of each top-level module (``__init__`` is the face of its folder).
 LAYERS = {
-    "runtime": 0, "checks": 0,
+    "runtime": 0, "checks": 0, "files": 0,
     "streams": 1, "memory": 1, "graphs": 1, "sanitizer": 1,
     "timelines": 2,
     "wave": 3, "exercise": 3, "raw_cupy": 3,
@@ -41,8 +43,14 @@ def imports(path):
     """``(line, dotted module inside the package)`` for every package import of the file at ``path``."""
     relative = path.relative_to(PACKAGE).with_suffix("")
     here = list(relative.parts[:-1])                  # the package the module sits in
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {id(n) for block in ast.walk(tree)
+                 if isinstance(block, ast.If) and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                 for n in ast.walk(block)}
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.level:
             base = here[:len(here) - (node.level - 1)]
             if node.module:
@@ -89,7 +97,8 @@ def test_an_upward_import_is_found(tmp_path, monkeypatch):
         "from ..disk import store\n"
         "def f():\n    from ..strategies import ring_depth\n"
         "import course_helper.measure.bench\n"
-        "from . import observe\n")
+        "from . import observe\n"
+        "if TYPE_CHECKING:\n    from ..solver import Run\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     bad = upward_imports(fake / "runtime" / "model.py")
     assert [b.split(" imports ")[1] for b in bad] == ["disk (layer 4)", "strategies (layer 4)",

@@ -15,7 +15,9 @@ import pytest
 
 import course_helper as ch
 from course_helper.runtime import observe
-from course_helper.disk import store as disk
+from course_helper import disk, files
+from course_helper.disk import layout
+from course_helper.disk import sink as sink_module
 
 CPU_STRATEGIES = ("sequential", "streams", "events", "staged")
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +49,38 @@ def test_store_equals_in_memory_result(tmp_path, strategy, every, compress):
     assert stored.attrs["dt_s"] == p.dt and stored.attrs["every"] == every
     assert stored.peak_amplitude() == pytest.approx(float(np.abs(ref.images).max()))
     assert np.array_equal(stored.group["peak"][:], np.abs(ref.images).max(axis=(1, 2)))   # level by level
+
+
+@pytest.mark.parametrize("strategy", CPU_STRATEGIES)
+def test_the_sink_is_a_stage_of_the_pipeline_not_an_observer(tmp_path, monkeypatch, strategy):
+    """The copy into a ring slot hands the slot to the sink; the sink never listens to the runtime."""
+    added, handed = [], []
+    real_add, real_handed = observe.add, sink_module.DiskSink.copy_queued
+    monkeypatch.setattr(observe, "add", lambda obs, *a, **k: (added.append(obs), real_add(obs, *a, **k))[1])
+    monkeypatch.setattr(sink_module.DiskSink, "copy_queued",
+                        lambda self, s, first, n, stream: (handed.append((first, n)), real_handed(self, s, first, n,
+                                                                                                   stream))[1])
+    p = _problem(nt=12)        # no more chunks than slots: a slot never handed on fails here, not hangs
+    r = ch.solve(p, strategy, every=2, trace=True, store=tmp_path / "s.zarr", batch=_batch(strategy))
+    assert not [o for o in added if isinstance(o, sink_module.DiskSink)]
+    chunk = r.images.chunks[0]
+    assert handed == [(first, min(chunk, len(r.levels) - first)) for first in range(0, len(r.levels), chunk)]
+    assert disk.open_store(tmp_path / "s.zarr").complete.all()
+
+
+def test_a_ring_slot_carries_the_hand_off_and_arrays_made_from_it_do_not(tmp_path):
+    sink = disk.DiskSink(tmp_path / "s.zarr", _problem(nt=8), 1, 1)
+    try:
+        view = sink.ring[0]
+        assert isinstance(view, sink_module.Slot) and view.shape == (48, 40) and callable(view.copy_queued)
+        assert getattr(view[1:], "copy_queued", None) is None and getattr(view + 1, "copy_queued", None) is None
+        src = ch.memory.device_zeros(view.shape)
+        ch.memory.copy_to_host_async(view, src, ch.create_streams(1)[0], level=0)   # hands slot 0 on
+        ch.synchronize()
+    finally:
+        sink.finish()
+    stored = disk.open_store(tmp_path / "s.zarr")
+    assert stored.complete.tolist() == [True] + [False] * 7 and (stored.images[0] == 0).all()
 
 
 def test_store_is_an_xarray_dataset_with_coordinates(tmp_path):
@@ -94,14 +128,14 @@ def test_existing_or_unreachable_path_is_refused_before_the_run(tmp_path, monkey
 def test_not_enough_free_space_is_refused_before_the_run(tmp_path, monkeypatch):
     p = _problem()
     need = len(range(0, p.nt, 1)) * p.nbytes_level
-    monkeypatch.setattr(disk, "free_bytes", lambda folder: need - 1)
+    monkeypatch.setattr(layout, "free_bytes", lambda folder: need - 1)
     with pytest.raises(OSError, match="full.zarr") as info:
         ch.solve(p, "events", store=tmp_path / "full.zarr")
     assert info.value.errno == errno.ENOSPC
     assert not (tmp_path / "full.zarr").exists()
-    monkeypatch.setattr(disk, "free_bytes", lambda folder: need)
+    monkeypatch.setattr(layout, "free_bytes", lambda folder: need)
     ch.solve(p, "events", store=tmp_path / "fits.zarr", trace=False)
-    monkeypatch.setattr(disk, "free_bytes", lambda folder: need - 1)
+    monkeypatch.setattr(layout, "free_bytes", lambda folder: need - 1)
     with pytest.raises(OSError, match="counted uncompressed"):     # conservative, and says so
         ch.solve(p, "events", store=tmp_path / "zstd.zarr", compress="zstd")
     assert not (tmp_path / "zstd.zarr").exists()
@@ -129,16 +163,16 @@ def _assert_never_torn(path, ref_images):
 def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, monkeypatch, strategy):
     p = _problem(nt=60)
     ref = ch.solve(p, strategy, trace=False)
-    real_put, calls = disk._put_durable, []
+    real_put, calls = files.write_atomically, []
 
-    def filling_put(path, data, fsync=True):
+    def filling_put(path, data, **kw):
         if "/u/c." in str(path).replace(os.sep, "/"):
             calls.append(path)
             if len(calls) > 5:
                 raise OSError(errno.ENOSPC, "No space left on device")
-        real_put(path, data, fsync)
+        real_put(path, data, **kw)
 
-    monkeypatch.setattr(disk, "_put_durable", filling_put)
+    monkeypatch.setattr(files, "write_atomically", filling_put)
     with pytest.raises(OSError, match="full") as info:
         ch.solve(p, strategy, trace=False, store=tmp_path / "d.zarr", batch=_batch(strategy))
     assert str(tmp_path / "d.zarr") in str(info.value)
@@ -244,9 +278,9 @@ def test_disk_bandwidth_is_measured_and_cleaned_up(tmp_path):
 
 def test_the_disk_measurement_writes_the_buffers_it_is_given(tmp_path, monkeypatch):
     written = []
-    real = disk._put_durable
-    monkeypatch.setattr(disk, "_put_durable", lambda path, data, fsync=True: (written.append(bytes(data)),
-                                                                                real(path, data, fsync)))
+    real = files.write_atomically
+    monkeypatch.setattr(files, "write_atomically", lambda path, data, **kw: (written.append(bytes(data)),
+                                                                                real(path, data, **kw)))
     chunks = [np.full(2**20, k, np.uint8) for k in (1, 2, 3)]
     assert disk.measure_disk_bandwidth(tmp_path, mib=6, chunk_mib=1, writers=2, buffers=chunks) > 0
     assert sorted(w[0] for w in written) == [1, 1, 2, 2, 3, 3] and all(len(w) == 2**20 for w in written)
@@ -343,7 +377,7 @@ def test_the_disk_is_measured_once_the_run_before_is_deleted(tmp_path, monkeypat
 def test_a_failing_peaks_thread_stops_the_run_and_flags_nothing_it_missed(tmp_path, monkeypatch):
     """The peaks are taken beside the writers; if that fails, the run raises (it does not wait
     forever for the slot) and no level without its peak is flagged complete."""
-    real = disk._peaks
+    real = sink_module._peaks
     calls = []
 
     def flaky(block):
@@ -352,7 +386,7 @@ def test_a_failing_peaks_thread_stops_the_run_and_flags_nothing_it_missed(tmp_pa
             raise MemoryError("no memory for the peaks")
         return real(block)
 
-    monkeypatch.setattr(disk, "_peaks", flaky)
+    monkeypatch.setattr(sink_module, "_peaks", flaky)
     with pytest.raises(MemoryError, match="no memory for the peaks"):
         ch.solve(_problem(), "events", trace=False, store=tmp_path / "s.zarr")
     stored = disk.open_store(tmp_path / "s.zarr")
@@ -464,13 +498,13 @@ def test_the_writer_threads_do_not_move_the_model_clock(tmp_path, monkeypatch):
     """Slow real writes (a slow disk, a busy machine) change nothing in modelled time."""
     p = ch.WaveProblem(n0=128, n1=128, nt=60)
     fast = ch.solve(p, "events", store=tmp_path / "f.zarr")
-    real_put = disk._put_durable
+    real_put = files.write_atomically
 
-    def slow_put(path, data, fsync=True):
+    def slow_put(path, data, **kw):
         time.sleep(0.01)
-        real_put(path, data, fsync)
+        real_put(path, data, **kw)
 
-    monkeypatch.setattr(disk, "_put_durable", slow_put)
+    monkeypatch.setattr(files, "write_atomically", slow_put)
     slow = ch.solve(p, "events", store=tmp_path / "s.zarr")
     assert slow.elapsed_ms == fast.elapsed_ms
     assert np.array_equal(disk.open_store(tmp_path / "s.zarr").images[:],
@@ -586,7 +620,7 @@ def test_on_a_full_disk_the_flags_survive_and_the_error_says_what_is_flagged(tmp
             ch.solve(p, strategy, trace=False, store=mount / "s.zarr", batch=_batch(strategy))
         assert info.value.errno == errno.ENOSPC
         s = _assert_only_right_levels(mount / "s.zarr", ref.images)
-        flagged = disk._zarr().open_group(str(mount / "s.zarr"), mode="r")["complete"][:]   # the file itself
+        flagged = layout.zarr_module().open_group(str(mount / "s.zarr"), mode="r")["complete"][:]   # the file itself
         chunk = s.images.chunks[0]
         intact = [k for k in range(len(ref.levels)) if (mount / "s.zarr" / "u" / f"c.{k // chunk}.0.0").is_file()]
         assert 0 < len(intact) < len(ref.levels)
@@ -672,7 +706,7 @@ def test_a_deleted_chunk_is_not_reported_complete(tmp_path):
 
 def test_chunks_carry_zarrs_crc32c_checksum(tmp_path):
     """The writers' chunk files are byte for byte what Zarr's own codecs (crc32c last) make."""
-    zarr = disk._zarr()
+    zarr = layout.zarr_module()
     p = _problem()
     for compress in (None, "zstd"):
         r = ch.solve(p, "staged", trace=False, store=tmp_path / f"{compress}.zarr", compress=compress, batch=4)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import checks, raw_cupy, runtime
-from ..disk import store
+from ..disk import DEFAULT_WRITERS, codec_speed, measure_disk_bandwidth, open_store
 from ..runtime.backend import backend_name, device_report
 from .compare import nscratch_for, baseline_first, time_strategies
 from ..graphs import capture_graph, graphs_supported
@@ -292,13 +292,13 @@ def check_disk_folder(folder: str | os.PathLike) -> str | os.PathLike:
 
 def disk_bandwidth(where: str | os.PathLike, mib: float, chunk_mib: float) -> float:
     """The disk's sustained write bandwidth in GB/s under ``where``, as a streamed run uses it
-    (``mib`` MiB in files of ``chunk_mib``, :data:`store.DEFAULT_WRITERS` threads, fsync'ed);
+    (``mib`` MiB in files of ``chunk_mib``, :data:`DEFAULT_WRITERS` threads, fsync'ed);
     on the CPU backend the modelled disk's."""
     rt = runtime.get()
     if rt.modelled:
         return rt.profile["disk"]["gbps"]
     _settle()
-    return store.measure_disk_bandwidth(where, mib=mib, chunk_mib=chunk_mib, writers=store.DEFAULT_WRITERS)
+    return measure_disk_bandwidth(where, mib=mib, chunk_mib=chunk_mib, writers=DEFAULT_WRITERS)
 
 
 def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
@@ -326,7 +326,7 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
     problem = WaveProblem(n0=n, n1=n, nt=nt)
     nbytes = plan_memory(problem, "sequential", every)["host"]
     level_mib = problem.nbytes_level / 2**20
-    point = {"n": n, "nt": nt, "every": every, "output_bytes": nbytes, "writers": store.DEFAULT_WRITERS,
+    point = {"n": n, "nt": nt, "every": every, "output_bytes": nbytes, "writers": DEFAULT_WRITERS,
              "disk_burst_gbps": disk_bandwidth(folder, min(256, nbytes / 2**20), level_mib),
              "peak_d2h_gbps": peak_gbps if peak_gbps is not None else peak_d2h_gbps(),
              "compute_only_ms": compute_only_ms(problem, repeats), "runs": []}
@@ -344,7 +344,7 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
                     r = solve(problem, name, every=every, trace=False, store=os.path.join(work, "s.zarr"),
                               compress=codec)
                     times.append(r.elapsed_ms)
-                    opened = store.open_store(r.store)
+                    opened = open_store(r.store)
                     stored = opened.stored_nbytes()
                     if sample is None:           # about 16 levels across the run, for the codecs alone
                         sample = opened.images[::max(1, len(opened.levels) // 16)]
@@ -377,7 +377,7 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
             run["efficiency"] = float(np.median([b / t for b, t in zip(run["bound_ms"], run["times_ms"])]))
         else:
             run["efficiency"] = point["bound_ms"] / run["median_ms"]
-    point["codec_single_thread"] = {c: store.codec_speed(sample, c) for c in compress if c is not None}
+    point["codec_single_thread"] = {c: codec_speed(sample, c) for c in compress if c is not None}
     return point
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..disk import store
+from .. import disk
 from ..runtime.backend import backend_name, device_report
 from ..exercise import bake_layer
 from ..graphs import capture_graph
@@ -173,10 +173,10 @@ def measure_disk(folder: str | None = None, mib: float = 1024, chunk_mib: float 
     store's writer count), each written, fsync'ed and renamed (the data really on the disk).
     Latency: the time per file of 64 files of 4 KiB from one thread, the same way.
     """
-    writers = store.DEFAULT_WRITERS if writers is None else writers
+    writers = disk.DEFAULT_WRITERS if writers is None else writers
     with tempfile.TemporaryDirectory(dir=folder, prefix="course-helper-disk-") as work:
-        gbps = store.measure_disk_bandwidth(work, mib=mib, chunk_mib=chunk_mib, writers=writers)
-        small = store.measure_disk_bandwidth(work, mib=64 * 4 / 1024, chunk_mib=4 / 1024, writers=1)
+        gbps = disk.measure_disk_bandwidth(work, mib=mib, chunk_mib=chunk_mib, writers=writers)
+        small = disk.measure_disk_bandwidth(work, mib=64 * 4 / 1024, chunk_mib=4 / 1024, writers=1)
     return {"gbps": round(gbps, 4), "latency_us": round(4096 / (small * 1e9) * 1e6, 1), "writers": writers,
             "provenance": (f"calibrate.measure_disk on {platform.node() or 'this machine'}'s temporary folder: "
                            f"{mib} MiB in {chunk_mib} MiB files from {writers} writer threads, each fsync'ed "

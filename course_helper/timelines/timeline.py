@@ -4,9 +4,10 @@ from __future__ import annotations
 import errno
 import json
 import os
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from .. import files
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -142,7 +143,8 @@ def _cannot_write(path, exc):
 
 
 def write_atomically(path, write, binary=False):
-    """Write a file through a temporary name in the same folder, then rename it.
+    """Write a file whole or not at all (:func:`course_helper.files.write_atomically`: a
+    temporary name in the same folder, fsync, rename) and return its path.
 
     ``write(f)`` receives the open temporary file (opened in binary mode when
     ``binary``). A failure leaves no half-written file behind, and an error of
@@ -151,25 +153,12 @@ def write_atomically(path, write, binary=False):
     usual permissions: 0666 less the process's umask (0644 for umask 022).
     """
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex[:12]}-{os.path.basename(path)}")
     try:
-        # os.open applies the umask to 0o666, as open() does (mkstemp would give 0600).
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        files.write_atomically(path, write, binary=binary)
     except OSError as exc:
-        raise _cannot_write(path, exc) from None
-    try:
-        with os.fdopen(fd, "wb" if binary else "w") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError) and exc.errno is not None:
-            raise _cannot_write(path, exc) from exc
-        raise
+        if exc.errno is None:
+            raise
+        raise _cannot_write(path, exc) from exc
     return path
 
 

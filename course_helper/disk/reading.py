@@ -1,0 +1,186 @@
+"""Reading a store back: :func:`open_store` opens it lazily, whatever moment its run ended at.
+
+A chunk of ``u`` whose bytes fail their checksum raises :class:`~.layout.StoreDamaged` naming
+its file and levels, instead of being read as data (any Zarr reader, xarray included, checks
+the same checksum); bad metadata raises StoreDamaged naming the file. A store whose run was
+killed opens too: the temporary files of the chunks being written are removed, and every level
+whose chunk file is there counts as complete (a chunk file appears only whole, after its data
+were produced without error), so nothing intact is lost to the flags thread's lag.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .layout import DATA, StoreDamaged, durable_store, read_state, remove_partials, remove_stale_creations, zarr_module
+
+__all__ = ["open_store", "StoredRun", "StoredImages"]
+
+
+def _damaged(path, what, exc):
+    """The StoreDamaged error for ``what`` (words) of the store ``path`` that could not be read:
+    a metadata file that is not valid JSON is named first, since every read goes through it."""
+    for meta in sorted(Path(path).rglob("zarr.json")):
+        try:
+            json.loads(meta.read_bytes())
+        except (ValueError, OSError) as bad:
+            return StoreDamaged(f"the metadata file {meta} of the store {path} is damaged ({bad}); the "
+                                "store cannot be read")
+    if isinstance(exc, KeyError):
+        return StoreDamaged(f"the store {path} has no array {exc.args[0]!r}: it was not written by "
+                            "solve(..., store=PATH), or it is damaged")
+    return StoreDamaged(f"cannot read {what} of the store {path}: {type(exc).__name__}: {exc}")
+
+
+class StoredImages:
+    """A store's wavefield ``(nsaved, n0, n1)``, read lazily: indexing reads only the chunks it
+    needs (a Zarr array underneath). A chunk whose bytes fail their checksum (or cannot be
+    decoded) raises :class:`StoreDamaged` naming the chunk's file and levels, instead of being
+    read as data."""
+
+    def __init__(self, array: Any, path: str | os.PathLike, levels: np.ndarray) -> None:
+        self.array = array                   # the zarr.Array
+        self.path = Path(path)
+        self.levels = levels
+
+    shape = property(lambda self: self.array.shape)
+    dtype = property(lambda self: self.array.dtype)
+    ndim = property(lambda self: self.array.ndim)
+    chunks = property(lambda self: self.array.chunks)
+    nbytes = property(lambda self: self.array.nbytes)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        try:
+            return self.array[key]
+        except Exception as exc:  # noqa: BLE001 - told apart below, by reading chunk by chunk
+            raise self._damaged(key, exc) from exc
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        return np.asarray(self[:], dtype)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[k] for k in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"<StoredImages {str(self.path)!r} {self.shape} float32>"
+
+    def _damaged(self, key, exc):
+        """Find which chunk of those ``key`` reads is damaged, and say so."""
+        chunk = self.chunks[0]
+        try:
+            wanted = np.atleast_1d(np.arange(len(self))[key[0] if isinstance(key, tuple) else key])
+        except (IndexError, TypeError, ValueError):
+            return exc if isinstance(exc, (IndexError, TypeError)) else _damaged(self.path, "the wavefield", exc)
+        for k in sorted({int(i) // chunk for i in wanted}):
+            first, stop = k * chunk, min((k + 1) * chunk, len(self))
+            try:
+                self.array[first:stop]
+            except Exception as bad:  # noqa: BLE001 - this chunk is the damaged one
+                file = self.path / DATA / self.array.metadata.encode_chunk_key((k, 0, 0))
+                return StoreDamaged(f"the chunk file {file} (levels {self.levels[first]}..{self.levels[stop - 1]}) "
+                                    f"is damaged and is not read as data ({bad}); these levels are lost: run the "
+                                    "solve again to get them")
+        return _damaged(self.path, "the wavefield", exc)
+
+
+class StoredRun:
+    """A store opened lazily: nothing is read until a slice is indexed.
+
+    Attributes
+    ----------
+    images : StoredImages
+        (nsaved, n0, n1); ``images[k]`` reads one level (NaN where it was never written; a
+        damaged chunk raises :class:`StoreDamaged`).
+    levels, times_ms : numpy.ndarray
+        Time level and simulated time of each slice.
+    complete : numpy.ndarray of bool
+        Which levels are complete: flagged in the store's ``complete`` array and their chunk
+        file is there. For a run that was killed, every level whose chunk file is there (a chunk
+        file appears only whole, after its data were produced without error and fsync'ed).
+    missing : numpy.ndarray of bool
+        Levels flagged complete whose chunk file has gone (deleted after the run).
+    state : str
+        "finished", "failed" (``reason`` says why), "interrupted" (killed before it ended) or
+        "writing" (a live process is writing it now).
+    attrs : dict
+        The problem's parameters.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        zarr = zarr_module()
+        path = Path(path)
+        if not path.exists():
+            remove_stale_creations(path)
+            raise FileNotFoundError(f"there is no store at {path}")
+        if not (path / "zarr.json").is_file():
+            raise FileNotFoundError(f"{path} is not a course store (no zarr.json inside)")
+        self.path = path
+        self.state, self.reason = read_state(path)
+        if self.state == "interrupted":
+            remove_partials(path)            # temporary files of the chunks being written when killed
+
+        def read(what, get):
+            try:
+                return get()
+            except Exception as exc:  # noqa: BLE001 - reported with the file's name
+                raise _damaged(path, what, exc) from exc
+
+        self.group = read("the metadata", lambda: zarr.open_group(store=durable_store(path, read_only=True),
+                                                                   mode="r"))
+        self.levels = read("the array 'level'", lambda: self.group["level"][:])
+        self.images = StoredImages(read("the array 'u'", lambda: self.group[DATA]), path, self.levels)
+        self.times_ms = read("the array 'time'", lambda: self.group["time"][:]) * 1e3
+        flagged = read("the array 'complete'", lambda: self.group["complete"][:])
+        self.attrs = dict(self.group.attrs)
+        present = self._chunk_files_present()
+        self.missing = flagged & ~present
+        self.complete = present if self.state == "interrupted" else flagged & present
+
+    def _chunk_files_present(self):
+        """Per level: whether its chunk file is there."""
+        data = self.images.array
+        names = set(os.listdir(self.path / DATA)) if (self.path / DATA).is_dir() else set()
+        chunk = data.chunks[0]
+        present = np.zeros(len(self.levels), bool)
+        for k in range(math.ceil(len(present) / chunk)):
+            present[k * chunk:(k + 1) * chunk] = data.metadata.encode_chunk_key((k, 0, 0)) in names
+        return present
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the run stopped before it ended (killed, or failed)."""
+        return self.state in ("interrupted", "failed")
+
+    def peak_amplitude(self) -> float:
+        """The largest |u| of all complete levels (read from the small ``peak`` array)."""
+        peak = self.group["peak"][:]
+        peak = peak[np.isfinite(peak)]
+        return float(peak.max()) if peak.size else 0.0
+
+    def stored_nbytes(self) -> int:
+        """Bytes the wavefield's chunk files take on disk (compare with ``images.nbytes``)."""
+        return sum(f.stat().st_size for f in (self.path / DATA).glob("c.*") if f.is_file())
+
+    def __repr__(self) -> str:
+        how = {"finished": "", "writing": ", being written now",
+               "interrupted": ", interrupted: the run was killed before it ended",
+               "failed": f", interrupted: the run failed ({self.reason})"}[self.state]
+        if self.missing.any():
+            how += f", {int(self.missing.sum())} flagged levels have lost their chunk files"
+        return (f"<StoredRun {str(self.path)!r}: {int(self.complete.sum())}/{len(self.complete)} levels "
+                f"complete, {self.images.shape[1]}x{self.images.shape[2]}{how}>")
+
+
+def open_store(path: str | os.PathLike) -> StoredRun:
+    """Open a store written by ``solve(..., store=path)`` lazily (see :class:`StoredRun`).
+    A store opens whatever moment its run was killed at, and says so (``state``)."""
+    return StoredRun(path)
