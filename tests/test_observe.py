@@ -201,7 +201,7 @@ def direct(cpu, monkeypatch):
 def test_unwatched_work_goes_straight_to_a_runtime_that_needs_no_op(direct):
     """With nobody reading Ops, launch_wave2d and the copies skip the Op and call the runtime's
     launch / copy_async themselves (the GPU's path): a whole loop run that way gives the reference."""
-    p = ch.WaveProblem(n0=40, n1=37, nt=14)
+    p = ch.WaveProblem(n0=41, n1=37, nt=14)          # neither a multiple of its block side
     (s,) = ch.create_streams(1)
     assert not ch.runtime.wants_op(s)
     U = [ch.device_zeros(p.shape) for _ in range(3)]
