@@ -363,3 +363,14 @@ def test_host_lane_shares_the_device_lanes_origin_on_the_gpu(timing):
     expected = "CUPTI" if timing == "auto" and traces[0]["cupti"] else "CUDA events"
     assert [t["timing"] for t in traces] == [expected] * 2
     _assert_wait_ends_with_the_kernels(traces)
+
+
+def test_the_window_for_levels_includes_both_end_levels():
+    events = [TraceEvent("compute", "kernel", f"k {lv}", float(lv), lv + 0.5, 0, lv) for lv in (3, 4, 5)]
+    events.append(TraceEvent("io", "D2H", "copy 4", 4.2, 6.5, 64, 4))        # level 4's copy ends last
+    t = Trace(events, ["compute", "io"])
+    assert t.window_for_levels(4, 4) == (4.0, 6.5)
+    assert t.window_for_levels(3, 5) == (3.0, 6.5)
+    assert t.window_for_levels(5, 9) == (5.0, 5.5)
+    with pytest.raises(ValueError, match="no traced work"):
+        t.window_for_levels(6, 9)
