@@ -1,3 +1,4 @@
+import gc
 import math
 import types
 
@@ -342,3 +343,30 @@ def test_the_default_nt_is_the_box_crossing_time_rounded_down():
     crossing = max(100 * 1.0, 60 * 2.0) / (p.dt * p.vmax)
     assert crossing % 1 > 0.1                       # not a whole number: rounding matters
     assert p.nt == math.floor(crossing)
+
+
+def test_launch_puts_the_wavelet_where_the_source_was_moved(backend, small):
+    """From a zero wavefield one step is the wavelet alone, at the source cell: moved between two
+    launches with the same buffers, the second launch must use the new cell."""
+    n = round(2 * small.td / small.dt)                   # near the wavelet's peak
+    U0, U1, U2 = (ch.device_zeros(small.shape) for _ in range(3))
+    V = ch.to_device(small.velocity)
+    for source in (small.source, (10, 13)):
+        small.source = source
+        ch.launch_wave2d(U0, U1, U2, V, small, n)
+        out = ch.to_host(U2)
+        assert list(zip(*np.nonzero(out))) == [source] and out[source] == small.source_amplitude(n)
+
+
+def test_checked_launch_arguments_are_forgotten_with_their_buffers(backend, small):
+    """launch_wave2d remembers a checked buffer set by the ids of its objects; when one of them is
+    freed its entry goes too, so a new array given the same id is checked afresh."""
+    U = [ch.device_zeros(small.shape) for _ in range(3)]
+    V = ch.to_device(small.velocity)
+    ch.launch_wave2d(U[0], U[1], U[2], V, small, 0)
+    key = (id(small), *(id(a) for a in U), id(V))
+    assert key in ch.wave._CHECKED
+    ch.synchronize()
+    del U
+    gc.collect()
+    assert key not in ch.wave._CHECKED
