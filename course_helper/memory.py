@@ -19,8 +19,11 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from . import checks, runtime, streams
 from .runtime import observe
@@ -43,29 +46,29 @@ def _device_array(shape, dtype, make):
     return runtime.get().device_array(shape, dtype, zero=make == "zeros")
 
 
-def device_empty(shape, dtype=np.float32):
+def device_empty(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32) -> Any:
     """An uninitialised array in device memory (``cupy.ndarray`` on the GPU)."""
     return _device_array(shape, dtype, "empty")
 
 
-def device_zeros(shape, dtype=np.float32):
+def device_zeros(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32) -> Any:
     """A zero-filled array in device memory."""
     return _device_array(shape, dtype, "zeros")
 
 
-def is_device_array(a) -> bool:
+def is_device_array(a: object) -> bool:
     """True for an array in device memory of the active backend."""
     return runtime.get().is_device_array(a)
 
 
-def to_device(host):
+def to_device(host: np.ndarray) -> Any:
     """A new device array holding a copy of the host array ``host`` (blocking)."""
     _require_host("host", host)
     observe.notify("host_access", host, "r", "to_device")
     return runtime.get().to_device(host)
 
 
-def to_host(device_array):
+def to_host(device_array: Any) -> np.ndarray:
     """A new NumPy array holding a copy of ``device_array`` (waits for the device).
 
     It synchronises the whole device first, so it is a host wait like ``synchronize()``."""
@@ -100,7 +103,7 @@ def _unregister_pinned(key):
         _last_pinned = None          # its addresses may now belong to pageable memory
 
 
-def pinned_empty(shape, dtype=np.float32):
+def pinned_empty(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32) -> np.ndarray:
     """An uninitialised page-locked (pinned) host array.
 
     On the GPU backend this is CuPy's pinned allocator (``cupyx.empty_pinned``);
@@ -113,14 +116,14 @@ def pinned_empty(shape, dtype=np.float32):
     return arr
 
 
-def pinned_zeros(shape, dtype=np.float32):
+def pinned_zeros(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32) -> np.ndarray:
     """A zero-filled page-locked (pinned) host array."""
     arr = pinned_empty(shape, dtype)
     arr[...] = 0
     return arr
 
 
-def is_pinned(array) -> bool:
+def is_pinned(array: object) -> bool:
     """True when ``array`` (or the allocation it is a view into) is pinned host memory."""
     if not isinstance(array, np.ndarray) or isinstance(array, CpuDeviceArray):
         return False
@@ -183,7 +186,8 @@ def _require_writable(label, a):
                          "array (a new pinned_empty() buffer, or one whose flags.writeable is True)")
 
 
-def queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
+def queue_copy(kind: str, dst: Any, src: Any, stream: streams.Stream, level: int | None, pageable: bool | None = False,
+               host_ptr: int | None = None) -> streams.Stream:
     """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D") on the resolved ``stream``
     (see :func:`streams.resolve`); returns the stream.
 
@@ -192,24 +196,29 @@ def queue_copy(kind, dst, src, stream, level, pageable=False, host_ptr=None):
 
     A copy from or to pageable host memory is staged by the driver and
     returns only when it has finished. ``pageable=None`` means "pageable unless
-    ``dst`` is pinned", looked up only where something reads it (the model and
-    the observers; CuPy does not need it, and the driver's answer costs a call).
-    ``host_ptr``, when known, is the host array's address (saves reading it again)."""
+    ``dst`` is pinned". ``host_ptr``, when known, is the host array's address (saves reading it again)."""
     if not runtime.wants_op(stream):
-        # CuPy on a GPU with no observer reading Ops: nothing reads an Op or a cost, so neither is built.
-        stream.runtime.copy_async(stream.raw, kind, dst, src, host_ptr)
-        if observe.journals_open:
-            observe.note_op(kind, _label(kind, level), stream, level, src.nbytes)
-        return stream
-    cost = {"copy": kind, "dst": dst, "src": src, "pageable": pageable, "host_ptr": host_ptr}
+        return _copy_unobserved(kind, dst, src, stream, level, host_ptr)
     if pageable is None:
-        cost["pageable"] = not is_pinned(dst)
+        pageable = not is_pinned(dst)
+    cost = {"copy": kind, "dst": dst, "src": src, "pageable": pageable, "host_ptr": host_ptr}
     op = observe.Op(kind, _label(kind, level), stream, level, src.nbytes, (src,), (dst,))
     runtime.submit(stream, op, cuda=None, numpy=None, cost=cost)
     return stream
 
 
-def copy_to_host_async(dst, src, stream=None, *, level=None, allow_pageable=False):
+def _copy_unobserved(kind, dst, src, stream, level, host_ptr):
+    """:func:`queue_copy` where nothing reads an Op or a cost (CuPy on a GPU, nobody watching):
+    the copy goes straight to the runtime, and only the thread's op journal hears of it. A loop
+    queues a copy per level, and building what nobody reads would cost about as much as the copy's
+    own host time."""
+    stream.runtime.copy_async(stream.raw, kind, dst, src, host_ptr)
+    observe.note_op(kind, _label(kind, level), stream, level, src.nbytes)
+    return stream
+
+
+def copy_to_host_async(dst: np.ndarray, src: Any, stream: streams.Stream | None = None, *, level: int | None = None,
+                       allow_pageable: bool = False) -> None:
     """Queue a device-to-host copy of ``src`` into the pinned host array ``dst``.
 
     Returns at once; the data is in ``dst`` only after the stream (or an event
@@ -227,8 +236,8 @@ def copy_to_host_async(dst, src, stream=None, *, level=None, allow_pageable=Fals
         lane as "pageable copy". Notebook 3 uses it to show the pitfall.
     """
     stream = streams.resolve(stream)
-    ptr = _usual_host_target(dst, src, stream)
-    if ptr is None:                  # not the usual case: the full checks, with their messages
+    ptr = _usual_host_target(dst, src, stream)   # the loops' copy, every level: checked in a few operations
+    if ptr is None:
         _require_host("dst", dst)
         _require_device("src", src)
         checks.same_layout(dst, src)
@@ -256,8 +265,9 @@ def _pageable_copy(dst, src, stream, level):
 def _usual_host_target(dst, src, stream):
     """The address of ``dst`` when the copy ``src`` -> ``dst`` is the usual, valid one (a plain
     NumPy array, pinned, writable and C-contiguous, of the shape and dtype of a C-contiguous
-    device array of ``stream``'s backend), else None. The loops copy every level; this is the
-    test that lets them pass in a few operations, while anything else gets the full checks."""
+    device array of ``stream``'s backend), else None, and the caller runs the full checks. It
+    accepts nothing they refuse (``tests/test_memory.py`` holds it to that); it exists because
+    it costs about half of what the full checks cost, on every level of a loop."""
     if (type(dst) is np.ndarray and type(src) is stream.runtime.device_array_type
             and dst.shape == src.shape and dst.dtype == src.dtype and src.strides == dst.strides):
         try:
@@ -272,7 +282,8 @@ def _usual_host_target(dst, src, stream):
     return None
 
 
-def copy_to_device_async(dst, src, stream=None, *, level=None):
+def copy_to_device_async(dst: Any, src: np.ndarray, stream: streams.Stream | None = None, *,
+                         level: int | None = None) -> None:
     """Queue a host-to-device copy of the pinned host array ``src`` into ``dst``."""
     _require_device("dst", dst)
     _require_host("src", src)
@@ -282,7 +293,8 @@ def copy_to_device_async(dst, src, stream=None, *, level=None):
     queue_copy("H2D", dst, src, streams.resolve(stream), level, host_ptr=ptr)
 
 
-def copy_on_device_async(dst, src, stream=None, *, level=None):
+def copy_on_device_async(dst: Any, src: Any, stream: streams.Stream | None = None, *,
+                         level: int | None = None) -> None:
     """Queue a device-to-device copy (fast: it never leaves the GPU's memory)."""
     _require_device("dst", dst)
     _require_device("src", src)
@@ -302,7 +314,7 @@ def _require_apart(dst, src):
                          "through a separate buffer, or between slices that do not overlap")
 
 
-def zero_async(dst, stream=None):
+def zero_async(dst: Any, stream: streams.Stream | None = None) -> None:
     """Queue filling the device array ``dst`` with zeros (a memset on the stream)."""
     _require_device("dst", dst)
     if not dst.flags.c_contiguous:
@@ -313,7 +325,8 @@ def zero_async(dst, stream=None):
     runtime.submit(stream, op, cuda=None, numpy=None, cost={"fill": True, "dst": dst})
 
 
-def copy_to_host(dst, src, stream=None, *, level=None):
+def copy_to_host(dst: np.ndarray, src: Any, stream: streams.Stream | None = None, *,
+                 level: int | None = None) -> None:
     """Copy ``src`` (device) into ``dst`` (host, pinned or pageable) and wait for it.
 
     This is the blocking copy of the sequential strategy: the host does not
@@ -345,7 +358,8 @@ def _label(kind, level):
 # --------------------------------------------------------------------------
 # Bandwidth
 # --------------------------------------------------------------------------
-def measure_bandwidth(sizes_mib=(1, 4, 16, 64), repeats=3, stream=None):
+def measure_bandwidth(sizes_mib: Iterable[float] = (1, 4, 16, 64), repeats: int = 3,
+                      stream: streams.Stream | None = None) -> list[dict]:
     """Measure device-to-host copy speed from pinned and from pageable host memory.
 
     For each size and memory kind, copies ``repeats`` times, timed with events

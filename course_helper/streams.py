@@ -57,7 +57,7 @@ class host_wait:
 def _host_wait(rt, name, target, sync, raw):
     """Make the host wait (``sync(raw)``: ``rt``'s sync_stream or sync_event), then tell the
     observers how long it took (``host_waited``) and for what (``host_synced``)."""
-    if not (observe.listening["host_waited"] or observe.listening["host_synced"]):
+    if not (observe.hears("host_waited") or observe.hears("host_synced")):
         sync(raw)                    # nobody to tell: no clock readings
         return
     t0 = rt.host_ms()                # as host_wait does, without a context manager (every level)
@@ -65,7 +65,7 @@ def _host_wait(rt, name, target, sync, raw):
         sync(raw)
     finally:
         observe.notify("host_waited", name, t0, rt.host_ms())
-    if observe.listening["host_synced"]:
+    if observe.hears("host_synced"):
         observe.notify("host_synced", target)
 
 
@@ -113,7 +113,7 @@ class Stream:
         On the CPU backend, an exception raised by the stream's work is raised
         here, with its original traceback.
         """
-        if not (observe.listening["host_waited"] or observe.listening["host_synced"]):
+        if not (observe.hears("host_waited") or observe.hears("host_synced")):
             self.runtime.sync_stream(self.raw)    # nobody times the wait: no label, no clock readings
             return
         self.wait_for_host(f"wait for {self.name}")
@@ -130,7 +130,7 @@ class Stream:
             _same_backend(self, event)
         if event.recorded:  # as in CUDA, a never-recorded event counts as complete: nothing to wait for
             self.runtime.wait_event(self.raw, event.raw)
-        if observe.listening["event_waited"]:   # heard even so: a wait queued before the record it meant
+        if observe.hears("event_waited"):   # heard even so: a wait queued before the record it meant
             observe.notify("event_waited", self, event)
 
     def wait_stream(self, other: Stream) -> None:
@@ -210,7 +210,7 @@ class Event:
             _same_backend(stream, self)
         self.runtime.record(self.raw, stream.raw)
         self.recorded = True
-        if observe.listening["event_recorded"]:
+        if observe.hears("event_recorded"):
             observe.notify("event_recorded", stream, self)
         return self
 
@@ -236,7 +236,7 @@ class Event:
 def _polled(target, done):
     """A query of ``target`` answered ``done``: a True answer is the host learning that the
     work is finished, so the observers hear ``host_synced(target)``."""
-    if done and observe.listening["host_synced"]:
+    if done and observe.hears("host_synced"):
         observe.notify("host_synced", target)
     return done
 

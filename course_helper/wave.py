@@ -12,6 +12,7 @@ import functools
 import math
 import weakref
 from importlib import resources
+from typing import Any
 
 import numpy as np
 
@@ -29,13 +30,13 @@ _F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float3
 _BLOCK = (32, 8)  # threads per block along (dimension 1, dimension 0)
 
 
-def ricker(t, fm):
+def ricker(t: float, fm: float) -> float:
     """The Ricker wavelet (1 - 2 pi^2 fm^2 t^2) exp(-pi^2 fm^2 t^2) at time ``t`` (s)."""
     a = (math.pi * fm * t) ** 2
     return (1.0 - 2.0 * a) * math.exp(-a)
 
 
-def stability_limit(dx0, dx1):
+def stability_limit(dx0: float, dx1: float) -> float:
     """The largest stable Courant number ``Vmax dt / min(dx0, dx1)`` of this scheme.
 
     The 4th-order stencil's second difference has its largest eigenvalue,
@@ -97,8 +98,9 @@ class WaveProblem:
     (640, 34.3)
     """
 
-    def __init__(self, n0=256, n1=256, dx=1.0, velocity=343.0, cfl=0.4, nt=None,
-                 source=None, points_per_wavelength=10.0):
+    def __init__(self, n0: int = 256, n1: int = 256, dx: float | tuple[float, float] = 1.0,
+                 velocity: float | np.ndarray = 343.0, cfl: float = 0.4, nt: int | None = None,
+                 source: tuple[int, int] | None = None, points_per_wavelength: float = 10.0) -> None:
         self.n0 = _checked_size(n0, self, "n0")
         self.n1 = _checked_size(n1, self, "n1")
         if isinstance(dx, (tuple, list)):
@@ -125,7 +127,7 @@ class WaveProblem:
         self.source = _checked_source(source, self)
         self._built = True
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object) -> None:
         # Once built, the numbers the kernels read are checked again when set (a notebook may
         # set ``p.dt`` to explore stability); those everything else was derived from are fixed.
         if self.__dict__.get("_built"):
@@ -135,10 +137,7 @@ class WaveProblem:
                                      f"e.g. WaveProblem(..., {name}=...)")
             if name in _RECHECKED:
                 value = _RECHECKED[name](value, self)
-        # Every change of the problem's numbers gives it a new version: launch_wave2d then
-        # checks its arguments again.
         object.__setattr__(self, name, value)
-        object.__setattr__(self, "_version", self.__dict__.get("_version", 0) + 1)
 
     def _velocity_model(self, velocity):
         """``(array, None)`` for a heterogeneous medium, ``(None, speed)`` for a uniform one: a
@@ -171,7 +170,7 @@ class WaveProblem:
         return np.ascontiguousarray(v, dtype=np.float32), None
 
     @property
-    def velocity(self):
+    def velocity(self) -> np.ndarray:
         """The (n0, n1) float32 velocity model (for a uniform medium built on first use)."""
         if self._velocity is None:
             self._velocity = np.full(self.shape, self._uniform_velocity, dtype=np.float32)
@@ -179,26 +178,26 @@ class WaveProblem:
 
     # -- derived numbers the kernel needs --------------------------------
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, int]:
         return (self.n0, self.n1)
 
     @property
-    def nbytes_level(self):
+    def nbytes_level(self) -> int:
         """Bytes of one wavefield (one saved level)."""
         return self.n0 * self.n1 * 4
 
-    def source_amplitude(self, n):
+    def source_amplitude(self, n: int) -> np.float32:
         """The wavelet value added at step ``n`` (which computes level n+2), as float32."""
         return np.float32(ricker(n * self.dt - 2.0 * self.td, self.fm))
 
-    def describe(self):
+    def describe(self) -> dict:
         """A dict of the problem's numbers with their units (rounded for printing)."""
         return {"grid (cells)": f"{self.n0} x {self.n1}", "spacing (m)": (self.dx0, self.dx1),
                 "Vmax (m/s)": self.vmax, "CFL": self.cfl, "CFL limit": round(self.cfl_limit, 4),
                 "dt (s)": float(f"{self.dt:.6g}"), "fm (Hz)": round(self.fm, 4),
                 "td (s)": float(f"{self.td:.6g}"), "NT (levels)": self.nt, "source": self.source}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"WaveProblem({self.n0}x{self.n1}, dx=({self.dx0}, {self.dx1}) m, Vmax={self.vmax} m/s, "
                 f"cfl={self.cfl}, dt={self.dt:.6g} s, fm={self.fm:.4g} Hz, nt={self.nt})")
 
@@ -361,14 +360,15 @@ def _overlap(a, b):
     return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
-def kernel_cost(nbytes_level):
+def kernel_cost(nbytes_level: int) -> dict:
     """What a modelled GPU charges for one launch of the wave kernel on a level of
     ``nbytes_level`` bytes: its profile's ``wave2d_4o`` time for the bytes the kernel moves
     (it reads two levels and the velocity and writes a third: four levels' worth)."""
     return {"kernel": "wave2d_4o", "bytes": 4 * nbytes_level}
 
 
-def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
+def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: int,
+                  stream: streams.Stream | None = None) -> None:
     """Queue step ``n``: compute level n+2 into ``U2`` from levels n (``U0``) and n+1 (``U1``).
 
     Parameters
@@ -382,19 +382,13 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     stream : Stream, optional
         Where to queue the kernel (default: the current stream).
     """
-    # Exact type and a plain non-negative int, the usual case: skip the general checks for them.
-    if type(problem) is not WaveProblem:
-        checks.instance("problem", problem, WaveProblem, "a WaveProblem")
-    if type(n) is not int or n < 0:
-        n = checks.positive_int("n (step number)", n, minimum=0)
-    scalars, grid = _checked(U0, U1, U2, V, problem)
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    n = checks.positive_int("n (step number)", n, minimum=0)
+    scalars, grid = _launch_arguments(U0, U1, U2, V, problem)      # checks them (see _check_launch)
     stream = streams.resolve(stream)
     args = (U0, U1, U2, V, *scalars, problem.source_amplitude(n))
     if not runtime.wants_op(stream):
-        # CuPy on a GPU with no observer reading Ops: neither the Op nor the NumPy step nor the cost is built.
-        stream.runtime.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
-        if observe.journals_open:
-            observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
+        _launch_unobserved(stream, grid, args, n)
         return
 
     def cuda(raw_stream):
@@ -411,6 +405,13 @@ def launch_wave2d(U0, U1, U2, V, problem, n, stream=None):
     runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost=cost)
 
 
+def _launch_unobserved(stream, grid, args, n):
+    """:func:`launch_wave2d` where nothing reads an Op or a cost (CuPy on a GPU, nobody watching):
+    the kernel goes straight to the runtime, and only the thread's op journal hears of it."""
+    stream.runtime.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
+    observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
+
+
 def _kernel_scalars_and_grid(problem):
     """The kernel's arguments after the four arrays, but the source amplitude, and its grid."""
     n0, n1 = problem.shape
@@ -420,8 +421,8 @@ def _kernel_scalars_and_grid(problem):
     return scalars, grid
 
 
-#: Argument sets of launch_wave2d already checked: (ids) -> (weak references, what may change in
-#: place, the kernel's scalar arguments but the source amplitude, grid).
+#: Argument sets of launch_wave2d already checked: (ids) -> (weak references, the problem's numbers
+#: the kernel reads, the kernel's scalar arguments but the source amplitude, grid).
 #: The strategies launch with the same few buffers every level, so the checks run once per set
 #: and buffer ring, not once per level. Weak references: a cached set keeps no memory alive, and
 #: the death of any of its objects removes the set (the references' callback) before the
@@ -430,17 +431,17 @@ _CHECKED = {}
 _CHECKED_MAX = 64
 
 
-def _checked(U0, U1, U2, V, problem):
+def _launch_arguments(U0, U1, U2, V, problem):
     """The kernel's scalar arguments (all but the source amplitude) and grid for these arrays,
-    checking them on first sight."""
+    checking them (:func:`_check_launch`) on first sight. The checks cost a launch about a sixth
+    of its host time on the CPU backend, and a loop launches with the same few buffers every level."""
     key = (id(problem), id(U0), id(U1), id(U2), id(V))
-    # What may change in place on the same objects is the problem's numbers (each change gives
-    # it a new version). An array can be reshaped in place (``a.shape = ...``) but keeps its
-    # size and memory, which is all the kernel relies on once the set has been checked, so the
-    # arrays' shapes are not read again on every launch.
-    now = problem._version
+    # What may change in place on the same objects is the problem's numbers (a notebook may set
+    # p.dt). An array can be reshaped in place (``a.shape = ...``) but keeps its size and memory,
+    # which is all the kernel relies on once the set has been checked.
+    numbers = (problem.n0, problem.n1, problem.dt, problem.dx0, problem.dx1, problem.source)
     hit = _CHECKED.get(key)
-    if hit is not None and hit[1] == now:
+    if hit is not None and hit[1] == numbers:
         return hit[2], hit[3]
     _check_launch(U0, U1, U2, V, problem)
     scalars, grid = _kernel_scalars_and_grid(problem)
@@ -450,7 +451,7 @@ def _checked(U0, U1, U2, V, problem):
     def forget(_ref):
         _CHECKED.pop(key, None)
 
-    _CHECKED[key] = (tuple(weakref.ref(o, forget) for o in (problem, U0, U1, U2, V)), now, scalars, grid)
+    _CHECKED[key] = (tuple(weakref.ref(o, forget) for o in (problem, U0, U1, U2, V)), numbers, scalars, grid)
     return scalars, grid
 
 
@@ -482,7 +483,7 @@ def saved_levels(nt: int, every: int) -> range:
     return range(0, nt, every)
 
 
-def reference_solution(problem, every=1):
+def reference_solution(problem: WaveProblem, every: int = 1) -> np.ndarray:
     """Plain NumPy answer: every ``every``-th level from 0 to nt-1, shape (nsaved, n0, n1).
 
     No streams, no device: the ground truth the strategies are checked against.

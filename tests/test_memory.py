@@ -174,3 +174,113 @@ def test_bandwidth_helper_reports_pinned_and_pageable(backend):
 def test_bandwidth_helper_bad_input(backend, sizes, repeats, err):
     with pytest.raises(err):
         ch.measure_bandwidth(sizes, repeats=repeats)
+
+
+# -- the copy checks, with strided and non-contiguous sources and targets ------------
+def _pinned(shape):
+    return ch.memory.pinned_zeros(shape)
+
+
+def _device(shape):
+    return ch.device_zeros(shape)
+
+
+def _pageable(shape):
+    return np.zeros(shape, np.float32)
+
+
+#: (copy function, its destination, its source, the side refused): each side strided or transposed in
+#: turn, the other side a fitting contiguous array. A strided view has the right shape and dtype,
+#: so only the layout check can refuse it.
+NON_CONTIGUOUS = [
+    ("copy_to_host_async", lambda: _pinned((4, 8))[:, ::2], lambda: _device((4, 4)), "destination"),
+    ("copy_to_host_async", lambda: _pinned((4, 4)), lambda: _device((4, 8))[:, ::2], "source"),
+    ("copy_to_host_async", lambda: _pinned((4, 4)).T, lambda: _device((4, 4)), "destination"),
+    ("copy_to_host_async", lambda: _pinned((4, 4)), lambda: _device((4, 4)).T, "source"),
+    ("copy_to_host_async", lambda: _pinned(8)[::-1], lambda: _device(8), "destination"),
+    ("copy_to_host_async", lambda: _pinned(8), lambda: _device(16)[::2], "source"),
+    ("copy_to_device_async", lambda: _device((4, 8))[:, ::2], lambda: _pinned((4, 4)), "destination"),
+    ("copy_to_device_async", lambda: _device((4, 4)), lambda: _pinned((4, 8))[:, ::2], "source"),
+    ("copy_to_device_async", lambda: _device((4, 4)), lambda: _pinned((4, 4)).T, "source"),
+    ("copy_on_device_async", lambda: _device((4, 8))[:, ::2], lambda: _device((4, 4)), "destination"),
+    ("copy_on_device_async", lambda: _device((4, 4)), lambda: _device((4, 8))[:, 1::2], "source"),
+    ("copy_on_device_async", lambda: _device((4, 4)), lambda: _device((4, 4)).T, "source"),
+    ("copy_to_host", lambda: _pageable((4, 8))[:, ::2], lambda: _device((4, 4)), "destination"),
+    ("copy_to_host", lambda: _pageable((4, 4)), lambda: _device((4, 8))[:, ::2], "source"),
+]
+
+
+@pytest.mark.parametrize("copy,make_dst,make_src,side", NON_CONTIGUOUS,
+                         ids=[f"{c}-{side}-{i}" for i, (c, _, _, side) in enumerate(NON_CONTIGUOUS)])
+def test_strided_and_transposed_sides_are_refused_before_anything_is_queued(backend, copy, make_dst, make_src, side):
+    (s,) = ch.create_streams(1)
+    dst, src = make_dst(), make_src()
+    with pytest.raises(ValueError, match=f"the {side} is not C-contiguous"):
+        getattr(ch.memory, copy)(dst, src, s)
+    assert s.done                    # nothing was queued
+    if copy == "copy_to_host_async":     # and the loops' quick acceptance does not take it either
+        assert ch.memory._usual_host_target(dst, src, s) is None
+
+
+def test_the_quick_acceptance_takes_only_the_usual_valid_copy(backend):
+    """copy_to_host_async accepts the loops' copy in a few operations and runs the full checks on
+    anything else: the quick test must say None wherever the checks would refuse (or, for a
+    pageable target, take the blocking path), and give the target's address where they accept."""
+    (s,) = ch.create_streams(1)
+    src = ch.device_zeros((4, 4))
+    stack = ch.memory.pinned_zeros((3, 4, 4))
+    assert ch.memory._usual_host_target(stack[1], src, s) == stack[1].ctypes.data
+    frozen = ch.memory.pinned_zeros((4, 4))
+    frozen.flags.writeable = False
+    refused = {"pageable": np.zeros((4, 4), np.float32), "read-only": frozen,
+               "other shape": ch.memory.pinned_zeros((4, 5)), "other dtype": ch.memory.pinned_zeros((4, 4), np.float64),
+               "device target": ch.device_zeros((4, 4)), "empty": ch.memory.pinned_zeros((0, 4))}
+    for what, dst in refused.items():
+        source = src if what != "empty" else ch.device_zeros((0, 4))
+        assert ch.memory._usual_host_target(dst, source, s) is None, what
+    assert ch.memory._usual_host_target(ch.memory.pinned_zeros((4, 4)), np.zeros((4, 4), np.float32), s) is None
+
+
+def test_an_array_reaching_past_a_pinned_allocation_is_not_pinned(cpu):
+    """Pinned means every byte is pinned: a view one byte longer than its pinned allocation is not."""
+    block = ch.memory.pinned_zeros(16, dtype=np.uint8)
+    assert ch.is_pinned(block) and ch.is_pinned(block[15:])
+    longer = np.lib.stride_tricks.as_strided(block, shape=(17,))      # addresses only: never read
+    assert not ch.is_pinned(longer)
+    assert not ch.is_pinned(np.lib.stride_tricks.as_strided(block[15:], shape=(2,)))
+
+
+def test_a_read_only_pageable_target_is_refused_even_on_request(backend):
+    (s,) = ch.create_streams(1)
+    frozen = np.zeros((4, 4), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ch.copy_to_host_async(frozen, ch.device_zeros((4, 4)), s, allow_pageable=True)
+    assert s.done
+
+
+def test_device_copies_between_ranges_one_byte_apart_or_overlapping(backend):
+    """Half-open byte ranges: touching slices copy; slices sharing one byte are refused."""
+    (s,) = ch.create_streams(1)
+    buf = ch.to_device(np.arange(16, dtype=np.uint8))
+    ch.memory.copy_on_device_async(buf[0:8], buf[8:16], s)
+    ch.memory.copy_on_device_async(buf[8:16], buf[0:8], s)
+    for dst, src in ((buf[0:8], buf[7:15]), (buf[7:15], buf[0:8])):
+        with pytest.raises(ValueError, match="overlap"):
+            ch.memory.copy_on_device_async(dst, src, s)
+    assert ch.to_host(buf).tolist() == list(range(8, 16)) * 2
+
+
+def test_a_blocking_copy_is_charged_the_link_of_its_host_memory(cpu):
+    """copy_to_host into pageable memory takes the pageable link's time on the model, into pinned
+    memory the pinned link's (the two differ in every profile)."""
+    rt = ch.runtime.get()
+    src = ch.device_zeros(2**20)
+    took = {}
+    for link, dst in (("D2H_pageable", np.empty(2**20, np.float32)), ("D2H", ch.pinned_empty(2**20))):
+        with ch.tracing() as trace:
+            ch.memory.copy_to_host(dst, src)
+        (copy,) = trace.copies
+        took[link] = copy.duration_ms
+        assert copy.duration_ms == pytest.approx(ch.runtime.model.link_ms(rt.profile, link, src.nbytes), rel=1e-4)
+    assert took["D2H_pageable"] != took["D2H"]

@@ -1,6 +1,7 @@
 """The observer hook: who hears what, on which thread, and what it costs when nobody listens."""
 import threading
 
+import numpy as np
 import pytest
 
 import course_helper as ch
@@ -57,6 +58,11 @@ def test_an_observer_may_remove_itself_while_notified(stream):
     assert log.heard == [("recorded", "s")] * 2        # the others still hear the first one
 
 
+def heard():
+    """The notifications some observer, of any thread, listens for."""
+    return {what for what in observe.NOTIFICATIONS if observe.hears(what)}
+
+
 def test_observers_of_another_thread_hear_nothing_of_this_one(stream):
     log = Log()
     added, done = threading.Event(), threading.Event()
@@ -77,7 +83,7 @@ def test_observers_of_another_thread_hear_nothing_of_this_one(stream):
         done.set()
         t.join(10)
     assert log.heard == []
-    assert observe.observer_count == 0
+    assert heard() == set()
 
 
 def test_nothing_stays_observing_after_a_traced_or_checked_solve(backend):
@@ -86,7 +92,7 @@ def test_nothing_stays_observing_after_a_traced_or_checked_solve(backend):
     p = ch.WaveProblem(n0=40, n1=40, nt=12)
     for kwargs in ({"trace": True}, {"trace": True, "sanitize": True}, {"trace": False}):
         ch.solve(p, "events", **kwargs)
-        assert observe.observer_count == 0, kwargs
+        assert heard() == set(), kwargs
         assert not observe.active()
 
 
@@ -103,14 +109,13 @@ class WaitTimer:
 def test_the_helper_knows_which_notifications_anyone_listens_for(stream):
     """Each notification is counted by the observers that have a method for it, so a call
     nobody listens for is skipped; Ops are wanted only where an observer of this thread reads them."""
-    before = dict(observe.listening)
+    before = heard()
     log, waits, reader = Log(), WaitTimer(), OpReader()
     observe.add(log)
     observe.add(waits)
     try:
-        assert observe.listening["event_recorded"] == before["event_recorded"] + 1
-        assert observe.listening["host_waited"] == before["host_waited"] + 1
-        assert observe.listening["op_queued"] == before["op_queued"]
+        assert heard() == before | {"event_recorded", "host_waited"}
+        assert not observe.hears("op_queued")
         assert not observe.wants_ops()          # a trace timed by CUPTI is in this state: no Ops built
         observe.add(reader)
         assert observe.wants_ops()
@@ -122,18 +127,18 @@ def test_the_helper_knows_which_notifications_anyone_listens_for(stream):
     finally:
         for o in (log, waits, reader):
             observe.remove(o)
-    assert observe.listening == before
+    assert heard() == before
     assert not observe.wants_ops()
 
 
 def test_an_observer_is_uncounted_as_it_was_counted(stream):
     """What remove() uncounts is what add() counted, even if the observer grew a method since."""
-    before = dict(observe.listening)
+    before = heard()
     log = Log()
     observe.add(log)
     log.host_waited = lambda *a: None
     observe.remove(log)
-    assert observe.listening == before
+    assert heard() == before
 
 
 def test_the_op_journal_holds_what_its_thread_queues_in_order(backend, stream):
@@ -145,7 +150,6 @@ def test_the_op_journal_holds_what_its_thread_queues_in_order(backend, stream):
     host = ch.pinned_empty(p.shape)
     journal = observe.open_journal()
     try:
-        assert observe.journals_open == 1
         with pytest.raises(RuntimeError, match="already keeps an op journal"):
             observe.open_journal()
         ch.launch_wave2d(U[0], U[1], U[2], V, p, 1, stream=stream)
@@ -160,4 +164,82 @@ def test_the_op_journal_holds_what_its_thread_queues_in_order(backend, stream):
     ch.synchronize()
     observe.close_journal()                 # a second close is harmless
     assert journal == [("kernel", "wave2d_4o level 3", stream, 3, 0), ("D2H", "D2H level 3", stream, 3, host.nbytes)]
-    assert observe.journals_open == 0
+
+
+# -- the GPU's unobserved path, exercised on the CPU ------------------------------------
+class DirectRuntime:
+    """Stands in for CuPy's side of the GPU runtime on the modelled one: ``needs_op`` False, and
+    ``launch`` / ``copy_async`` (which only a runtime that needs no Op has) do the work at once in
+    NumPy, with the arguments the helper passed, so a wrong argument gives a wrong answer."""
+
+    def __init__(self, rt, monkeypatch):
+        self.launches, self.copies = [], []
+        monkeypatch.setattr(rt, "needs_op", False)
+        monkeypatch.setattr(rt, "launch", self.launch, raising=False)
+        monkeypatch.setattr(rt, "copy_async", self.copy_async, raising=False)
+
+    def launch(self, raw, kernel_for, grid, block, args):
+        U0, U1, U2, V, n0, n1, dt2, idx0, idx1, p0, p1, amp = args
+        assert U2.shape == (n0, n1)
+        assert grid[0] * block[0] >= n1 > (grid[0] - 1) * block[0]       # every column, no block more
+        assert grid[1] * block[1] >= n0 > (grid[1] - 1) * block[1]       # every row
+        self.launches.append(grid)
+        ch.wave._numpy_step(*(a.view(np.ndarray) for a in (U0, U1, U2, V)), dt2, idx0, idx1, p0, p1, amp)
+
+    def copy_async(self, raw, kind, dst, src, host_ptr=None):
+        host = dst if kind == "D2H" else src if kind == "H2D" else None
+        assert host_ptr is None or host_ptr == host.ctypes.data
+        self.copies.append(kind)
+        np.copyto(dst.view(np.ndarray), src.view(np.ndarray))
+
+
+@pytest.fixture
+def direct(cpu, monkeypatch):
+    return DirectRuntime(ch.runtime.get(), monkeypatch)
+
+
+def test_unwatched_work_goes_straight_to_a_runtime_that_needs_no_op(direct):
+    """With nobody reading Ops, launch_wave2d and the copies skip the Op and call the runtime's
+    launch / copy_async themselves (the GPU's path): a whole loop run that way gives the reference."""
+    p = ch.WaveProblem(n0=41, n1=37, nt=14)          # neither a multiple of its block side
+    (s,) = ch.create_streams(1)
+    assert not ch.runtime.wants_op(s)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    out = ch.pinned_empty((p.nt, *p.shape))
+    for n in range(p.nt - 2):
+        ch.launch_wave2d(U[n % 3], U[(n + 1) % 3], U[(n + 2) % 3], V, p, n, stream=s)
+        ch.copy_to_host_async(out[n + 2], U[(n + 2) % 3], s, level=n + 2)
+    out[:2] = 0
+    np.testing.assert_array_equal(out, ch.reference_solution(p))
+    assert len(direct.launches) == p.nt - 2 and direct.copies == ["D2H"] * (p.nt - 2)
+    back = ch.device_zeros(p.shape)
+    ch.memory.copy_to_device_async(back, out[5], s)
+    ch.memory.copy_on_device_async(U[0], back, s)
+    np.testing.assert_array_equal(ch.to_host(U[0]), out[5])
+    assert direct.copies[-2:] == ["H2D", "D2D"]
+
+
+def test_unwatched_work_is_noted_in_the_journal_and_an_op_reader_brings_the_ops_back(direct):
+    p = ch.WaveProblem(n0=16, n1=16, nt=4)
+    (s,) = ch.create_streams(1)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    host = ch.pinned_empty(p.shape)
+    journal = observe.open_journal()
+    try:
+        ch.launch_wave2d(U[0], U[1], U[2], V, p, 1, stream=s)
+        ch.copy_to_host_async(host, U[2], s, level=3)
+    finally:
+        observe.close_journal()
+    assert journal == [("kernel", "wave2d_4o level 3", s, 3, 0), ("D2H", "D2H level 3", s, 3, host.nbytes)]
+    assert len(direct.launches) == 1 and direct.copies == ["D2H"]
+    reader = observe.add(OpReader())
+    try:
+        assert ch.runtime.wants_op(s)            # someone reads Ops: they are built and enqueued
+        ch.launch_wave2d(U[0], U[1], U[2], V, p, 1, stream=s)
+        ch.copy_to_host_async(host, U[2], s, level=3)
+        s.synchronize()
+    finally:
+        observe.remove(reader)
+    assert len(direct.launches) == 1 and direct.copies == ["D2H"]

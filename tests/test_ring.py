@@ -222,3 +222,24 @@ def test_timing_only_refuses_a_store_before_creating_it(tmp_path):
     with ch.timing_only(), pytest.raises(ValueError, match="computes no data"):
         ch.solve(ch.WaveProblem(n0=32, n1=32, nt=10), "events", store=tmp_path / "s.zarr")
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_default_comes_down_to_the_usual_ring_when_only_that_fits(cpu, monkeypatch):
+    p = ch.WaveProblem(**BALANCED)
+    usual = ch.STRATEGIES["events"].nscratch
+    free = (usual + 1) * p.nbytes_level / 0.9 + 1          # room for the usual ring and the velocity
+    monkeypatch.setattr(type(runtime.get()), "device_free_bytes", lambda self: free)
+    n, why = solver.suggest_nscratch(p, 16, "events")
+    assert n == usual and f"only {usual} fit in device memory" in why
+
+
+def test_a_strategy_with_a_deepest_ring_takes_it_and_refuses_one_more(cpu, small):
+    entry = strategies.register(strategies.Strategy("events-capped", strategies.with_events, nscratch=5,
+                                                    min_nscratch=4, max_nscratch=6))
+    try:
+        with ch.prepare(small, entry.name, nscratch=6) as run:
+            assert run.nscratch == 6
+        with pytest.raises(ValueError, match="at most 6 scratch wavefields, got nscratch=7"):
+            ch.prepare(small, entry.name, nscratch=7)
+    finally:
+        del strategies.STRATEGIES[entry.name]

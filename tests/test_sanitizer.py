@@ -401,3 +401,41 @@ def test_ordered_work_of_two_threads_is_no_race(backend):
         b.wait_event(baked)                    # another thread's record orders this thread's work
         ch.bake_layer(buf, 2, b)
         ch.synchronize()
+
+
+# -- byte ranges at their edges --------------------------------------------------------
+def test_a_strided_view_spans_its_first_to_one_past_its_last_byte(world):
+    _, buf, _, _, _ = world
+    ptr = buf.__array_interface__["data"][0]
+    for view in (buf[::3, ::7], buf[::-3, ::-7], buf.T):     # each reaches the first and the last element
+        assert ch.sanitizer.byte_span(view) == ("device", ptr, ptr + buf.nbytes)
+    assert ch.sanitizer.byte_span(buf[1:3, 2::3]) == ("device", ptr + 4 * 10, ptr + 4 * 22)
+
+
+def test_a_strided_view_races_on_its_last_element(world):
+    san, buf, _, a, b = world
+    san.op_queued(op(a, writes=[buf[3, 7:]]))                # the last element only
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(b, reads=[buf[::3, ::7]]))
+
+
+def test_views_sharing_one_byte_race_views_touching_do_not(world):
+    san, buf, _, a, b = world
+    raw = buf.view(np.uint8)                                 # byte-sized elements, still device memory
+    san.op_queued(op(a, writes=[raw[0, 4:8]]))
+    san.op_queued(op(b, writes=[raw[0, 0:4]]))               # touching: no byte in common
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(b, reads=[raw[0, 2:5]]))            # one byte of a's write
+
+
+def test_a_later_write_forgets_only_what_it_covers(world):
+    """An ordered write over part of an earlier one replaces that part only: the rest of the
+    earlier write still races with an unordered reader."""
+    san, buf, _, a, b = world
+    c, ev = FakeStream("c"), FakeEvent()
+    san.op_queued(op(a, writes=[buf[2:]]))                   # rows 2 and 3
+    san.event_recorded(a, ev)
+    san.event_waited(b, ev)
+    san.op_queued(op(b, writes=[buf[1:3]]))                  # rows 1 and 2, after a's write
+    with pytest.raises(ch.RaceError):
+        san.op_queued(op(c, reads=[buf[3]]))                 # row 3 is still a's, and c is not after a

@@ -384,3 +384,14 @@ def test_the_public_interval_helpers_agree_with_counting_grid_points(x, y):
     assert all(a < b for a, b in zip([iv[1] for iv in mx], [iv[0] for iv in mx[1:]]))   # disjoint, sorted
     assert covered_length(mx) == pytest.approx(len(_on_grid(x)) * 0.25)
     assert intersection_length(mx, my) == pytest.approx(len(_on_grid(x) & _on_grid(y)) * 0.25)
+
+
+def test_the_window_for_levels_includes_both_end_levels():
+    events = [TraceEvent("compute", "kernel", f"k {lv}", float(lv), lv + 0.5, 0, lv) for lv in (3, 4, 5)]
+    events.append(TraceEvent("io", "D2H", "copy 4", 4.2, 6.5, 64, 4))        # level 4's copy ends last
+    t = Trace(events, ["compute", "io"])
+    assert t.window_for_levels(4, 4) == (4.0, 6.5)
+    assert t.window_for_levels(3, 5) == (3.0, 6.5)
+    assert t.window_for_levels(5, 9) == (5.0, 5.5)
+    with pytest.raises(ValueError, match="no traced work"):
+        t.window_for_levels(6, 9)

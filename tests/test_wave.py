@@ -1,4 +1,6 @@
+import gc
 import math
+import types
 
 import numpy as np
 import pytest
@@ -305,3 +307,66 @@ def test_launch_checks_again_what_changed_since_the_last_launch(backend, small):
     small.dt *= 0.5                                      # the step uses the new time step
     ch.launch_wave2d(U[0], U[1], U[2], V, small, 2)
     assert not np.array_equal(ch.to_host(U[2]), expected)
+
+
+def test_launch_uses_a_spacing_changed_since_the_last_launch(backend, small):
+    U = [ch.to_device(np.random.default_rng(3).standard_normal(small.shape).astype(np.float32)) for _ in range(2)]
+    U2, V = ch.device_zeros(small.shape), ch.to_device(small.velocity)
+    ch.launch_wave2d(U[0], U[1], U2, V, small, 0)
+    first = ch.to_host(U2)
+    for name in ("dx0", "dx1"):
+        setattr(small, name, getattr(small, name) * 2)
+        ch.launch_wave2d(U[0], U[1], U2, V, small, 0)
+        changed = ch.to_host(U2)
+        assert not np.array_equal(changed, first), f"a new {name} was not used"
+        first = changed
+
+
+class DevicePointer:
+    """What _overlap reads of a device array that is not a NumPy one (CuPy's): the address and size."""
+
+    def __init__(self, ptr, nbytes):
+        self.data = types.SimpleNamespace(ptr=ptr)
+        self.nbytes = nbytes
+
+
+@pytest.mark.parametrize("a, b, shared", [((0, 16), (16, 16), False), ((16, 16), (0, 16), False),
+                                          ((0, 16), (15, 16), True), ((15, 16), (0, 16), True),
+                                          ((0, 64), (16, 4), True), ((16, 4), (0, 64), True)])
+def test_device_buffers_share_memory_when_their_byte_ranges_meet(a, b, shared):
+    """The GPU's overlap test (address ranges), run on the CPU: half-open ranges [ptr, ptr + nbytes)."""
+    assert ch.wave._overlap(DevicePointer(*a), DevicePointer(*b)) is shared
+
+
+def test_the_default_nt_is_the_box_crossing_time_rounded_down():
+    p = ch.WaveProblem(100, 60, dx=(1.0, 2.0), cfl=0.35)
+    crossing = max(100 * 1.0, 60 * 2.0) / (p.dt * p.vmax)
+    assert crossing % 1 > 0.1                       # not a whole number: rounding matters
+    assert p.nt == math.floor(crossing)
+
+
+def test_launch_puts_the_wavelet_where_the_source_was_moved(backend, small):
+    """From a zero wavefield one step is the wavelet alone, at the source cell: moved between two
+    launches with the same buffers, the second launch must use the new cell."""
+    n = round(2 * small.td / small.dt)                   # near the wavelet's peak
+    U0, U1, U2 = (ch.device_zeros(small.shape) for _ in range(3))
+    V = ch.to_device(small.velocity)
+    for source in (small.source, (10, 13)):
+        small.source = source
+        ch.launch_wave2d(U0, U1, U2, V, small, n)
+        out = ch.to_host(U2)
+        assert list(zip(*np.nonzero(out))) == [source] and out[source] == small.source_amplitude(n)
+
+
+def test_checked_launch_arguments_are_forgotten_with_their_buffers(backend, small):
+    """launch_wave2d remembers a checked buffer set by the ids of its objects; when one of them is
+    freed its entry goes too, so a new array given the same id is checked afresh."""
+    U = [ch.device_zeros(small.shape) for _ in range(3)]
+    V = ch.to_device(small.velocity)
+    ch.launch_wave2d(U[0], U[1], U[2], V, small, 0)
+    key = (id(small), *(id(a) for a in U), id(V))
+    assert key in ch.wave._CHECKED
+    ch.synchronize()
+    del U
+    gc.collect()
+    assert key not in ch.wave._CHECKED

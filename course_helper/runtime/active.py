@@ -77,5 +77,4 @@ def submit(stream, op, *, cuda, numpy, cost):
     observe.notify("op_queued", op)
     stream.runtime.enqueue(stream.raw, op, cuda, numpy, cost)
     observe.notify("op_issued", op)
-    if observe.journals_open:
-        observe.note_op(op.kind, op.name, stream, op.level, op.nbytes)
+    observe.note_op(op.kind, op.name, stream, op.level, op.nbytes)

@@ -53,9 +53,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-__all__ = ["Op", "add", "remove", "active", "notify", "watching", "wants_ops", "observer_count", "listening",
-           "open_journal", "close_journal", "note_op", "journals_open",
-           "NOTIFICATIONS"]
+__all__ = ["Op", "add", "remove", "active", "notify", "hears", "watching", "wants_ops",
+           "open_journal", "close_journal", "note_op", "NOTIFICATIONS"]
 
 #: Every notification an observer may have a method for (see the module text).
 NOTIFICATIONS = ("op_queued", "op_issued", "event_recorded", "event_waited", "host_synced",
@@ -90,13 +89,11 @@ class _ThreadState(threading.local):
 _local = _ThreadState()
 _lock = threading.Lock()
 #: Observers of all threads together.
-observer_count = 0
+_observer_count = 0
 #: notification -> how many observers, of all threads together, have a method for it. Most runs
-#: have none at all, and a traced run has few; then notify() answers from this table without
-#: reaching into thread-local state, and the helper's most frequent calls (a kernel, a copy, an
-#: event record, a wait) read it themselves before describing their work: a GPU loop's host
-#: cost is counted in microseconds per level.
-listening = dict.fromkeys(NOTIFICATIONS, 0)
+#: have none at all; then :func:`hears` and :func:`notify` answer from this table without reaching
+#: into thread-local state (a GPU loop's host cost is counted in microseconds per level).
+_listening = dict.fromkeys(NOTIFICATIONS, 0)
 #: notification -> the bound methods of the observers that hear every thread (add(every_thread=True)).
 _everywhere = {}
 _everywhere_observers = []
@@ -118,10 +115,10 @@ def _changed(obs):
     _local.methods = {} if obs else None
 
 
-def add(observer, every_thread=False):
+def add(observer: object, every_thread: bool = False) -> object:
     """Start sending this thread's runtime notifications to ``observer`` (with ``every_thread``,
     those of every thread, until :func:`remove`)."""
-    global observer_count
+    global _observer_count
     if every_thread:
         return _add_everywhere(observer)
     obs = _observers()
@@ -129,22 +126,22 @@ def add(observer, every_thread=False):
         heard = _heard_by(observer)
         with _lock:
             obs.append(observer)
-            observer_count += 1
+            _observer_count += 1
             for what in heard:
-                listening[what] += 1
+                _listening[what] += 1
         _local.heard = {**(_local.heard or {}), id(observer): heard}
         _changed(obs)
     return observer
 
 
 def _add_everywhere(observer):
-    global observer_count, _everywhere
+    global _observer_count, _everywhere
     with _lock:
         if observer not in _everywhere_observers:
             _everywhere_observers.append(observer)
-            observer_count += 1
+            _observer_count += 1
             for what in _heard_by(observer):
-                listening[what] += 1
+                _listening[what] += 1
             _everywhere = _methods_of(_everywhere_observers)
     return observer
 
@@ -153,15 +150,15 @@ def _methods_of(observers):
     return {what: tuple(getattr(o, what) for o in observers if what in _heard_by(o)) for what in NOTIFICATIONS}
 
 
-def remove(observer):
+def remove(observer: object) -> None:
     """Stop sending notifications to ``observer`` (no error if it was not added)."""
-    global observer_count, _everywhere
+    global _observer_count, _everywhere
     with _lock:
         if observer in _everywhere_observers:
             _everywhere_observers.remove(observer)
-            observer_count -= 1
+            _observer_count -= 1
             for what in _heard_by(observer):
-                listening[what] -= 1
+                _listening[what] -= 1
             _everywhere = _methods_of(_everywhere_observers)
             return
     obs = _observers()
@@ -169,27 +166,33 @@ def remove(observer):
         heard = _local.heard.pop(id(observer))     # what add() counted, whatever changed since
         with _lock:
             obs.remove(observer)
-            observer_count -= 1
+            _observer_count -= 1
             for what in heard:
-                listening[what] -= 1
+                _listening[what] -= 1
         _changed(obs)
 
 
-def active():
+def active() -> list:
     """The observers of the calling thread (a copy)."""
     return list(_observers())
 
 
-def watching():
+def watching() -> bool:
     """True when the calling thread has observers (cheap: the helper asks before describing work)."""
-    return observer_count != 0 and (bool(_local.observers) or bool(_everywhere_observers))
+    return _observer_count != 0 and (bool(_local.observers) or bool(_everywhere_observers))
 
 
-def wants_ops():
+def hears(what: str) -> bool:
+    """True when some observer, of any thread, has a method for the notification ``what``: the
+    helper asks before it reads a clock or builds what only an observer would read."""
+    return _listening[what] != 0
+
+
+def wants_ops() -> bool:
     """True when an observer of the calling thread reads :class:`Op` descriptions (it has
     ``op_queued`` or ``op_issued``); otherwise work is queued without one (and only noted in
     the thread's op journal, where it keeps one)."""
-    if not (listening["op_queued"] or listening["op_issued"]):
+    if not (_listening["op_queued"] or _listening["op_issued"]):
         return False
     return bool(_methods("op_queued") or _methods("op_issued")
                 or _everywhere.get("op_queued") or _everywhere.get("op_issued"))
@@ -207,15 +210,13 @@ def _methods(what):
     return called
 
 
-def notify(what, *args):
+def notify(what: str, *args: object) -> None:
     """Call ``observer.<what>(*args)`` on every observer of this thread, then on every observer
     of all threads, that has it."""
-    if not listening[what]:        # the common case: no observer anywhere has it, nothing to do
+    if not _listening[what]:       # the common case: no observer anywhere has it, nothing to do
         return
-    methods = _local.methods       # _methods(what), without a call: traced loops
-    called = methods.get(what) if methods is not None else ()       # notify on every level
-    for method in called if called is not None else _methods(what):
-        method(*args)              # a tuple: an observer may remove itself while being called
+    for method in _methods(what):  # a tuple: an observer may remove itself while being called
+        method(*args)
     if _everywhere_observers:
         for method in _everywhere.get(what, ()):
             method(*args)
@@ -224,35 +225,22 @@ def notify(what, *args):
 # --------------------------------------------------------------------------
 # The op journal (see the module text)
 # --------------------------------------------------------------------------
-#: Op journals open in all threads together. The helper's hot paths read it before noting an
-#: operation, so that a run without a journal anywhere pays one test per operation.
-journals_open = 0
-
-
-def open_journal():
+def open_journal() -> list:
     """Start the calling thread's op journal and return it: an empty list to which each
     operation the helper queues from this thread appends ``(kind, name, stream, level, nbytes)``
     until :func:`close_journal`. A thread keeps one journal at a time."""
-    global journals_open
     if _local.journal is not None:
         raise RuntimeError("this thread already keeps an op journal (one recording at a time)")
     journal = _local.journal = []
-    with _lock:
-        journals_open += 1
     return journal
 
 
-def close_journal():
+def close_journal() -> None:
     """Stop the calling thread's op journal (no error if it keeps none); the list keeps what it holds."""
-    global journals_open
-    if _local.journal is None:
-        return
     _local.journal = None
-    with _lock:
-        journals_open -= 1
 
 
-def note_op(kind, name, stream, level, nbytes):
+def note_op(kind: str, name: str, stream: object, level: int | None, nbytes: int) -> None:
     """Append a queued operation to the calling thread's op journal, where it keeps one."""
     journal = _local.journal
     if journal is not None:
