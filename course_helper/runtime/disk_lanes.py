@@ -12,15 +12,15 @@ __all__ = ["DiskWrite", "ModelDisk"]
 
 
 class ModelDisk:
-    """The writer lanes of the modelled disk of one device profile, on its scheduler."""
+    """The writer lanes of the modelled disk, on the device's scheduler."""
 
-    def __init__(self, scheduler: Scheduler, profile: dict) -> None:
+    def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.profile = profile
         self.lanes = {}               # name -> the lane of one writer
 
-    def write(self, lane: str, after: Any, encode: Callable[[], Any], now: float) -> DiskWrite:
-        """Queue one chunk's write on the writer lane ``lane`` (a name) at the host time ``now``:
+    def write(self, profile: dict, lane: str, after: Any, encode: Callable[[], Any], now: float) -> DiskWrite:
+        """Queue one chunk's write on the writer lane ``lane`` (a name) at the host time ``now``, as
+        the device ``profile`` says (its ``disk`` section):
         it starts when the event ``after`` (recorded after the copy into the chunk's slot) has
         completed and the lane's previous write has ended, and takes the profile's disk latency
         (the lane's own: the lanes' latencies overlap) + bytes / bandwidth (shared with the other
@@ -30,9 +30,9 @@ class ModelDisk:
         bytes to write; a writer thread gets them from the returned :class:`DiskWrite`'s
         ``result()`` and writes the real file. Nothing that thread does
         moves the model's clocks."""
-        spec = self.profile.get("disk")
+        spec = profile.get("disk")
         if spec is None:
-            raise RuntimeError(f"the profile {self.profile.get('name', '')!r} has no 'disk' section (the "
+            raise RuntimeError(f"the profile {profile.get('name', '')!r} has no 'disk' section (the "
                                "disk's write bandwidth and latency), so a run streamed to disk cannot be "
                                "modelled; calibrate it again with `python -m course_helper calibrate`")
         bandwidth = spec["gbps"] * 1e6                              # bytes per ms

@@ -127,7 +127,7 @@ class ModelRuntime(Runtime):
                                    {k: v["gbps"] * 1e6 for k, v in profile["links"].items()},   # bytes per ms
                                    int(profile["device"].get("copies_per_link", 0)))
         self.host = ModelHost(profile["host_us"], self.scheduler)
-        self.disk = ModelDisk(self.scheduler, profile)
+        self.disk = ModelDisk(self.scheduler)
         self._blocking = weakref.WeakSet()
         self._all = weakref.WeakSet()
         self._default = None
@@ -314,7 +314,7 @@ class ModelRuntime(Runtime):
     def disk_write(self, lane: str, after: ModelEvent, encode: Callable[[], Any]) -> DiskWrite:
         """Queue one chunk's write to the modelled disk on the writer lane ``lane``, after the event
         ``after`` (see :meth:`~.disk_lanes.ModelDisk.write`). Queuing costs the host nothing."""
-        write = self.disk.write(lane, after, encode, self.host.t)
+        write = self.disk.write(self.profile, lane, after, encode, self.host.t)
         self.host.catch_up()
         return write
 
