@@ -627,6 +627,54 @@ def test_disk_writes_follow_their_copy_and_their_lane_and_share_the_disk(rt):
     assert e2 - s2 == pytest.approx(latency + bytes_ms, abs=4e-6)       # alone
 
 
+def test_blocking_transfers_cost_the_host_a_pageable_copy(rt):
+    """to_device and to_host copy through pageable memory while the host waits: the host's
+    clock moves by the pageable link's time for the bytes (after the synchronise it makes)."""
+    host = np.ones(4 * MIB // 4, np.float32)
+    t0 = rt.host_ms()
+    dev = ch.to_device(host)
+    assert rt.host_ms() - t0 >= model.link_ms(rt.profile, "H2D_pageable", 4 * MIB)
+    t0 = rt.host_ms()
+    assert ch.to_host(dev).sum() == host.sum()
+    assert rt.host_ms() - t0 >= model.link_ms(rt.profile, "D2H_pageable", 4 * MIB)
+
+
+def test_work_that_waits_for_failed_work_fails_too(rt):
+    """A failure is sticky along dependencies, as a CUDA error is: a stream that waits for an
+    event of a failed stream fails with the same error, and its later copy is skipped."""
+    a, b = ch.create_streams(2)
+    src, dst = ch.to_device(np.ones(256, np.float32)), ch.memory.pinned_zeros(256)
+
+    def broken():
+        raise ValueError("broken on purpose")
+    a.launch_host_func(broken)
+    b.wait_event(a.record())
+    ch.copy_to_host_async(dst, src, b)
+    with pytest.raises(ValueError, match="on purpose"):
+        b.synchronize()
+    with pytest.raises(ValueError, match="on purpose"):
+        a.synchronize()
+    assert not dst.any()                                        # the copy after it never ran
+    ch.synchronize()
+
+
+def test_a_replayed_kernel_costs_the_profiles_graph_node_time(cpu, tmp_path):
+    """Each kernel node of a replayed graph takes the profile's ``graph.kernel_node_us`` on top of
+    the kernel's own time (0 on the H200 profile, so it is set here)."""
+    with _modelled_with(tmp_path, "graph", "kernel_node_us", 5.0) as profile:
+        z = ch.device_zeros(MIB // 4)
+        (s,) = ch.create_streams(1)
+        with ch.tracing() as t:
+            ch.memory.zero_async(z, s)
+            with ch.graphs.capture_graph(s) as cap:
+                ch.memory.zero_async(z, s)
+            cap.graph.launch()
+            s.synchronize()
+        direct, replayed = sorted(t.of_kind("memset"), key=lambda e: e.start_ms)
+        assert direct.duration_ms == pytest.approx(model.kernel_us(profile, "fill", MIB) * 1e-3, abs=2e-6)
+        assert replayed.duration_ms == pytest.approx(direct.duration_ms + 5e-3, abs=2e-6)
+
+
 RUNTIME_MODULES = sorted(p for p in (pathlib.Path(ch.__file__).parent / "runtime").glob("*.py")
                          if p.name not in ("observe.py", "__init__.py"))
 
