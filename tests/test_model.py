@@ -474,3 +474,224 @@ def test_ctrl_c_during_modelled_work_is_raised_at_once(cpu, monkeypatch):
     s.synchronize()                                        # the interrupted work runs again, whole
     for k in range(queued):
         np.testing.assert_array_equal(ch.to_host(planes[k]), real(k, (8, 8)))
+
+
+# --------------------------------------------------------------------------
+# Each rule of the model's docstring, asserted directly
+# --------------------------------------------------------------------------
+def _host_cost(rt, call, n=3):
+    """Modelled host ms that ``n`` calls of ``call()`` take."""
+    t0 = rt.host_ms()
+    for _ in range(n):
+        call()
+    return rt.host_ms() - t0
+
+
+def test_no_task_starts_before_the_host_has_queued_it(rt, monkeypatch):
+    """The device is simulated up to the host's time only: each kernel is queued after its
+    launch call and its loop turn, and starts no earlier, although the device is idle."""
+    tasks = []
+    add = rt.scheduler.add
+    monkeypatch.setattr(rt.scheduler, "add", lambda *a, **kw: tasks.append(add(*a, **kw)) or tasks[-1])
+    ch.solve(ch.WaveProblem(n0=48, n1=48, nt=12), "events", every=2, trace=False)
+    ran = [t for t in tasks if t.start is not None]
+    assert len(ran) == len(tasks) > 12
+    assert all(t.start >= t.queued for t in ran)
+    assert any(t.start == t.queued for t in ran if t.engine == "compute")    # the bound is reached
+
+
+def test_a_fill_costs_a_launch_call_and_the_profiles_fill_time(rt):
+    """A fill (memset) costs the host one launch call (no loop turn: it is no kernel of the loop)
+    and the device the profile's ``fill`` time for its bytes, on the compute engine."""
+    (s,) = ch.create_streams(1)
+    for mib in (1, 64):
+        a = ch.to_device(np.ones(mib * MIB // 4, np.float32))
+        with ch.tracing() as t:
+            host = _host_cost(rt, lambda: ch.memory.zero_async(a, s), n=1)
+            s.synchronize()
+        (fill,) = t.of_kind("memset")
+        assert host == pytest.approx(rt.profile["host_us"]["launch"] * 1e-3, abs=2e-6)
+        assert fill.duration_ms == pytest.approx(model.kernel_us(rt.profile, "fill", mib * MIB) * 1e-3, abs=2e-6)
+        assert not ch.to_host(a).any()
+    assert model.kernel_us(rt.profile, "fill", MIB) < model.kernel_us(rt.profile, "fill", 64 * MIB)
+
+
+def test_each_host_call_costs_its_profiled_time_per_call(rt):
+    """Each call into the runtime costs the host what that call took on the profiled GPU,
+    every time it is made."""
+    ms = {k: v * 1e-3 for k, v in rt.profile["host_us"].items()}
+    a, b = ch.create_streams(2)
+    (e,) = ch.create_events(1)
+    x, y = ch.device_zeros(1024), ch.device_zeros(1024)
+    calls = {"record": lambda: a.record(e), "wait_event": lambda: b.wait_event(e),
+             "query": lambda: (a.done, e.done), "host_func": lambda: a.launch_host_func(lambda: None),
+             "copy": lambda: ch.copy_to_device_async(x, ch.memory.pinned_zeros(1024), a),
+             "copy_d2d": lambda: ch.memory.copy_on_device_async(x, y, b)}
+    for what, call in calls.items():
+        per_call = ms[what] * (2 if what == "query" else 1)
+        assert _host_cost(rt, call) == pytest.approx(3 * per_call, abs=6e-6), what
+    assert len(set(ms[k] for k in calls)) == len(calls)           # the costs tell the calls apart
+    ch.synchronize()
+
+
+def test_a_higher_priority_stream_goes_first_when_work_is_ready_at_once(rt):
+    """In a graph's replay the captured calls are all queued at one host time: of two fills that
+    become ready together (when the compute engine is free), the higher-priority stream's runs
+    first (CUDA: lower number, higher priority), although the other was captured first."""
+    least, greatest = ch.streams.stream_priority_range()
+    (s,) = ch.create_streams(1, name="origin")
+    (low,) = ch.create_streams(1, priority=least, name="low")
+    (high,) = ch.create_streams(1, priority=greatest, name="high")
+    a, b, busy = ch.device_zeros(4 * MIB), ch.device_zeros(4 * MIB), ch.device_zeros(16 * MIB)
+    with ch.tracing() as t:                      # the timeline reads the replay's tasks
+        with ch.graphs.capture_graph(s) as cap:
+            ch.memory.zero_async(busy, s)        # holds the engine while both are queued
+            fork = s.record()
+            low.wait_event(fork)
+            high.wait_event(fork)
+            ch.memory.zero_async(a, low)
+            ch.memory.zero_async(b, high)
+            s.wait_stream(low)
+            s.wait_stream(high)
+        cap.graph.launch()
+        s.synchronize()
+    _, first, second = sorted(t.of_kind("memset"), key=lambda e: e.start_ms)
+    assert second.start_ms == pytest.approx(first.end_ms, abs=2e-6)           # one engine, in turn
+    assert (first.track, second.track) == ("high", "low")
+
+
+def test_the_compute_engine_runs_fills_and_device_copies_one_after_another(rt):
+    a, b = ch.create_streams(2)
+    x, y, z = (ch.device_zeros(64 * MIB // 4) for _ in range(3))
+    with ch.tracing() as t:
+        ch.memory.copy_on_device_async(x, y, a)
+        ch.memory.zero_async(z, b)
+        ch.synchronize()
+    (copy,) = t.copies
+    (fill,) = t.of_kind("memset")
+    assert fill.start_ms == pytest.approx(copy.end_ms, abs=2e-6)      # queued together, run in turn
+
+
+def test_copies_need_a_free_copy_engine(cpu, tmp_path):
+    """With one copy engine, copies in opposite directions (each on a link of its own) take turns."""
+    with _modelled_with(tmp_path, "device", "async_engine_count", 1):
+        a, b = ch.create_streams(2)
+        d2h, h2d = _copy_trace([("D2H", a), ("H2D", b)], 16 * MIB)
+        assert h2d.start_ms == pytest.approx(d2h.end_ms, abs=2e-6)
+
+
+def test_wait_event_waits_for_the_record_current_at_call_time(rt):
+    """Recording the event again later does not move a wait already queued; waiting on a
+    never-recorded event waits for nothing."""
+    a, b = ch.create_streams(2)
+    (e, never) = ch.create_events(2)
+    small = ch.device_zeros(1024)
+    with ch.tracing() as t:
+        ch.copy_to_host_async(ch.pinned_empty(16 * MIB // 4), ch.device_zeros(16 * MIB // 4), a)
+        a.record(e)
+        b.wait_event(e)
+        ch.copy_to_host_async(ch.pinned_empty(16 * MIB // 4), ch.device_zeros(16 * MIB // 4), a)
+        a.record(e)
+        ch.memory.zero_async(small, b)
+        b.wait_event(never)
+        ch.memory.zero_async(small, b)
+        ch.synchronize()
+    first, second = sorted(t.copies, key=lambda c: c.start_ms)
+    fill, after_never = sorted(t.of_kind("memset"), key=lambda c: c.start_ms)
+    assert fill.start_ms == pytest.approx(first.end_ms, abs=2e-6) and fill.end_ms < second.end_ms
+    assert after_never.start_ms == pytest.approx(fill.end_ms, abs=2e-6)
+
+
+def test_disk_writes_follow_their_copy_and_their_lane_and_share_the_disk(rt):
+    """A write starts after its copy and after its lane's previous write; the lanes' latencies
+    overlap and their bytes share the disk's bandwidth; a device synchronise does not wait for
+    the disk, ``disk_wait`` moves the host to the write's end."""
+    disk = rt.profile["disk"]
+    nbytes = MIB
+    latency, bytes_ms = disk["latency_us"] * 1e-3, nbytes / (disk["gbps"] * 1e6)
+    (s,) = ch.create_streams(1)
+    ch.copy_to_host_async(ch.pinned_empty(nbytes // 4), ch.device_zeros(nbytes // 4), s)
+    copied = s.record()
+    w1, w2 = (rt.disk_write("lane 0", copied.raw, lambda: bytes(nbytes)) for _ in range(2))
+    w3 = rt.disk_write("lane 1", copied.raw, lambda: bytes(nbytes))
+    ch.synchronize()
+    assert not w1.done and not w3.done                           # the host did not wait for the disk
+    rt.disk_wait(w2)
+    assert rt.host_ms() == w2.interval()[1]
+    assert all(w.result() == bytes(nbytes) for w in (w1, w2, w3))
+    (s1, e1), (s2, e2), (s3, e3) = (w.interval() for w in (w1, w2, w3))
+    assert s1 == s3 == copied.raw.task.end                      # right after the copy, together
+    assert e1 - s1 == pytest.approx(latency + 2 * bytes_ms, abs=4e-6)   # latencies overlap, bytes shared
+    assert e3 == pytest.approx(e1, abs=2e-6)
+    assert s2 == e1                                              # after the lane's previous write
+    assert e2 - s2 == pytest.approx(latency + bytes_ms, abs=4e-6)       # alone
+
+
+def test_blocking_transfers_cost_the_host_a_pageable_copy(rt):
+    """to_device and to_host copy through pageable memory while the host waits: the host's
+    clock moves by the pageable link's time for the bytes (after the synchronise it makes)."""
+    host = np.ones(4 * MIB // 4, np.float32)
+    t0 = rt.host_ms()
+    dev = ch.to_device(host)
+    assert rt.host_ms() - t0 >= model.link_ms(rt.profile, "H2D_pageable", 4 * MIB)
+    t0 = rt.host_ms()
+    assert ch.to_host(dev).sum() == host.sum()
+    assert rt.host_ms() - t0 >= model.link_ms(rt.profile, "D2H_pageable", 4 * MIB)
+
+
+def test_work_that_waits_for_failed_work_fails_too(rt):
+    """A failure is sticky along dependencies, as a CUDA error is: a stream that waits for an
+    event of a failed stream fails with the same error, and its later copy is skipped."""
+    a, b = ch.create_streams(2)
+    src, dst = ch.to_device(np.ones(256, np.float32)), ch.memory.pinned_zeros(256)
+
+    def broken():
+        raise ValueError("broken on purpose")
+    a.launch_host_func(broken)
+    b.wait_event(a.record())
+    ch.copy_to_host_async(dst, src, b)
+    with pytest.raises(ValueError, match="on purpose"):
+        b.synchronize()
+    with pytest.raises(ValueError, match="on purpose"):
+        a.synchronize()
+    assert not dst.any()                                        # the copy after it never ran
+    ch.synchronize()
+
+
+def test_a_replayed_kernel_costs_the_profiles_graph_node_time(cpu, tmp_path):
+    """Each kernel node of a replayed graph takes the profile's ``graph.kernel_node_us`` on top of
+    the kernel's own time (0 on the H200 profile, so it is set here)."""
+    with _modelled_with(tmp_path, "graph", "kernel_node_us", 5.0) as profile:
+        z = ch.device_zeros(MIB // 4)
+        (s,) = ch.create_streams(1)
+        with ch.tracing() as t:
+            ch.memory.zero_async(z, s)
+            with ch.graphs.capture_graph(s) as cap:
+                ch.memory.zero_async(z, s)
+            cap.graph.launch()
+            s.synchronize()
+        direct, replayed = sorted(t.of_kind("memset"), key=lambda e: e.start_ms)
+        assert direct.duration_ms == pytest.approx(model.kernel_us(profile, "fill", MIB) * 1e-3, abs=2e-6)
+        assert replayed.duration_ms == pytest.approx(direct.duration_ms + 5e-3, abs=2e-6)
+
+
+RUNTIME_MODULES = sorted(p for p in (pathlib.Path(ch.__file__).parent / "runtime").glob("*.py")
+                         if p.name not in ("observe.py", "__init__.py"))
+
+
+@pytest.mark.parametrize("path", RUNTIME_MODULES, ids=lambda p: p.name)
+def test_every_public_function_of_the_runtime_has_type_hints(path):
+    """Every public function and method of the runtime (but observe) names its parameters' and
+    its return's types."""
+    import ast
+    tree = ast.parse(path.read_text())
+    public = [n for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
+    missing = []
+    for node in [*tree.body, *(n for c in public for n in c.body)]:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_") \
+                or isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            untyped = [a.arg for a in args if a.annotation is None and a.arg not in ("self", "cls")]
+            if untyped or node.returns is None:
+                missing.append(f"{path.name}:{node.lineno} {node.name} ({', '.join(untyped) or 'return'})")
+    assert not missing, "\n".join(missing)

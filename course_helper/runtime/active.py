@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any, Callable
 
 from . import observe, profiles
 from .backend import backend_name, generation, profile_name
@@ -49,18 +50,18 @@ def _choose():
     return rt
 
 
-def host_ms():
+def host_ms() -> float:
     """The active runtime's host clock in ms (modelled on the CPU backend)."""
     return get().host_ms()
 
 
-def time_label():
+def time_label() -> str:
     """How times of the active backend are to be read: ``""`` on a GPU, ``"modelled H200"`` on the model."""
     rt = get()
     return rt.device_label if rt.modelled else ""
 
 
-def wants_op(stream):
+def wants_op(stream: Any) -> bool:
     """Whether work queued on ``stream`` needs an :class:`~course_helper.runtime.observe.Op` description:
     the model runs from it and observers read it. CuPy on a GPU with nobody watching needs none,
     so callers may skip building one, queue the work directly and note what they queued in the
@@ -68,7 +69,8 @@ def wants_op(stream):
     return stream.runtime.needs_op or observe.wants_ops()
 
 
-def submit(stream, op, *, cuda, numpy, cost):
+def submit(stream: Any, op: observe.Op, *, cuda: Callable | None, numpy: Callable | None,
+           cost: dict) -> None:
     """Queue the checked operation ``op`` on the helper ``stream`` and tell the observers.
 
     ``op_queued`` is announced before the runtime queues it and ``op_issued``

@@ -21,6 +21,8 @@ import os
 import platform
 import sys
 import threading
+from types import ModuleType
+from typing import TextIO
 
 import numpy as np
 
@@ -175,7 +177,7 @@ def profile_name() -> str:
     return _state.profile or os.environ.get(profiles.ENV_VAR) or profiles.DEFAULT
 
 
-def cupy_module():
+def cupy_module() -> ModuleType:
     """CuPy, imported (only call on the GPU backend)."""
     import cupy
     return cupy
@@ -253,7 +255,7 @@ def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-def print_device_report(report: dict | None = None, file=None):
+def print_device_report(report: dict | None = None, file: TextIO | None = None) -> None:
     """Print :func:`device_report` as a two-column table."""
     report = device_report() if report is None else report
     width = max(len(k) for k in report)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class Runtime(ABC):
     device_array_type = None   #: the exact type of this runtime's device arrays
 
     @contextlib.contextmanager
-    def times_only(self, on=True):
+    def times_only(self, on: bool = True) -> Iterator[None]:
         """Inside the block, model the times and skip the arithmetic (a modelled device only)."""
         if on:
             raise ValueError("only a modelled device can predict times without computing the results")
@@ -46,164 +47,165 @@ class Runtime(ABC):
 
     # -- clocks -------------------------------------------------------------
     @abstractmethod
-    def host_ms(self):
+    def host_ms(self) -> float:
         """The host clock in ms (wall clock on the GPU, modelled host time on the model)."""
 
     # -- streams and events --------------------------------------------------
     @abstractmethod
-    def priority_range(self):
+    def priority_range(self) -> tuple[int, int]:
         """``(least, greatest)`` stream priorities the device offers."""
 
     @abstractmethod
-    def new_stream(self, non_blocking, priority, name):
+    def new_stream(self, non_blocking: bool, priority: int | None, name: str) -> Any:
         """A new raw stream (``non_blocking``: not ordered with the legacy default stream)."""
 
     @abstractmethod
-    def default_stream(self):
+    def default_stream(self) -> Any:
         """The raw legacy default stream."""
 
-    def close_stream(self, raw):
+    def close_stream(self, raw: Any) -> None:
         """Release a stream's resources once its queued work is done (idempotent)."""
 
-    def enter_stream(self, raw):
+    def enter_stream(self, raw: Any) -> None:
         """``with stream:`` began (makes ``raw`` current for raw library calls)."""
 
-    def exit_stream(self, raw, exc):
+    def exit_stream(self, raw: Any, exc: BaseException | None) -> None:
         """``with stream:`` ended."""
 
     @abstractmethod
-    def new_event(self, timing):
+    def new_event(self, timing: bool) -> Any:
         """A new raw event (``timing``: it records a time for :meth:`elapsed_ms`)."""
 
     @abstractmethod
-    def record(self, event, stream):
+    def record(self, event: Any, stream: Any) -> None:
         """Record the raw ``event`` on the raw ``stream``."""
 
     @abstractmethod
-    def wait_event(self, stream, event):
+    def wait_event(self, stream: Any, event: Any) -> None:
         """Make later work on the raw ``stream`` wait for the raw ``event``."""
 
     @abstractmethod
-    def stream_done(self, raw):
+    def stream_done(self, raw: Any) -> bool:
         """Whether all work queued on the raw stream has finished."""
 
     @abstractmethod
-    def event_done(self, raw):
+    def event_done(self, raw: Any) -> bool:
         """Whether the work before the raw event's latest record has finished."""
 
     @abstractmethod
-    def sync_stream(self, raw):
+    def sync_stream(self, raw: Any) -> None:
         """Wait until the raw stream's queued work has finished."""
 
     @abstractmethod
-    def sync_event(self, raw):
+    def sync_event(self, raw: Any) -> None:
         """Wait until the raw event has happened."""
 
     @abstractmethod
-    def sync_device(self):
+    def sync_device(self) -> None:
         """Wait until all queued work on the device has finished."""
 
     @abstractmethod
-    def elapsed_ms(self, start, end):
+    def elapsed_ms(self, start: Any, end: Any) -> float:
         """Milliseconds between two recorded timing events."""
 
     # -- work ----------------------------------------------------------------
     @abstractmethod
-    def enqueue(self, stream, op, cuda, numpy, cost):
+    def enqueue(self, stream: Any, op: Any, cuda: Callable | None, numpy: Callable | None,
+                cost: dict) -> None:
         """Queue ``op`` on ``stream``: ``cuda(raw_stream)`` launches it on a GPU;
         ``numpy(*outs)`` computes it on the CPU, writing its results into
         ``outs`` (arrays shaped like ``op.writes``). A runtime whose
         :attr:`needs_op` is False may be given None for ``op`` and ``numpy``."""
 
-    def launch(self, stream, kernel_for, grid, block, args):
+    def launch(self, stream: Any, kernel_for: Callable, grid: tuple, block: tuple, args: tuple) -> None:
         """Launch the kernel ``kernel_for(stream)`` compiled for ``stream``'s device, directly:
         what callers do instead of :meth:`enqueue` where :attr:`needs_op` is False (only such a
         runtime has it)."""
         raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 
-    def copy_async(self, stream, kind, dst, src, host_ptr=None):
+    def copy_async(self, stream: Any, kind: str, dst: Any, src: Any, host_ptr: int | None = None) -> None:
         """Queue a copy ("D2H", "H2D" or "D2D") directly: what callers do instead of
         :meth:`enqueue` where :attr:`needs_op` is False (only such a runtime has it)."""
         raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 
     @abstractmethod
-    def host_func(self, stream, fn):
+    def host_func(self, stream: Any, fn: Callable[[], Any]) -> None:
         """Queue the host function ``fn()`` on the raw ``stream``."""
 
     # -- graphs ----------------------------------------------------------------
     @abstractmethod
-    def graphs_supported(self):
+    def graphs_supported(self) -> tuple[bool, str]:
         """``(True, "")`` when CUDA graphs work here, else ``(False, reason)``."""
 
     @abstractmethod
-    def begin_capture(self, stream):
+    def begin_capture(self, stream: Any) -> None:
         """Start capturing the raw ``stream``'s work into a graph."""
 
     @abstractmethod
-    def end_capture(self, stream):
+    def end_capture(self, stream: Any) -> Any:
         """End the capture on the raw ``stream``; returns the graph."""
 
     @abstractmethod
-    def abort_capture(self, stream):
+    def abort_capture(self, stream: Any) -> None:
         """End a failed capture on the raw ``stream``, discarding what it captured."""
 
-    def upload_graph(self, graph, stream):
+    def upload_graph(self, graph: Any, stream: Any) -> None:
         """Prepare ``graph``'s replay on ``stream`` ahead of its first launch; by default
         there is nothing to prepare."""
 
     @abstractmethod
-    def launch_graph(self, graph, stream):
+    def launch_graph(self, graph: Any, stream: Any) -> None:
         """Queue one replay of ``graph`` on the raw ``stream``."""
 
     # -- memory -----------------------------------------------------------------
     @abstractmethod
-    def device_array(self, shape, dtype, zero):
+    def device_array(self, shape: Any, dtype: Any, zero: bool) -> Any:
         """A new device array (zeroed when ``zero``)."""
 
     @abstractmethod
-    def is_device_array(self, a):
+    def is_device_array(self, a: Any) -> bool:
         """Whether ``a`` is this runtime's device array."""
 
     @abstractmethod
-    def to_device(self, host):
+    def to_device(self, host: Any) -> Any:
         """A new device array holding a copy of the host array (blocking)."""
 
     @abstractmethod
-    def to_host(self, device_array):
+    def to_host(self, device_array: Any) -> np.ndarray:
         """A new NumPy array holding a copy of the device array (synchronises the device)."""
 
     @abstractmethod
-    def pinned_empty(self, shape, dtype):
+    def pinned_empty(self, shape: Any, dtype: Any) -> np.ndarray:
         """A new page-locked host array (uninitialised)."""
 
-    def pinned_by_driver(self, array):
+    def pinned_by_driver(self, array: np.ndarray) -> bool:
         """True when the driver knows ``array`` as page-locked (memory pinned outside the helper)."""
         return False
 
-    def device_free_bytes(self):
+    def device_free_bytes(self) -> int | None:
         """Free device memory in bytes (None when the runtime has no limit to report)."""
         return None
 
     # -- timing marks for the timeline recorder ----------------------------------
     @abstractmethod
-    def trace_begin(self):
+    def trace_begin(self) -> Any:
         """Start a recording: returns its origin (the device is idle)."""
 
     @abstractmethod
-    def trace_start(self, stream, origin):
+    def trace_start(self, stream: Any, origin: Any) -> Any:
         """Called just before an operation is queued on ``stream``; returns a handle."""
 
     @abstractmethod
-    def trace_end(self, stream, start, origin):
+    def trace_end(self, stream: Any, start: Any, origin: Any) -> Any:
         """Called just after; returns the handle of the operation's end."""
 
     @abstractmethod
-    def trace_host_ms(self, origin, host_ms):
+    def trace_host_ms(self, origin: Any, host_ms: float) -> float:
         """A reading of :meth:`host_ms` as ms from the recording's origin."""
 
     @abstractmethod
-    def trace_times(self, origin, start, end):
+    def trace_times(self, origin: Any, start: Any, end: Any) -> tuple[float, float] | None:
         """``(start_ms, end_ms)`` of a recorded operation from the origin, or None if it never ran."""
 
-    def trace_release(self, origin):
+    def trace_release(self, origin: Any) -> None:
         """The recording is finished: give back what it held."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Any, Callable
 
 import cupy
 import cupyx
@@ -33,18 +34,18 @@ class GpuRuntime(Runtime):
     needs_op = False     # CuPy queues from the cuda function, the cost or launch()/copy_async() alone
     device_array_type = cupy.ndarray
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.device_label = gpu_name()
         self._rt = cupy.cuda.runtime
         self._event_pool = []     # raw cudaEvent_t handles for timeline marks, reused between recordings
         self._capturing = 0       # captures in progress: marks then become graph nodes
 
-    def host_ms(self):
+    def host_ms(self) -> float:
         return _clock() * 1e3
 
     # -- streams and events --------------------------------------------------
     @functools.lru_cache(maxsize=None)   # noqa: B019 - a runtime lives as long as the process
-    def priority_range(self):
+    def priority_range(self) -> tuple[int, int]:
         if hasattr(self._rt, "deviceGetStreamPriorityRange"):
             return tuple(self._rt.deviceGetStreamPriorityRange())
         # CUDA clamps a requested priority into the device's range, so asking for
@@ -53,21 +54,21 @@ class GpuRuntime(Runtime):
         highest = cupy.cuda.Stream(non_blocking=True, priority=-(1 << 20)).priority
         return (int(lowest), int(highest))
 
-    def new_stream(self, non_blocking, priority, name):
+    def new_stream(self, non_blocking: bool, priority: int | None, name: str) -> Any:
         if priority is None:
             return cupy.cuda.Stream(non_blocking=non_blocking)
         return cupy.cuda.Stream(non_blocking=non_blocking, priority=priority)
 
-    def default_stream(self):
+    def default_stream(self) -> Any:
         return cupy.cuda.Stream.null
 
-    def enter_stream(self, raw):
+    def enter_stream(self, raw: Any) -> None:
         raw.__enter__()
 
-    def exit_stream(self, raw, exc):
+    def exit_stream(self, raw: Any, exc: BaseException | None) -> None:
         raw.__exit__(*exc)
 
-    def new_event(self, timing):
+    def new_event(self, timing: bool) -> Any:
         return cupy.cuda.Event(disable_timing=not timing)
 
     # CuPy's own methods, taking (event, stream) and (stream, event) as the Runtime's do: a record
@@ -75,26 +76,27 @@ class GpuRuntime(Runtime):
     record = staticmethod(cupy.cuda.Event.record)
     wait_event = staticmethod(cupy.cuda.Stream.wait_event)
 
-    def stream_done(self, raw):
+    def stream_done(self, raw: Any) -> bool:
         return bool(raw.done)
 
-    def event_done(self, raw):
+    def event_done(self, raw: Any) -> bool:
         return bool(raw.done)
 
-    def sync_stream(self, raw):
+    def sync_stream(self, raw: Any) -> None:
         raw.synchronize()
 
-    def sync_event(self, raw):
+    def sync_event(self, raw: Any) -> None:
         raw.synchronize()
 
-    def sync_device(self):
+    def sync_device(self) -> None:
         cupy.cuda.Device().synchronize()
 
-    def elapsed_ms(self, start, end):
+    def elapsed_ms(self, start: Any, end: Any) -> float:
         return float(cupy.cuda.get_elapsed_time(start, end))
 
     # -- work ----------------------------------------------------------------
-    def enqueue(self, stream, op, cuda, numpy, cost):
+    def enqueue(self, stream: Any, op: Any, cuda: Callable | None, numpy: Callable | None,
+                cost: dict) -> None:
         if cuda is not None:
             cuda(stream)
         elif "copy" in cost:
@@ -102,13 +104,13 @@ class GpuRuntime(Runtime):
         else:
             self._rt.memsetAsync(_ptr(cost["dst"]), 0, cost["dst"].nbytes, stream.ptr)
 
-    def launch(self, stream, kernel_for, grid, block, args):
+    def launch(self, stream: Any, kernel_for: Callable, grid: tuple, block: tuple, args: tuple) -> None:
         """Launch the ``RawKernel`` that ``kernel_for(stream)`` compiled for the raw ``stream``'s
         device, as the work of :meth:`enqueue` or directly where no Op is built."""
         # stream= queues on the stream without making it current (no ``with stream:``).
         kernel_for(stream)(grid, block, args, stream=stream)
 
-    def copy_async(self, stream, kind, dst, src, host_ptr=None):
+    def copy_async(self, stream: Any, kind: str, dst: Any, src: Any, host_ptr: int | None = None) -> None:
         """Queue the copy ``src`` -> ``dst`` of ``kind`` ("D2H", "H2D" or "D2D") on the raw
         ``stream``; ``host_ptr`` is the host side's address when the caller already read it.
         The copy path of :meth:`enqueue`, called directly where no Op is built."""
@@ -120,56 +122,56 @@ class GpuRuntime(Runtime):
             dst_ptr, src_ptr = dst.data.ptr, host_ptr
         self._rt.memcpyAsync(dst_ptr, src_ptr, src.nbytes, _MEMCPY_KIND[kind], stream.ptr)
 
-    def host_func(self, stream, fn):
+    def host_func(self, stream: Any, fn: Callable[[], Any]) -> None:
         stream.launch_host_func(lambda _arg: fn(), None)
 
     # -- graphs ----------------------------------------------------------------
-    def graphs_supported(self):
+    def graphs_supported(self) -> tuple[bool, str]:
         if getattr(self._rt, "is_hip", False):
             return False, "this CuPy is built for ROCm, where the course does not use graphs; use 'staged' or 'events'"
         return True, ""
 
-    def begin_capture(self, stream):
+    def begin_capture(self, stream: Any) -> None:
         stream.begin_capture()
         self._capturing += 1
 
-    def end_capture(self, stream):
+    def end_capture(self, stream: Any) -> Any:
         self._capturing -= 1
         return stream.end_capture()
 
-    def abort_capture(self, stream):
+    def abort_capture(self, stream: Any) -> None:
         self._capturing -= 1
         try:
             stream.end_capture()
         except Exception:  # noqa: BLE001 - the capture is being abandoned after an error
             pass
 
-    def upload_graph(self, graph, stream):
+    def upload_graph(self, graph: Any, stream: Any) -> None:
         # cudaGraphUpload: the first launch of a fresh graph otherwise sets up its device
         # work itself, more so while CUPTI traces it.
         graph.upload(stream)
 
-    def launch_graph(self, graph, stream):
+    def launch_graph(self, graph: Any, stream: Any) -> None:
         graph.launch(stream)
 
     # -- memory -----------------------------------------------------------------
-    def device_array(self, shape, dtype, zero):
+    def device_array(self, shape: Any, dtype: Any, zero: bool) -> Any:
         return (cupy.zeros if zero else cupy.empty)(shape, dtype)
 
-    def is_device_array(self, a):
+    def is_device_array(self, a: Any) -> bool:
         return isinstance(a, cupy.ndarray)
 
-    def to_device(self, host):
+    def to_device(self, host: Any) -> Any:
         return cupy.asarray(host)
 
-    def to_host(self, device_array):
+    def to_host(self, device_array: Any) -> np.ndarray:
         cupy.cuda.Device().synchronize()
         return cupy.asnumpy(device_array)
 
-    def pinned_empty(self, shape, dtype):
+    def pinned_empty(self, shape: Any, dtype: Any) -> np.ndarray:
         return cupyx.empty_pinned(shape, dtype)
 
-    def pinned_by_driver(self, array):
+    def pinned_by_driver(self, array: np.ndarray) -> bool:
         # Pinned by other means (e.g. cupyx.empty_pinned called directly).
         try:
             attrs = self._rt.pointerGetAttributes(array.ctypes.data)
@@ -177,7 +179,7 @@ class GpuRuntime(Runtime):
         except Exception:  # noqa: BLE001 - not known to the driver: pageable
             return False
 
-    def device_free_bytes(self):
+    def device_free_bytes(self) -> int | None:
         free, _total = self._rt.memGetInfo()
         return free + cupy.get_default_memory_pool().free_bytes()
 
@@ -202,20 +204,20 @@ class GpuRuntime(Runtime):
             self._rt.eventRecord(ev, stream.ptr)
         return ev
 
-    def trace_begin(self):
+    def trace_begin(self) -> Any:
         used = []
         t0 = self._new_mark(used)
         self._rt.eventRecord(t0, 0)
         self._rt.eventSynchronize(t0)
         return {"t0": t0, "host_t0": _clock(), "used": used}
 
-    def trace_start(self, stream, origin):
+    def trace_start(self, stream: Any, origin: Any) -> Any:
         return (self._mark(stream, origin["used"]), None if self._capturing else _clock())
 
-    def trace_end(self, stream, start, origin):
+    def trace_end(self, stream: Any, start: Any, origin: Any) -> Any:
         return self._mark(stream, origin["used"])
 
-    def trace_times(self, origin, start, end):
+    def trace_times(self, origin: Any, start: Any, end: Any) -> tuple[float, float] | None:
         ev, queued = start
         t = self._rt.eventElapsedTime(origin["t0"], ev)
         if queued is not None:
@@ -223,16 +225,16 @@ class GpuRuntime(Runtime):
         stop = self._rt.eventElapsedTime(origin["t0"], end)
         return min(t, stop), stop
 
-    def trace_host_ms(self, origin, host_ms):
+    def trace_host_ms(self, origin: Any, host_ms: float) -> float:
         """A host clock reading as ms from the recording's origin."""
         return host_ms - origin["host_t0"] * 1e3
 
-    def trace_release(self, origin):
+    def trace_release(self, origin: Any) -> None:
         self._event_pool.extend(origin["used"])
         origin["used"] = []
 
 
-def record_external(event_ptr, stream_ptr):
+def record_external(event_ptr: int, stream_ptr: int) -> None:
     """Record a raw event so that it becomes an event-record *node* of the graph being
     captured (``cudaEventRecordExternal``): it then timestamps every replay. A plain
     record during capture only marks a dependency and never completes."""

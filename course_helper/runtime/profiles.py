@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 from importlib import resources
+from typing import Any
 
 __all__ = ["ENV_VAR", "DEFAULT", "available", "load", "validate"]
 
@@ -33,7 +34,7 @@ REQUIRED = {
 }
 
 
-def available():
+def available() -> list[str]:
     """Names of the profiles shipped with the package."""
     folder = resources.files("course_helper").joinpath("profiles")
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
@@ -81,7 +82,7 @@ def _section(where, doc, field, keys=()):
     return part
 
 
-def validate(doc, where="profile"):
+def validate(doc: Any, where: str = "profile") -> dict:
     """Check every figure the modelled GPU reads from a profile dict; return it.
 
     Raises ValueError naming ``where`` (the file) and the field (e.g. ``links.D2H.latency_us``)
@@ -123,7 +124,7 @@ def validate(doc, where="profile"):
     return doc
 
 
-def load(name=None):
+def load(name: str | None = None) -> dict:
     """The profile ``name`` (a shipped name or a path; default: $COURSE_HELPER_PROFILE or h200),
     checked with :func:`validate`."""
     name = name or os.environ.get(ENV_VAR) or DEFAULT

@@ -1,0 +1,65 @@
+"""What each operation costs the modelled device, read from a device profile
+(:mod:`course_helper.runtime.profiles`): a kernel's or a fill's duration, a copy's link and
+bytes, a transfer to another device. The rules are in :mod:`course_helper.runtime.model`."""
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from .scheduler import ticks
+
+__all__ = ["kernel_us", "link_ms", "timing"]
+
+
+def kernel_us(profile: dict, shape: str, nbytes: float) -> float:
+    """Modelled duration (µs) of one kernel of ``shape`` moving ``nbytes``: the
+    profile's measured points, interpolated linearly in bytes (extrapolated
+    with the slope of the last segment; the first point's time below it)."""
+    pts = sorted(profile["kernels"][shape]["points"])
+    xs = [p[0] for p in pts]
+    i = bisect.bisect_left(xs, nbytes)
+    if i == 0:
+        return float(pts[0][1])
+    if i == len(pts):
+        if len(pts) == 1:
+            return float(pts[0][1])
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    else:
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    if x1 == x0:
+        return float(y1)
+    return float(max(pts[0][1], y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0)))
+
+
+def link_ms(profile: dict, link: str, nbytes: float) -> float:
+    """Modelled time (ms) of one copy of ``nbytes`` alone on ``link``: latency + bytes / bandwidth."""
+    spec = profile["links"][link]
+    return spec["latency_us"] * 1e-3 + nbytes / (spec["gbps"] * 1e6)
+
+
+def timing(profile: dict, op: Any, cost: dict, replaying: bool) -> dict:
+    """The engine, link and duration of an operation (the keyword arguments of a
+    :class:`~course_helper.runtime.scheduler.Task`); ``replaying``: it is a node of a graph's
+    replay, which adds the profile's per-node cost.
+
+    A copy's latency is link time: it is turned into the bytes the link
+    would have moved meanwhile, so that a copy alone takes latency +
+    bytes / bandwidth, and copies sharing a link share all of it."""
+    graph = profile.get("graph", {}) if replaying else {}
+    if "copy" in cost:
+        kind = cost["copy"]
+        spec = profile["links"][kind + ("_pageable" if cost.get("pageable") else "")]
+        peak = spec["gbps"] * 1e6
+        setup_ms = (spec["latency_us"] + graph.get("copy_node_us", 0.0)) * 1e-3
+        return dict(engine="compute" if kind == "D2D" else "copy", link=kind, peak=peak,
+                    nbytes=op.nbytes + setup_ms * peak)
+    if "peer" in cost:
+        # A transfer to or from another device (a halo exchange): no engine of this device,
+        # the profile's ``peer`` link where it has one (else it takes no modelled time).
+        spec = profile["links"].get("peer")
+        return dict(duration=ticks(link_ms(profile, "peer", cost["peer"])) if spec else 0.0)
+    shape = "fill" if "fill" in cost else cost["kernel"]
+    nbytes = op.nbytes if "fill" in cost else cost["bytes"]
+    # hold_us: time a kernel spends by design on top of its work (the layer cake's oven).
+    us = kernel_us(profile, shape, nbytes) + cost.get("hold_us", 0.0) + graph.get("kernel_node_us", 0.0)
+    return dict(engine="compute", duration=ticks(us * 1e-3))
