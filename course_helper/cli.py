@@ -28,7 +28,7 @@ from . import checks, runtime, solver, wave
 from .distributed import halo
 from . import disk
 from .strategies import STRATEGIES
-from .timelines.timeline import write_atomically
+from .files import write_atomically
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -422,8 +422,8 @@ def _halo_ranks(args, problem):
         write_atomically(os.path.join(out, "images.npy"), lambda f: np.save(f, images), binary=True)
         if args.trace:
             doc = halo.chrome_trace(traces)
-            write_atomically(os.path.join(out, "trace.json"), lambda f: json.dump(doc, f))
-        write_atomically(os.path.join(out, "summary.json"), lambda f: json.dump(summary, f, indent=1))
+            write_atomically(os.path.join(out, "trace.json"), lambda f: json.dump(doc, f), binary=False)
+        write_atomically(os.path.join(out, "summary.json"), lambda f: json.dump(summary, f, indent=1), binary=False)
     if identical is False:
         print("ERROR: the decomposed result differs from the single-device solve", file=sys.stderr)
         return 1
@@ -440,7 +440,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
     folder = os.path.dirname(os.path.abspath(args.out))
     _check_out(folder)
     doc = profiles.validate(calibrate.calibrate(progress=lambda what: print("measuring", what, file=sys.stderr)))
-    write_atomically(args.out, lambda f: json.dump(doc, f, indent=1))
+    write_atomically(args.out, lambda f: json.dump(doc, f, indent=1), binary=False)
     print(f"wrote {args.out}: {doc['provenance']['device']}, {doc['provenance']['date']}")
     return 0
 

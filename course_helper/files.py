@@ -9,6 +9,7 @@ command line's results all go through it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,27 @@ __all__ = ["write_atomically", "PARTIAL", "temporary_name", "sync_folder"]
 
 #: What a file's bytes may be given as: an object with the buffer protocol.
 BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
+
+#: What to do about the usual reasons a file cannot be written.
+_WRITE_ADVICE = {
+    errno.ENOSPC: "the disk is full: free some space or write to another folder",
+    errno.EDQUOT: "the disk quota is used up: free some space or write to another folder",
+    errno.EACCES: "you may not write there: choose a folder of your own",
+    errno.EPERM: "you may not write there: choose a folder of your own",
+    errno.EROFS: "that file system is read-only: write to another folder",
+    errno.ENOENT: "the folder does not exist: create it first or choose another",
+    errno.ENOTDIR: "part of the path is a file, not a folder: choose another path",
+    errno.EISDIR: "a folder of that name is in the way: choose another file name",
+}
+
+
+def _cannot_write(path, exc):
+    """The same kind of OSError, saying which file and what to do."""
+    advice = _WRITE_ADVICE.get(exc.errno, "check the path, or write to another folder")
+    err = type(exc)(f"cannot write {path}: {exc.strerror or exc}; {advice}")
+    err.errno = exc.errno
+    return err
+
 
 #: The ending of a file (or folder) not yet under its name: a temporary name ends with it.
 PARTIAL = ".partial"
@@ -49,12 +71,23 @@ def write_atomically(path: str | os.PathLike, content: BytesLike | tuple[BytesLi
     other), or a function that writes them to the open file it receives (opened in binary mode
     when ``binary``, else as text). The file is written under :func:`temporary_name`, flushed
     to the disk (``fsync``), renamed to ``path``, and the folder flushed so that the new name
-    is on the disk too. If anything fails (an OSError, a Ctrl-C,
-    an error raised by ``content``), the temporary file is removed, ``path`` keeps what it held
-    before, and the error is raised unchanged. The file gets the usual permissions: 0666 less
-    the process's umask.
+    is on the disk too. If anything fails (an OSError, a Ctrl-C, an error raised by
+    ``content``), the temporary file is removed and ``path`` keeps what it held before. An
+    error of the file system (a full disk, no permission, no such folder) is raised as the same
+    kind of ``OSError`` with the same ``errno``, naming the file and what to do; any other error
+    is raised unchanged. The file gets the usual permissions: 0666 less the process's umask.
     """
     path = Path(path)
+    try:
+        _write_through_temporary(path, content, binary)
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise _cannot_write(path, exc) from exc
+    return path
+
+
+def _write_through_temporary(path, content, binary):
     tmp = temporary_name(path)
     f = open(tmp, "xb" if binary else "x")    # "x": a new file, never someone else's
     try:
@@ -72,4 +105,3 @@ def write_atomically(path: str | os.PathLike, content: BytesLike | tuple[BytesLi
             tmp.unlink()
         raise
     sync_folder(path.parent)               # the rename itself is on the disk
-    return path

@@ -40,7 +40,7 @@ from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
 from ..solver import available_strategies, chunk_levels, plan_memory, solve, suggest_nscratch
 from ..wave import saved_levels
 from ..streams import create_events, create_streams, elapsed_ms, synchronize
-from ..timelines.timeline import write_atomically
+from ..files import write_atomically
 from ..wave import WaveProblem, launch_wave2d
 
 if TYPE_CHECKING:
@@ -517,4 +517,4 @@ def plot_bench(doc: dict, path: str | os.PathLike | None = None) -> matplotlib.f
 
 def write_json(doc: dict, path: str | os.PathLike) -> str:
     """Write a sweep's results file (``bench.json``) whole or not at all; returns the path."""
-    return write_atomically(os.fspath(path), lambda f: json.dump(doc, f, indent=1))
+    return os.fspath(write_atomically(path, lambda f: json.dump(doc, f, indent=1), binary=False))

@@ -1,7 +1,6 @@
 """A recorded timeline: export to Perfetto, plot inline, summarise in numbers."""
 from __future__ import annotations
 
-import errno
 import json
 import os
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ if TYPE_CHECKING:
 
     import matplotlib.axes
 
-__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "write_atomically", "merge_intervals", "covered_length",
+__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "merge_intervals", "covered_length",
            "intersection_length"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
@@ -119,47 +118,6 @@ def intersection_length(x: list[list[float]], y: list[list[float]]) -> float:
         else:
             j += 1
     return total
-
-
-#: What to do about the usual reasons a file cannot be written.
-_WRITE_ADVICE = {
-    errno.ENOSPC: "the disk is full: free some space or write to another folder",
-    errno.EDQUOT: "the disk quota is used up: free some space or write to another folder",
-    errno.EACCES: "you may not write there: choose a folder of your own",
-    errno.EPERM: "you may not write there: choose a folder of your own",
-    errno.EROFS: "that file system is read-only: write to another folder",
-    errno.ENOENT: "the folder does not exist: create it first or choose another",
-    errno.ENOTDIR: "part of the path is a file, not a folder: choose another path",
-    errno.EISDIR: "a folder of that name is in the way: choose another file name",
-}
-
-
-def _cannot_write(path, exc):
-    """The same kind of OSError, saying which file and what to do."""
-    advice = _WRITE_ADVICE.get(exc.errno, "check the path, or write to another folder")
-    err = type(exc)(f"cannot write {path}: {exc.strerror or exc}; {advice}")
-    err.errno = exc.errno
-    return err
-
-
-def write_atomically(path, write, binary=False):
-    """Write a file whole or not at all (:func:`course_helper.files.write_atomically`: a
-    temporary name in the same folder, fsync, rename) and return its path.
-
-    ``write(f)`` receives the open temporary file (opened in binary mode when
-    ``binary``). A failure leaves no half-written file behind, and an error of
-    the file system (full disk, no permission, no such folder) is raised as the
-    same kind of ``OSError`` naming the file and what to do. The file gets the
-    usual permissions: 0666 less the process's umask (0644 for umask 022).
-    """
-    path = os.fspath(path)
-    try:
-        files.write_atomically(path, write, binary=binary)
-    except OSError as exc:
-        if exc.errno is None:
-            raise
-        raise _cannot_write(path, exc) from exc
-    return path
 
 
 class Trace:
@@ -311,7 +269,7 @@ class Trace:
         Written under a temporary name and renamed, so a failure leaves nothing half-written.
         """
         doc = self.to_chrome()
-        return write_atomically(path, lambda f: json.dump(doc, f))
+        return os.fspath(files.write_atomically(path, lambda f: json.dump(doc, f), binary=False))
 
     # -- picture ------------------------------------------------------------
     def plot(self, ax: matplotlib.axes.Axes | None = None, window: tuple[float, float] | None = None,
