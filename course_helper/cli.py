@@ -24,7 +24,7 @@ import numpy as np
 from .runtime import backend, observe, profiles
 from .measure import bench, calibrate, compare
 from . import checks, runtime, solver, wave
-from .distributed import halo
+from . import distributed as halo
 from .disk import store
 from .strategies import STRATEGIES
 from .timelines.timeline import write_atomically
