@@ -1,10 +1,12 @@
 """The decomposed solve: slab arithmetic in-process, and real ranks under mpiexec (CPU backend)."""
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import pytest
 import course_helper as ch
 from course_helper import distributed
 from course_helper.distributed.launch import ranks_env
+from course_helper.timelines.timeline import Trace, TraceEvent
 from course_helper.wave import PAD
 
 
@@ -47,6 +50,18 @@ def test_the_source_belongs_to_exactly_one_rank():
     assert distributed.owner_of(64, 2, 2) == 0 and distributed.owner_of(64, 2, 61) == 1
     with pytest.raises(ValueError, match="wall row"):
         distributed.owner_of(64, 2, 1)
+
+
+@pytest.mark.parametrize("n0,ranks", [(64, 3), (20, 3), (101, 4)])
+def test_every_interior_row_has_the_owner_whose_slab_holds_it(n0, ranks):
+    rows = range(PAD, n0 - PAD)
+    assert [distributed.owner_of(n0, ranks, row) for row in rows] == \
+        [s.rank for s in distributed.decompose(n0, ranks) for _ in range(s.owned)]
+
+
+def test_the_bound_is_the_busiest_part_whichever_it_is():
+    assert [distributed.halo_bound(*parts) for parts in ((3.0, 1.0, 2.0), (1.0, 3.0, 2.0), (1.0, 2.0, 3.0))] == \
+        [3.0, 3.0, 3.0]
 
 
 def test_adding_negative_zero_leaves_every_float_unchanged_bit_for_bit():
@@ -262,6 +277,103 @@ def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_pat
         assert [s[4] for s in r["seen"][8:]] == r["sums"]         # the hook saw the data that landed
 
 
+
+_TEAM_SCRIPT = """
+from course_helper import distributed
+team = distributed.Team()
+first = team.split(1)
+line = f"rank {team.rank}: max {team.max(float(team.rank))}, first {first and (first.rank, first.size)}"
+lines = team.comm.gather(line, root=0)     # one print: the ranks' prints to one stdout can interleave
+if team.rank == 0:
+    print("\\n".join(lines))
+"""
+
+
+def test_a_team_agrees_on_the_largest_value_and_splits_off_its_first_ranks():
+    p = subprocess.run([_mpiexec(), "-n", "3", sys.executable, "-c", _TEAM_SCRIPT], capture_output=True, text=True,
+                       timeout=120, env=ranks_env("cpu"))
+    assert p.returncode == 0, p.stderr
+    lines = sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0: max 2.0, first (0, 1)", "rank 1: max 2.0, first None", "rank 2: max 2.0, first None"]
+
+class _OneRank:
+    """A team of one rank: no neighbour, so no MPI message, and the rank's loop runs in this process."""
+    rank, size, nccl, backend, device = 0, 1, None, "cpu", "CPU"
+    comm = types.SimpleNamespace(Barrier=lambda: None)
+
+
+@pytest.mark.parametrize("strategy", distributed.STRATEGIES)
+def test_each_saved_level_reaches_the_snapshot_hook_only_once_it_has_landed(cpu, strategy):
+    """On a grid this large a level's copy to the host outlasts a step, so the last copies are still
+    in flight when the loop has queued its last step: the hook still gets every level, in order,
+    each holding the rows that landed (the single-device solve's, bit for bit), not the NaN the
+    host buffer starts with."""
+    p = ch.WaveProblem(n0=1024, n1=1024, nt=8)
+    seen = []
+    res = distributed.run_rank(_OneRank(), p, strategy, every=1,
+                               on_snapshot=lambda level, rows, data: seen.append((level, rows, data.copy())))
+    single = ch.solve(p, strategy="events", every=1, trace=False).images
+    assert [level for level, _, _ in seen] == list(range(8)) and list(res.levels) == list(range(8))
+    for level, rows, data in seen:
+        assert rows == slice(PAD, p.n0 - PAD)
+        assert np.array_equal(data.view(np.uint32), single[level, rows].view(np.uint32)), f"level {level}"
+
+
+def test_the_timed_loop_starts_on_an_idle_device(cpu):
+    """Each repeat zeroes the buffers and waits for that before the start barrier: the timeline of a
+    repeat (times only, a grid whose zeroing takes a while) holds no zeroing and nothing before 0."""
+    for strategy in distributed.STRATEGIES:
+        with ch.runtime.get().times_only():
+            res = distributed.run_rank(_OneRank(), ch.WaveProblem(n0=4096, n1=4096, nt=4), strategy, trace=True,
+                                       repeats=2)
+        assert res.trace.events and min(e.start_ms for e in res.trace.events) >= 0, strategy
+        assert not [e for e in res.trace.events if e.kind == "memset"], strategy
+
+def test_ranks_started_from_here_import_this_copy_of_the_package(tmp_path, monkeypatch):
+    """``ranks_env`` puts the folder holding this ``course_helper`` first on the ranks' path, so a
+    rank started anywhere (another working directory, another copy installed) runs this code."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)        # as in a notebook: only ranks_env's entry
+    env = ranks_env("cpu")
+    assert env["COURSE_HELPER_BACKEND"] == "cpu"
+    p = subprocess.run([sys.executable, "-c", "import course_helper; print(course_helper.__file__)"], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert pathlib.Path(p.stdout.strip()).resolve() == pathlib.Path(ch.__file__).resolve()
+
+
+def _rank_trace(rank, events):
+    return Trace([TraceEvent(track, kind, f"{kind} {level}", start, end, 64, level)
+                  for track, kind, start, end, level in events], ["compute", "halo", "io 0", "io 1"],
+                 {"rank": rank, "strategy": "overlap", "device": "CPU"})
+
+
+def test_merged_ranks_share_one_clock_that_starts_at_the_first_event():
+    traces = [_rank_trace(0, [("compute", "kernel", 5.0, 6.0, 2), ("io 1", "d2h", 6.5, 7.0, 2)]),
+              _rank_trace(1, [("halo", "halo", 5.5, 8.0, 2), ("io 0", "d2h", 8.0, 9.0, 3)])]
+    merged = distributed.merge_traces(traces, title="overlap, 2 ranks")
+    got = sorted((e.track, e.start_ms, e.end_ms) for e in merged.events)
+    assert got == [("rank 0 compute", 0.0, 1.0), ("rank 0 io", 1.5, 2.0), ("rank 1 halo", 0.5, 3.0),
+                   ("rank 1 io", 3.0, 4.0)]
+    assert merged.tracks == ["rank 0 compute", "rank 0 halo", "rank 0 io", "rank 1 compute", "rank 1 halo",
+                             "rank 1 io"]
+    assert merged.meta["strategy"] == "overlap, 2 ranks" and "rank" not in merged.meta
+    apart = distributed.merge_traces(traces, one_io_lane=False)
+    assert sorted(e.track for e in apart.events if " io" in e.track) == ["rank 0 io 1", "rank 1 io 0"]
+
+
+def test_the_chrome_trace_of_the_ranks_reads_back_as_their_traces():
+    traces = [_rank_trace(0, [("compute", "kernel", 5.0, 6.25, 2), ("halo", "halo", 6.25, 7.5, 2)]),
+              _rank_trace(1, [("compute", "kernel", 5.5, 6.0, 2)])]
+    doc = distributed.chrome_trace(traces)
+    bars = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert [(e["pid"], e["ts"], e["dur"]) for e in bars] == [(1, 0.0, 1250.0), (1, 1250.0, 1250.0), (2, 500.0, 500.0)]
+    back = distributed.traces_from_chrome(doc)
+    assert [t.meta["rank"] for t in back] == [0, 1]
+    for t, original in zip(back, traces):
+        assert [(e.track, e.kind, e.name, e.start_ms + 5.0, e.end_ms + 5.0, e.bytes, e.level) for e in t.events] == \
+            [(e.track, e.kind, e.name, e.start_ms, e.end_ms, e.bytes, e.level) for e in original.events]
+
+
 # -- nothing hangs: an interrupted rank, an interrupted mpiexec, an interrupted launch_halo ---
 def _descendants(pid):
     """Pids of every process below ``pid`` (from /proc: mpiexec -> proxy -> ranks)."""
@@ -427,22 +539,24 @@ if verdict is not None:
     (out / "summary.json").write_text(json.dumps({{"ranks": 2, "strategy": "overlap", "elapsed_ms": 1.0,
                                                   "rank_ms": [1.0, 1.0], "identical": verdict}}))
 print("a rank failed", file=sys.stderr)
-sys.exit(1)
+sys.exit({status})
 """
 
 
-@pytest.mark.parametrize("verdict", [False, True, None], ids=["differ", "identical", "no summary"])
-def test_exit_status_1_is_a_failure_unless_the_check_reported_a_difference(verdict, tmp_path, monkeypatch):
+@pytest.mark.parametrize("status,verdict", [(1, False), (1, True), (1, None), (2, False), (2, True)],
+                         ids=["differ", "identical", "no summary", "error after a verdict", "error after a match"])
+def test_exit_status_1_is_a_failure_unless_the_check_reported_a_difference(status, verdict, tmp_path, monkeypatch):
     """A rank's crash also exits with status 1: only a summary whose check found a difference
-    makes that status a verdict."""
+    makes that status a verdict. Any other status is the ranks failing, whatever rank 0 wrote
+    before (another rank can fail after it)."""
     fake = tmp_path / "mpiexec"
-    fake.write_text(_FAKE_MPIEXEC.format(python=sys.executable, verdict=verdict))
+    fake.write_text(_FAKE_MPIEXEC.format(python=sys.executable, verdict=verdict, status=status))
     fake.chmod(0o755)
     monkeypatch.setenv("COURSE_HELPER_MPIEXEC", str(fake))
-    if verdict is False:
+    if (status, verdict) == (1, False):
         assert distributed.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu").identical is False
     else:
-        with pytest.raises(RuntimeError, match="the ranks failed \\(exit 1\\)"):
+        with pytest.raises(RuntimeError, match=f"the ranks failed \\(exit {status}\\)"):
             distributed.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu")
 
 
@@ -470,3 +584,4 @@ def test_two_gpus_give_the_single_device_result_bit_for_bit(strategy, n, tmp_pat
     traces = distributed.traces_from_chrome(json.loads((tmp_path / "trace.json").read_text()))
     for t in traces:
         assert "halo" in t.tracks and len(t.of_kind("halo")) == 300 - 2, t.tracks   # one NCCL bar per step
+        assert all(e.end_ms >= e.start_ms for e in t.events)      # one time origin for starts and ends
