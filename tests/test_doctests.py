@@ -14,7 +14,6 @@ import pytest
 import course_helper as ch
 
 PACKAGE = pathlib.Path(ch.__file__).parent
-# Every module, those of the layer subpackages too (course_helper.distributed.slabs, ...).
 MODULES = sorted(".".join(("course_helper", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
                  for p in PACKAGE.rglob("*.py") if p.stem != "__main__")
 # Examples that must run here (not skipped): a docstring that loses them fails the check below.
