@@ -18,7 +18,7 @@ import os
 import platform
 import time
 
-from course_helper.distributed import halo
+from course_helper import distributed as halo
 from course_helper.wave import WaveProblem
 
 WEAK = (2048, 4096, 8192)       # grid rows per GPU (N x N on one GPU, 2N x N on two)

@@ -25,7 +25,7 @@ import numpy as np
 from .runtime import backend, observe, profiles
 from .measure import bench, calibrate, compare
 from . import checks, runtime, solver, wave
-from .distributed import halo
+from . import distributed as halo
 from . import disk
 from .strategies import STRATEGIES
 from .files import write_atomically

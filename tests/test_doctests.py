@@ -17,7 +17,7 @@ PACKAGE = pathlib.Path(ch.__file__).parent
 MODULES = sorted(".".join(("course_helper", *p.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
                  for p in PACKAGE.rglob("*.py") if p.stem != "__main__")
 # Examples that must run here (not skipped): a docstring that loses them fails the check below.
-MUST_RUN = {"course_helper.distributed.halo.decompose", "course_helper.streams.create_streams",
+MUST_RUN = {"course_helper.distributed.slabs.decompose", "course_helper.streams.create_streams",
             "course_helper.wave.WaveProblem"}
 
 

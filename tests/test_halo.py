@@ -1,29 +1,33 @@
 """The decomposed solve: slab arithmetic in-process, and real ranks under mpiexec (CPU backend)."""
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper.distributed import halo
+from course_helper import distributed
+from course_helper.distributed.launch import ranks_env
+from course_helper.timelines.timeline import Trace, TraceEvent
 from course_helper.wave import PAD
 
 
 # -- decomposition (no MPI) ---------------------------------------------------
 @pytest.mark.parametrize("n0,ranks", [(64, 1), (64, 2), (64, 3), (20, 3), (101, 4), (12, 2)])
 def test_slabs_tile_the_interior_exactly_and_evenly(n0, ranks):
-    slabs = halo.decompose(n0, ranks)
+    slabs = distributed.decompose(n0, ranks)
     assert [s.rank for s in slabs] == list(range(ranks))
     assert slabs[0].first == PAD and slabs[-1].stop == n0 - PAD
     for a, b in zip(slabs, slabs[1:]):
         assert a.stop == b.first                       # no gap, no overlap
     sizes = [s.owned for s in slabs]
-    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 2 * halo.HALO
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 2 * distributed.HALO
     for s in slabs:
         assert (s.lo, s.hi, s.rows) == (s.first - 2, s.stop + 2, s.owned + 4)
         assert s.up == (s.rank - 1 if s.rank else None)
@@ -31,21 +35,33 @@ def test_slabs_tile_the_interior_exactly_and_evenly(n0, ranks):
 
 
 def test_a_slab_too_thin_for_its_boundary_rows_is_refused():
-    halo.decompose(12, 2)                              # 8 interior rows: 4 each, just enough
+    distributed.decompose(12, 2)                       # 8 interior rows: 4 each, just enough
     with pytest.raises(ValueError, match="at least 4"):
-        halo.decompose(11, 2)
+        distributed.decompose(11, 2)
     with pytest.raises(ValueError, match="ranks must be at least 1"):
-        halo.decompose(64, 0)
+        distributed.decompose(64, 0)
 
 
 def test_the_source_belongs_to_exactly_one_rank():
     p = ch.WaveProblem(n0=64, n1=40, nt=10, source=(33, 7))
-    slabs = halo.decompose(p.n0, 3)
+    slabs = distributed.decompose(p.n0, 3)
     owners = [s.rank for s in slabs if s.owns(p.source[0])]
-    assert owners == [halo.owner_of(p.n0, 3, p.source[0])] == [1]
-    assert halo.owner_of(64, 2, 2) == 0 and halo.owner_of(64, 2, 61) == 1
+    assert owners == [distributed.owner_of(p.n0, 3, p.source[0])] == [1]
+    assert distributed.owner_of(64, 2, 2) == 0 and distributed.owner_of(64, 2, 61) == 1
     with pytest.raises(ValueError, match="wall row"):
-        halo.owner_of(64, 2, 1)
+        distributed.owner_of(64, 2, 1)
+
+
+@pytest.mark.parametrize("n0,ranks", [(64, 3), (20, 3), (101, 4)])
+def test_every_interior_row_has_the_owner_whose_slab_holds_it(n0, ranks):
+    rows = range(PAD, n0 - PAD)
+    assert [distributed.owner_of(n0, ranks, row) for row in rows] == \
+        [s.rank for s in distributed.decompose(n0, ranks) for _ in range(s.owned)]
+
+
+def test_the_bound_is_the_busiest_part_whichever_it_is():
+    assert [distributed.halo_bound(*parts) for parts in ((3.0, 1.0, 2.0), (1.0, 3.0, 2.0), (1.0, 2.0, 3.0))] == \
+        [3.0, 3.0, 3.0]
 
 
 def test_adding_negative_zero_leaves_every_float_unchanged_bit_for_bit():
@@ -66,7 +82,7 @@ def test_windows_compute_exactly_the_full_grid_step(cpu):
     n = 5
     ch.launch_wave2d(U0, U1, full, V, p, n)
     for a, b in [(2, 4), (4, 20), (20, 22), (22, 36), (36, 38)]:   # source row 21 in (20, 22)
-        w = halo.Window(p, a, b)
+        w = distributed.Window(p, a, b)
         assert w.holds_source == (a <= 21 < b)
         rows = slice(a - PAD, b + PAD)
         ch.launch_wave2d(U0[rows], U1[rows], pieces[rows], V[rows], w, n)
@@ -76,11 +92,11 @@ def test_windows_compute_exactly_the_full_grid_step(cpu):
 
 def test_a_window_keeps_the_problems_time_step_and_wavelet():
     p = ch.WaveProblem(n0=64, n1=48, dx=(2.0, 1.5), cfl=0.3, nt=30, source=(40, 10))
-    w = halo.Window(p, 38, 44)
+    w = distributed.Window(p, 38, 44)
     assert (w.dt, w.fm, w.td, w.shape) == (p.dt, p.fm, p.td, (10, 48))
     assert w.source == (40 - 38 + PAD, 10)
     assert w.source_amplitude(3) == p.source_amplitude(3)
-    far = halo.Window(p, 2, 6)
+    far = distributed.Window(p, 2, 6)
     assert not far.holds_source and np.signbit(far.source_amplitude(3)) and far.source_amplitude(3) == 0
 
 
@@ -88,18 +104,18 @@ def test_a_window_keeps_the_problems_time_step_and_wavelet():
 def _mpiexec():
     try:
         import mpi4py  # noqa: F401
-        return halo.find_mpiexec()
+        return distributed.find_mpiexec()
     except (ImportError, FileNotFoundError) as exc:
         pytest.skip(f"no MPI here ({exc}); python -m pip install -e '.[distributed]' brings mpi4py and MPICH")
 
 
 def _run_ranks(ranks, *args, timeout=240):
     return subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-m", "course_helper", "halo", *args],
-                          capture_output=True, text=True, timeout=timeout, env=halo.ranks_env("cpu"))
+                          capture_output=True, text=True, timeout=timeout, env=ranks_env("cpu"))
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+@pytest.mark.parametrize("strategy", distributed.STRATEGIES)
 def test_check_passes_on_several_ranks(ranks, strategy):
     p = _run_ranks(ranks, "--n", "40", "--nt", "45", "--every", "2", "--strategy", strategy, "--check")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -107,7 +123,7 @@ def test_check_passes_on_several_ranks(ranks, strategy):
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+@pytest.mark.parametrize("strategy", distributed.STRATEGIES)
 def test_check_passes_for_an_odd_size_of_1023(ranks, strategy, tmp_path):
     """1023 rows: 1019 interior rows, slabs of unequal size; on 2 ranks the centred source sits on
     rank 0's last row, so its wave crosses the slabs' border at once."""
@@ -117,18 +133,18 @@ def test_check_passes_for_an_odd_size_of_1023(ranks, strategy, tmp_path):
     assert "identical to the single-device solve" in p.stdout
     last = np.load(tmp_path / "images.npy")[-1]
     if ranks == 2:
-        border = halo.decompose(1023, 2)[1].first
+        border = distributed.decompose(1023, 2)[1].first
         assert np.all(last[border - 4:border + 4, 505:518] != 0)    # the wave is on both sides of the border
 
 
 _BORDERS_SCRIPT = """
 import sys, numpy as np, course_helper as ch
-from course_helper.distributed import halo
-team = halo.Team()
-for s in halo.decompose(1023, team.size)[1:]:
+from course_helper import distributed
+team = distributed.Team()
+for s in distributed.decompose(1023, team.size)[1:]:
     problem = ch.WaveProblem(n0=1023, n1=33, nt=40, source=(s.first, 16))   # on this slab's first row
-    for strategy in halo.STRATEGIES:
-        images = halo.gather(team, halo.run_rank(team, problem, strategy, every=3), problem)
+    for strategy in distributed.STRATEGIES:
+        images = distributed.gather(team, distributed.run_rank(team, problem, strategy, every=3), problem)
         if team.rank == 0:
             single = ch.solve(problem, "events", every=3, trace=False).images
             crossed = bool(np.all(images[-1][s.first - 6:s.first + 6, 10:23] != 0))
@@ -140,10 +156,10 @@ for s in halo.decompose(1023, team.size)[1:]:
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_a_wave_crossing_every_border_of_an_odd_grid_matches_bit_for_bit(ranks):
     p = subprocess.run([_mpiexec(), "-n", str(ranks), sys.executable, "-c", _BORDERS_SCRIPT], capture_output=True,
-                       text=True, timeout=240, env=halo.ranks_env("cpu"))
+                       text=True, timeout=240, env=ranks_env("cpu"))
     assert p.returncode == 0, p.stderr
     lines = [line for line in p.stdout.splitlines() if line.startswith("border")]
-    assert len(lines) == (ranks - 1) * len(halo.STRATEGIES), p.stdout
+    assert len(lines) == (ranks - 1) * len(distributed.STRATEGIES), p.stdout
     assert all(line.endswith("identical=True crossed=True") for line in lines), p.stdout
 
 
@@ -158,8 +174,8 @@ def test_the_source_off_centre_and_uneven_slabs_still_match(tmp_path):
 
 def test_launch_halo_returns_the_gathered_levels_and_every_ranks_timeline():
     _mpiexec()
-    r = halo.launch_halo(ranks=2, n=40, nt=30, every=3, strategy="overlap", check=True, trace=True,
-                         backend="cpu")
+    r = distributed.launch_halo(ranks=2, n=40, nt=30, every=3, strategy="overlap", check=True, trace=True,
+                                backend="cpu")
     assert r.identical is True and r.images.shape == (10, 40, 40) and len(r.rank_ms) == 2
     assert r.time_label.startswith("modelled") and r.time_label in repr(r)     # CPU ranks: modelled times
     assert [t.meta["rank"] for t in r.traces] == [0, 1]
@@ -176,23 +192,23 @@ def test_launch_halo_returns_the_gathered_levels_and_every_ranks_timeline():
     assert names[0].startswith("rank 0") and names[1].startswith("rank 1")
 
 
-@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+@pytest.mark.parametrize("strategy", distributed.STRATEGIES)
 def test_each_ranks_halo_transfers_are_bars_on_a_lane_of_their_own(strategy):
     """In the merged Chrome trace every rank (a process) has a `halo` lane (a thread) holding one
     bar per step, with the bytes it sent, each starting after the kernels that computed the rows it
     sends and ending before the next level's kernels read the rows it received."""
     _mpiexec()
     nt = 20
-    r = halo.launch_halo(ranks=3, n=40, nt=nt, every=5, strategy=strategy, trace=True, backend="cpu")
+    r = distributed.launch_halo(ranks=3, n=40, nt=nt, every=5, strategy=strategy, trace=True, backend="cpu")
     doc = r.chrome()
     assert r.traces[0].meta.get("clock", "").startswith("modelled")
-    for rank, s in enumerate(halo.decompose(40, 3)):
+    for rank, s in enumerate(distributed.decompose(40, 3)):
         mine = [e for e in doc["traceEvents"] if e["pid"] == rank + 1]
         lanes = {e["tid"]: e["args"]["name"] for e in mine if e.get("name") == "thread_name"}
         bars = [e for e in mine if e["ph"] == "X" and lanes[e["tid"]] == "halo"]
         assert [b["args"]["level"] for b in bars] == list(range(2, nt)) and all(b["cat"] == "halo" for b in bars)
         neighbours = (s.up is not None) + (s.down is not None)
-        assert all(b["args"]["bytes"] == neighbours * halo.HALO * 40 * 4 for b in bars)
+        assert all(b["args"]["bytes"] == neighbours * distributed.HALO * 40 * 4 for b in bars)
         assert all(b["dur"] > 0 for b in bars)                 # the link is modelled: bars, not ticks
         kernels = [e for e in mine if e["ph"] == "X" and e["cat"] == "kernel"]
         for b in bars:
@@ -225,20 +241,20 @@ def test_the_halo_command_refuses_bad_arguments_before_starting_mpi(args, msg, c
 
 def test_the_api_refuses_bad_input_before_starting_ranks():
     with pytest.raises(ValueError, match="unknown strategy"):
-        halo.launch_halo(ranks=2, strategy="eventually")
+        distributed.launch_halo(ranks=2, strategy="eventually")
     with pytest.raises(ValueError, match="every rank needs"):
-        halo.launch_halo(ranks=8, n=32)
+        distributed.launch_halo(ranks=8, n=32)
 
 
 _SNAPSHOT_SCRIPT = """
 import json, pathlib, sys, numpy as np, course_helper as ch
-from course_helper.distributed import halo
-team = halo.Team()
+from course_helper import distributed
+team = distributed.Team()
 seen = []
 def on_snapshot(level, rows, data):
     seen.append((level, rows.start, rows.stop, bool(np.all(np.isfinite(data))), float(np.abs(data).sum())))
 p = ch.WaveProblem(n0=40, n1=32, nt=30)
-res = halo.run_rank(team, p, sys.argv[2], every=4, on_snapshot=on_snapshot, repeats=2)
+res = distributed.run_rank(team, p, sys.argv[2], every=4, on_snapshot=on_snapshot, repeats=2)
 sums = [float(np.abs(res.images[k]).sum()) for k in range(len(res.levels))]
 # one file per rank: the ranks' prints share one stdout, where long lines can interleave
 out = pathlib.Path(sys.argv[1]) / f"rank{team.rank}.json"
@@ -250,7 +266,7 @@ out.write_text(json.dumps({"rank": team.rank, "seen": seen, "sums": sums, "first
 @pytest.mark.parametrize("strategy", ["overlap", "overlap-graph"])
 def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_path, strategy):
     p = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-c", _SNAPSHOT_SCRIPT, str(tmp_path), strategy],
-                       capture_output=True, text=True, timeout=240, env=halo.ranks_env("cpu"))
+                       capture_output=True, text=True, timeout=240, env=ranks_env("cpu"))
     assert p.returncode == 0, p.stderr
     ranks = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("rank*.json"))]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
@@ -259,6 +275,103 @@ def test_every_rank_hands_each_landed_slab_to_the_snapshot_hook_in_order(tmp_pat
         assert levels == list(range(0, 30, 4)) * 2               # every saved level, in order, each repeat
         assert all(s[1:3] == [r["first"], r["stop"]] and s[3] for s in r["seen"])
         assert [s[4] for s in r["seen"][8:]] == r["sums"]         # the hook saw the data that landed
+
+
+
+_TEAM_SCRIPT = """
+from course_helper import distributed
+team = distributed.Team()
+first = team.split(1)
+line = f"rank {team.rank}: max {team.max(float(team.rank))}, first {first and (first.rank, first.size)}"
+lines = team.comm.gather(line, root=0)     # one print: the ranks' prints to one stdout can interleave
+if team.rank == 0:
+    print("\\n".join(lines))
+"""
+
+
+def test_a_team_agrees_on_the_largest_value_and_splits_off_its_first_ranks():
+    p = subprocess.run([_mpiexec(), "-n", "3", sys.executable, "-c", _TEAM_SCRIPT], capture_output=True, text=True,
+                       timeout=120, env=ranks_env("cpu"))
+    assert p.returncode == 0, p.stderr
+    lines = sorted(line for line in p.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0: max 2.0, first (0, 1)", "rank 1: max 2.0, first None", "rank 2: max 2.0, first None"]
+
+class _OneRank:
+    """A team of one rank: no neighbour, so no MPI message, and the rank's loop runs in this process."""
+    rank, size, nccl, backend, device = 0, 1, None, "cpu", "CPU"
+    comm = types.SimpleNamespace(Barrier=lambda: None)
+
+
+@pytest.mark.parametrize("strategy", distributed.STRATEGIES)
+def test_each_saved_level_reaches_the_snapshot_hook_only_once_it_has_landed(cpu, strategy):
+    """On a grid this large a level's copy to the host outlasts a step, so the last copies are still
+    in flight when the loop has queued its last step: the hook still gets every level, in order,
+    each holding the rows that landed (the single-device solve's, bit for bit), not the NaN the
+    host buffer starts with."""
+    p = ch.WaveProblem(n0=1024, n1=1024, nt=8)
+    seen = []
+    res = distributed.run_rank(_OneRank(), p, strategy, every=1,
+                               on_snapshot=lambda level, rows, data: seen.append((level, rows, data.copy())))
+    single = ch.solve(p, strategy="events", every=1, trace=False).images
+    assert [level for level, _, _ in seen] == list(range(8)) and list(res.levels) == list(range(8))
+    for level, rows, data in seen:
+        assert rows == slice(PAD, p.n0 - PAD)
+        assert np.array_equal(data.view(np.uint32), single[level, rows].view(np.uint32)), f"level {level}"
+
+
+def test_the_timed_loop_starts_on_an_idle_device(cpu):
+    """Each repeat zeroes the buffers and waits for that before the start barrier: the timeline of a
+    repeat (times only, a grid whose zeroing takes a while) holds no zeroing and nothing before 0."""
+    for strategy in distributed.STRATEGIES:
+        with ch.runtime.get().times_only():
+            res = distributed.run_rank(_OneRank(), ch.WaveProblem(n0=4096, n1=4096, nt=4), strategy, trace=True,
+                                       repeats=2)
+        assert res.trace.events and min(e.start_ms for e in res.trace.events) >= 0, strategy
+        assert not [e for e in res.trace.events if e.kind == "memset"], strategy
+
+def test_ranks_started_from_here_import_this_copy_of_the_package(tmp_path, monkeypatch):
+    """``ranks_env`` puts the folder holding this ``course_helper`` first on the ranks' path, so a
+    rank started anywhere (another working directory, another copy installed) runs this code."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)        # as in a notebook: only ranks_env's entry
+    env = ranks_env("cpu")
+    assert env["COURSE_HELPER_BACKEND"] == "cpu"
+    p = subprocess.run([sys.executable, "-c", "import course_helper; print(course_helper.__file__)"], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert pathlib.Path(p.stdout.strip()).resolve() == pathlib.Path(ch.__file__).resolve()
+
+
+def _rank_trace(rank, events):
+    return Trace([TraceEvent(track, kind, f"{kind} {level}", start, end, 64, level)
+                  for track, kind, start, end, level in events], ["compute", "halo", "io 0", "io 1"],
+                 {"rank": rank, "strategy": "overlap", "device": "CPU"})
+
+
+def test_merged_ranks_share_one_clock_that_starts_at_the_first_event():
+    traces = [_rank_trace(0, [("compute", "kernel", 5.0, 6.0, 2), ("io 1", "d2h", 6.5, 7.0, 2)]),
+              _rank_trace(1, [("halo", "halo", 5.5, 8.0, 2), ("io 0", "d2h", 8.0, 9.0, 3)])]
+    merged = distributed.merge_traces(traces, title="overlap, 2 ranks")
+    got = sorted((e.track, e.start_ms, e.end_ms) for e in merged.events)
+    assert got == [("rank 0 compute", 0.0, 1.0), ("rank 0 io", 1.5, 2.0), ("rank 1 halo", 0.5, 3.0),
+                   ("rank 1 io", 3.0, 4.0)]
+    assert merged.tracks == ["rank 0 compute", "rank 0 halo", "rank 0 io", "rank 1 compute", "rank 1 halo",
+                             "rank 1 io"]
+    assert merged.meta["strategy"] == "overlap, 2 ranks" and "rank" not in merged.meta
+    apart = distributed.merge_traces(traces, one_io_lane=False)
+    assert sorted(e.track for e in apart.events if " io" in e.track) == ["rank 0 io 1", "rank 1 io 0"]
+
+
+def test_the_chrome_trace_of_the_ranks_reads_back_as_their_traces():
+    traces = [_rank_trace(0, [("compute", "kernel", 5.0, 6.25, 2), ("halo", "halo", 6.25, 7.5, 2)]),
+              _rank_trace(1, [("compute", "kernel", 5.5, 6.0, 2)])]
+    doc = distributed.chrome_trace(traces)
+    bars = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert [(e["pid"], e["ts"], e["dur"]) for e in bars] == [(1, 0.0, 1250.0), (1, 1250.0, 1250.0), (2, 500.0, 500.0)]
+    back = distributed.traces_from_chrome(doc)
+    assert [t.meta["rank"] for t in back] == [0, 1]
+    for t, original in zip(back, traces):
+        assert [(e.track, e.kind, e.name, e.start_ms + 5.0, e.end_ms + 5.0, e.bytes, e.level) for e in t.events] == \
+            [(e.track, e.kind, e.name, e.start_ms, e.end_ms, e.bytes, e.level) for e in original.events]
 
 
 # -- nothing hangs: an interrupted rank, an interrupted mpiexec, an interrupted launch_halo ---
@@ -334,7 +447,7 @@ def test_an_interrupt_ends_every_rank_of_the_job(target):
     the whole job: the interrupted rank aborts the communicator instead of leaving the other
     waiting for its halo rows for ever."""
     proc = subprocess.Popen([_mpiexec(), *_LONG_JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=halo.ranks_env("cpu"), start_new_session=True)
+                            env=ranks_env("cpu"), start_new_session=True)
     try:
         ranks = _wait_for_ranks(proc.pid, 2)
         os.kill(ranks[-1] if target == "one rank" else proc.pid, signal.SIGINT)
@@ -360,9 +473,9 @@ def _mpi_flavour():
 
 _LAUNCH_SCRIPT = """
 import sys
-from course_helper.distributed import halo
+from course_helper import distributed
 try:
-    halo.launch_halo(ranks=2, n=64, nt=2000000, every=1000000, trace=False, backend="cpu")
+    distributed.launch_halo(ranks=2, n=64, nt=2000000, every=1000000, trace=False, backend="cpu")
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(130)
@@ -373,7 +486,7 @@ except KeyboardInterrupt:
 def test_a_ctrl_c_to_launch_halo_stops_every_rank():
     _mpiexec()
     proc = subprocess.Popen([sys.executable, "-c", _LAUNCH_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=halo.ranks_env("cpu"))
+                            text=True, env=ranks_env("cpu"))
     try:
         ranks = _wait_for_ranks(proc.pid, 2)
         proc.send_signal(signal.SIGINT)
@@ -414,7 +527,7 @@ def test_launch_halo_checks_every_argument_before_starting_mpiexec(kwargs, err, 
     monkeypatch.setattr(subprocess, "Popen", started)
     monkeypatch.setattr(subprocess, "run", started)
     with pytest.raises(err, match=msg):
-        halo.launch_halo(**{"ranks": 2, "n": 40, "backend": "cpu", **kwargs})
+        distributed.launch_halo(**{"ranks": 2, "n": 40, "backend": "cpu", **kwargs})
 
 
 _FAKE_MPIEXEC = """#!{python}
@@ -426,23 +539,25 @@ if verdict is not None:
     (out / "summary.json").write_text(json.dumps({{"ranks": 2, "strategy": "overlap", "elapsed_ms": 1.0,
                                                   "rank_ms": [1.0, 1.0], "identical": verdict}}))
 print("a rank failed", file=sys.stderr)
-sys.exit(1)
+sys.exit({status})
 """
 
 
-@pytest.mark.parametrize("verdict", [False, True, None], ids=["differ", "identical", "no summary"])
-def test_exit_status_1_is_a_failure_unless_the_check_reported_a_difference(verdict, tmp_path, monkeypatch):
+@pytest.mark.parametrize("status,verdict", [(1, False), (1, True), (1, None), (2, False), (2, True)],
+                         ids=["differ", "identical", "no summary", "error after a verdict", "error after a match"])
+def test_exit_status_1_is_a_failure_unless_the_check_reported_a_difference(status, verdict, tmp_path, monkeypatch):
     """A rank's crash also exits with status 1: only a summary whose check found a difference
-    makes that status a verdict."""
+    makes that status a verdict. Any other status is the ranks failing, whatever rank 0 wrote
+    before (another rank can fail after it)."""
     fake = tmp_path / "mpiexec"
-    fake.write_text(_FAKE_MPIEXEC.format(python=sys.executable, verdict=verdict))
+    fake.write_text(_FAKE_MPIEXEC.format(python=sys.executable, verdict=verdict, status=status))
     fake.chmod(0o755)
     monkeypatch.setenv("COURSE_HELPER_MPIEXEC", str(fake))
-    if verdict is False:
-        assert halo.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu").identical is False
+    if (status, verdict) == (1, False):
+        assert distributed.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu").identical is False
     else:
-        with pytest.raises(RuntimeError, match="the ranks failed \\(exit 1\\)"):
-            halo.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu")
+        with pytest.raises(RuntimeError, match=f"the ranks failed \\(exit {status}\\)"):
+            distributed.launch_halo(ranks=2, n=40, nt=20, check=True, trace=False, backend="cpu")
 
 
 # -- two GPUs (skipped with fewer) -------------------------------------------------
@@ -457,15 +572,16 @@ def _two_gpus():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1024, 1023])
-@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+@pytest.mark.parametrize("strategy", distributed.STRATEGIES)
 def test_two_gpus_give_the_single_device_result_bit_for_bit(strategy, n, tmp_path):
     """NCCL between two GPUs, the captured loop's NCCL send/recv replayed from a CUDA graph included."""
     mpiexec = _two_gpus()
     p = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "course_helper", "halo", "--n", str(n), "--nt", "300",
                         "--every", "50", "--strategy", strategy, "--check", "--trace", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300, env=halo.ranks_env("gpu"))
+                       capture_output=True, text=True, timeout=300, env=ranks_env("gpu"))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "(gpu, " in p.stdout and "identical to the single-device solve" in p.stdout
-    traces = halo.traces_from_chrome(json.loads((tmp_path / "trace.json").read_text()))
+    traces = distributed.traces_from_chrome(json.loads((tmp_path / "trace.json").read_text()))
     for t in traces:
         assert "halo" in t.tracks and len(t.of_kind("halo")) == 300 - 2, t.tracks   # one NCCL bar per step
+        assert all(e.end_ms >= e.start_ms for e in t.events)      # one time origin for starts and ends

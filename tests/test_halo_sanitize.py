@@ -5,6 +5,7 @@ Each rank's program is checked by its own sanitizer (as each rank is its own pro
 mutants run in this process, one rank at a time, on the CPU backend in times-only mode: the
 sanitizer reasons about what is queued, so no data and no MPI message needs to move. The clean
 loops also run for real, under mpiexec, with the halos moved by MPI."""
+import __future__
 import ast
 import dataclasses
 import inspect
@@ -15,8 +16,10 @@ import textwrap
 import pytest
 
 import course_helper as ch
-from course_helper.distributed import halo
-from course_helper import runtime
+from course_helper import distributed, runtime
+from course_helper.distributed.launch import ranks_env
+from course_helper.distributed.loops import REGISTRY
+from course_helper.distributed.rank import RankRun
 
 RANKS = (2, 3)
 PROBLEM = dict(n0=40, n1=24, nt=16)     # 16 levels: the ring of 5 buffers wraps twice
@@ -53,7 +56,7 @@ def _run_every_rank(size, strategy):
         with runtime.get().times_only():
             try:
                 with ch.sanitize():
-                    halo.run_rank(_Team(rank, size), ch.WaveProblem(**PROBLEM), strategy, every=1)
+                    distributed.run_rank(_Team(rank, size), ch.WaveProblem(**PROBLEM), strategy, every=1)
             except ch.RaceError as err:
                 races.append(err)
     return races
@@ -61,8 +64,8 @@ def _run_every_rank(size, strategy):
 
 #: The functions that order a halo step's work: the two steps, the save of a level, the link.
 STEPS = ("blocking", "overlap")
-ORDERED = {"blocking": halo.blocking_step, "overlap": halo.overlap_step, "save": halo._RankRun.save,
-           "exchange": halo.HaloLink.exchange, "join": halo.HaloLink.join}
+ORDERED = {"blocking": distributed.blocking_step, "overlap": distributed.overlap_step, "save": RankRun.save,
+           "exchange": distributed.HaloLink.exchange, "join": distributed.HaloLink.join}
 
 
 def _mutants(fn):
@@ -82,30 +85,31 @@ def _mutants(fn):
                 return ast.copy_location(ast.Pass(), node) if node.lineno == lineno else node
 
         tree = ast.fix_missing_locations(Drop().visit(tree))
-        namespace = dict(vars(halo))
-        exec(compile(tree, inspect.getsourcefile(fn), "exec"), namespace)
+        namespace = dict(vars(inspect.getmodule(fn)))    # the globals of fn's own module
+        # compiled as its module is (with postponed annotations: the hints name types it imports only for checkers)
+        exec(compile(tree, inspect.getsourcefile(fn), "exec", flags=__future__.annotations.compiler_flag), namespace)
         out.append((f"{fn.__qualname__} without `{ast.unparse(call)}`", namespace[fn.__name__]))
     return out
 
 
 def _patch(monkeypatch, where, fn):
     if where in STEPS:                                  # every strategy that runs this step
-        for name, entry in halo.REGISTRY.items():
+        for name, entry in REGISTRY.items():
             if entry.step is ORDERED[where]:
-                monkeypatch.setitem(halo.REGISTRY, name, dataclasses.replace(entry, step=fn))
+                monkeypatch.setitem(REGISTRY, name, dataclasses.replace(entry, step=fn))
     else:
-        owner = halo._RankRun if where == "save" else halo.HaloLink
+        owner = RankRun if where == "save" else distributed.HaloLink
         monkeypatch.setattr(owner, where, fn)
 
 
 #: (strategy, what is patched, description, mutant): each strategy with every mutant that concerns it.
 MUTANTS = [(strategy, where, what, fn)
            for where, original in ORDERED.items() for what, fn in _mutants(original)
-           for strategy in halo.STRATEGIES if where not in STEPS or halo.REGISTRY[strategy].step is original]
+           for strategy in distributed.STRATEGIES if where not in STEPS or REGISTRY[strategy].step is original]
 
 
 def test_every_ordering_call_of_the_halo_loops_has_a_mutant():
-    assert {s for s, _, _, _ in MUTANTS} == set(halo.STRATEGIES)
+    assert {s for s, _, _, _ in MUTANTS} == set(distributed.STRATEGIES)
     described = {what for _, _, what, _ in MUTANTS}
     assert any("overlap_step without `run.boundary.wait_event(prev)`" == d for d in described)
     assert any("HaloLink.join without" in d for d in described)
@@ -113,7 +117,7 @@ def test_every_ordering_call_of_the_halo_loops_has_a_mutant():
     assert counts == {"blocking": 4, "overlap": 6, "save": 2, "exchange": 2, "join": 1}, counts
 
 
-@pytest.mark.parametrize("strategy", halo.STRATEGIES)
+@pytest.mark.parametrize("strategy", distributed.STRATEGIES)
 @pytest.mark.parametrize("size", RANKS)
 def test_each_halo_loop_is_race_free_on_every_rank(cpu, size, strategy):
     assert _run_every_rank(size, strategy) == []
@@ -139,22 +143,22 @@ def test_the_kernel_declares_the_rows_it_writes_not_its_context_rows(cpu):
     with ch.sanitize():
         for (lo, hi), stream in (((2, 10), a), ((10, 38), b)):
             rows = slice(lo - 2, hi + 2)
-            ch.launch_wave2d(U[0][rows], U[1][rows], U[2][rows], V[rows], halo.Window(p, lo, hi), 3, stream)
+            ch.launch_wave2d(U[0][rows], U[1][rows], U[2][rows], V[rows], distributed.Window(p, lo, hi), 3, stream)
         ch.synchronize()
     with pytest.raises(ch.RaceError, match="race on"):        # rows that do overlap still race
         with ch.sanitize():
             for (lo, hi), stream in (((2, 11), a), ((10, 38), b)):
                 rows = slice(lo - 2, hi + 2)
-                ch.launch_wave2d(U[0][rows], U[1][rows], U[2][rows], V[rows], halo.Window(p, lo, hi), 3, stream)
+                ch.launch_wave2d(U[0][rows], U[1][rows], U[2][rows], V[rows], distributed.Window(p, lo, hi), 3, stream)
 
 
 _SANITIZED_RANKS = """
 import course_helper as ch
-from course_helper.distributed import halo
-team = halo.Team()
-for strategy in halo.STRATEGIES:
+from course_helper import distributed
+team = distributed.Team()
+for strategy in distributed.STRATEGIES:
     with ch.sanitize():
-        res = halo.run_rank(team, ch.WaveProblem(n0=40, n1=24, nt=16), strategy, every=1)
+        res = distributed.run_rank(team, ch.WaveProblem(n0=40, n1=24, nt=16), strategy, every=1)
     print(f"rank {team.rank} {strategy} clean")
 """
 
@@ -162,13 +166,13 @@ for strategy in halo.STRATEGIES:
 @pytest.mark.parametrize("size", RANKS)
 def test_the_real_ranks_run_clean_under_the_sanitizer(size):
     try:
-        mpiexec = halo.find_mpiexec()
+        mpiexec = distributed.find_mpiexec()
         import mpi4py  # noqa: F401
     except (ImportError, FileNotFoundError) as exc:
         pytest.skip(f"no MPI here ({exc})")
     p = subprocess.run([mpiexec, "-n", str(size), sys.executable, "-c", _SANITIZED_RANKS], capture_output=True,
-                       text=True, timeout=240, env=halo.ranks_env("cpu"))
+                       text=True, timeout=240, env=ranks_env("cpu"))
     assert p.returncode == 0, p.stdout + p.stderr
     for rank in range(size):
-        for strategy in halo.STRATEGIES:
+        for strategy in distributed.STRATEGIES:
             assert f"rank {rank} {strategy} clean" in p.stdout

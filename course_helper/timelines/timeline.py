@@ -241,7 +241,7 @@ class Trace:
         """The trace as a Chrome Trace Event Format dict (what Perfetto opens).
 
         ``pid`` and ``process_name`` place it as one process among several (one per rank of a
-        distributed run, see :func:`course_helper.distributed.halo.chrome_trace`).
+        distributed run, see :func:`course_helper.distributed.chrome_trace`).
         """
         device = self.meta.get("device", self.meta.get("backend", "device"))
         out = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,

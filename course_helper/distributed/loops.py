@@ -1,0 +1,233 @@
+"""One rank's loop: the halo strategies, each a step run every level, and :func:`run_rank`, which
+runs one of them on this rank of a team.
+
+* ``blocking``: compute the whole slab, exchange the halos, then go on;
+* ``overlap``: compute the boundary rows first on a high-priority stream, exchange them on a halo
+  stream while the interior computes on the compute stream, and join both before the next step;
+* ``overlap-graph``: the overlap loop captured once into a CUDA graph and replayed.
+
+Either way every saved level of the rank's own rows is streamed to pinned host memory on IO
+streams while the next levels compute, and handed to an optional ``on_snapshot(level, rows,
+data)`` hook once it has landed (the place for a writer that stores each rank's slab on disk).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .. import checks, runtime, streams
+from ..graphs import capture_graph
+from ..memory import zero_async
+from ..streams import synchronize
+from ..timelines import recording
+from ..timelines.timeline import Trace, TraceEvent
+from ..wave import WaveProblem
+from .rank import RankRun
+from .slabs import Slab, decompose
+
+if TYPE_CHECKING:
+    from .link import Team
+
+__all__ = ["REGISTRY", "STRATEGIES", "HaloStrategy", "RankResult", "blocking_step", "capture_rank_loop",
+           "overlap_step", "run_rank"]
+
+
+def blocking_step(run, level):
+    """Compute the whole slab, then exchange the halos, then go on: nothing overlaps the exchange."""
+    b = level % run.m
+    run.compute.wait_event(run.copied[b])            # the IO stream has finished reading U[b]
+    run.launch(run.whole, level, run.compute)
+    run.compute.record(run.computed)
+    run.link.exchange(run.U[b], level, after=run.computed)
+    run.link.join(run.compute)                       # the next level needs the neighbours' rows
+    run.compute.record(run.ready[b])
+
+
+def overlap_step(run, level):
+    """Boundary rows first on a high-priority stream; their exchange runs on the halo stream
+    while the interior computes; both are joined before the next level."""
+    b = level % run.m
+    prev = run.ready[(level - 1) % run.m]            # the whole previous level, halos included
+    run.boundary.wait_event(prev)
+    run.boundary.wait_event(run.copied[b])
+    for window in run.edges:
+        run.launch(window, level, run.boundary)
+    run.boundary.record(run.edges_done)
+    run.compute.wait_event(run.copied[b])
+    if run.inner is not None:
+        run.launch(run.inner, level, run.compute)    # the interior, while the halos travel
+    run.link.exchange(run.U[b], level, after=run.edges_done)
+    run.link.join(run.compute)                       # the halos, and so the edges they were sent after
+    run.compute.record(run.ready[b])
+
+
+@dataclass(frozen=True)
+class HaloStrategy:
+    """A registered halo strategy: the step every level runs, and whether the whole loop is
+    captured once into a CUDA graph and replayed (one launch a run, instead of a dozen calls a
+    level: the cure for a loop the host cannot queue fast enough)."""
+    step: Callable[[RankRun, int], None]
+    graph: bool = False
+
+
+#: The halo strategies by name.
+REGISTRY = {"blocking": HaloStrategy(blocking_step), "overlap": HaloStrategy(overlap_step),
+            "overlap-graph": HaloStrategy(overlap_step, graph=True)}
+STRATEGIES = tuple(REGISTRY)
+
+
+def _levels(run, hand_over=True):
+    step = REGISTRY[run.strategy].step
+    for level in range(run.problem.nt):
+        if level >= 2:                               # levels 0 and 1 are the zero initial state
+            step(run, level)
+        else:
+            run.compute.record(run.ready[level % run.m])
+        k = run.slot(level)
+        if k is not None:
+            run.save(level, k)
+        if hand_over:
+            run.hand_over()
+
+
+def _loop(run):
+    _levels(run)
+    run.hand_over(wait=True)
+
+
+def capture_rank_loop(run):
+    """Capture this rank's whole loop - boundary kernels, halo exchanges, interior kernels,
+    copies to the host and the events that order them - into a CUDA graph on the compute
+    stream, once. Nothing runs during the capture; each replay starts from the buffers as
+    they are (``run_rank`` zeroes them first). The copies share one IO stream (one chain of
+    copies in the graph, as ``solve``'s graph strategies do)."""
+    io = run.io
+    run.io = [io[0]] * run.m
+    try:
+        with capture_graph(run.compute) as cap:
+            _levels(run, hand_over=False)            # a capture cannot wait for anything
+            for stream in (run.boundary, run.link.stream, *run.io[:1 if len(run.levels) else 0]):
+                run.compute.wait_stream(stream)      # every stream the capture forked joins it again
+    finally:
+        run.io = io
+    run.unsent.clear()
+    cap.graph.upload()
+    return cap.graph
+
+
+def _replay(run, graph):
+    graph.launch(run.compute)
+    if run.on_snapshot is not None:
+        run.compute.synchronize()
+        for k, level in enumerate(run.levels):
+            run.on_snapshot(int(level), slice(run.slab.first, run.slab.stop), run.images[k])
+
+
+@dataclass
+class RankResult:
+    """What :func:`run_rank` returns on every rank."""
+    slab: Slab
+    images: np.ndarray        # (nsaved, owned rows, n1): this rank's rows of each saved level
+    levels: np.ndarray
+    elapsed_ms: float         # this rank's loop, device synchronised (the median of the repeats)
+    times_ms: list[float]     # every repeat
+    trace: Trace | None       # the last repeat's timeline, if recorded
+
+
+def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every: int | None = 1, trace: bool = False,
+             on_snapshot: Callable[[int, slice, np.ndarray], object] | None = None, repeats: int = 1) -> RankResult:
+    """Run this rank's part of the decomposed solve (call it on every rank of ``team``).
+
+    Parameters
+    ----------
+    team : Team
+    problem : WaveProblem
+        The global problem (the same on every rank).
+    strategy : {"blocking", "overlap", "overlap-graph"}
+        See :data:`REGISTRY`; ``"overlap-graph"`` captures the loop once (after the warm-up,
+        untimed) and each repeat replays it.
+    every : int or None
+        Save every ``every``-th level (None or 0: save nothing).
+    trace : bool
+        Record this rank's timeline (of the last repeat), aligned with the
+        other ranks' at the barrier that starts the loop.
+    on_snapshot : callable, optional
+        ``on_snapshot(level, rows, data)`` is called on the host for every saved
+        level once its copy has landed, in level order: ``rows`` is the slice
+        of global rows, ``data`` the (owned rows, n1) host array. This is the
+        hook for a writer that stores each rank's slab (e.g. of one Zarr array).
+    repeats : int
+        Timed runs from the zero initial state (after one untimed warm-up step).
+    """
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    checks.one_of("strategy", strategy, STRATEGIES)
+    repeats = checks.positive_int("repeats", repeats)
+    if every:
+        every = checks.positive_int("every", every)
+        if every >= problem.nt:
+            raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
+    decompose(problem.n0, team.size)                 # a clear error before anything is allocated
+    run = RankRun(team, problem, strategy, every, on_snapshot)
+    times, timeline, recorder, graph = [], None, None, None
+    meta = {"strategy": strategy, "rank": team.rank, "ranks": team.size, "device": team.device,
+            "n0": problem.n0, "n1": problem.n1, "nt": problem.nt}
+    try:
+        _warm_up(run)
+        if REGISTRY[strategy].graph:
+            if trace:                                # a replay's timeline is read from its capture's nodes
+                recorder = recording.Recorder(meta).activate()
+            graph = capture_rank_loop(run)           # once; every repeat replays it
+        for i in range(repeats):
+            for u in run.U:
+                zero_async(u, run.compute)
+            synchronize()
+            if trace and i == repeats - 1 and recorder is None:
+                recorder = recording.Recorder(meta).activate()
+            with streams.host_wait("start"):
+                team.comm.Barrier()                  # all ranks start together (and the time origin)
+            t0 = runtime.host_ms()
+            if graph is not None:
+                _replay(run, graph)
+            else:
+                _loop(run)
+            synchronize()
+            times.append(runtime.host_ms() - t0)
+        if recorder is not None:
+            timeline = recorder.finish()
+    finally:
+        if recorder is not None and timeline is None:
+            recorder.deactivate()
+        run.close()
+    if timeline is not None:
+        timeline = _rank_timeline(timeline, run.link.sent_bytes(run.U[0]))
+    return RankResult(run.slab, run.images, run.levels, float(np.median(times)), times, timeline)
+
+
+def _warm_up(run):
+    """One untimed step on zero data: loads the kernel and opens the NCCL connections."""
+    for window in [run.whole, *run.edges]:
+        run.launch(window, 2, run.compute)
+    run.compute.record(run.computed)
+    run.link.exchange(run.U[2], 2, after=run.computed)
+    run.link.join(run.compute)
+    zero_async(run.U[2], run.compute)                # the warm-up wrote the source into level 2
+    synchronize()
+
+
+def _rank_timeline(trace, halo_bytes):
+    """Put the halo exchange on its own lane and time zero at the end of the start barrier."""
+    start = [e for e in trace.events if e.name == "start"][-1]   # the last repeat's (a graph's recording spans all)
+    events = []
+    for e in trace.events:
+        if e is start or e.end_ms < start.end_ms:
+            continue
+        if e.name.startswith("halo level"):
+            e = TraceEvent("halo", "halo", e.name, e.start_ms, e.end_ms, halo_bytes, int(e.name.split()[-1]))
+        e.start_ms -= start.end_ms
+        e.end_ms -= start.end_ms
+        events.append(e)
+    tracks = [t for t in ("boundary", "compute", "halo") if any(e.track == t for e in events)]
+    tracks += [t for t in trace.tracks if t not in tracks and any(e.track == t for e in events)]
+    return Trace(events, tracks, trace.meta)

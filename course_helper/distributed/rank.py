@@ -1,0 +1,104 @@
+"""One rank's run: its slab, the windows its kernels run on, its buffers, streams and events, and
+the few operations its loop is written in (launch a window, save a level, hand saved levels over).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
+from ..streams import create_events, create_streams, stream_priority_range
+from ..wave import PAD, WaveProblem, launch_wave2d, saved_levels
+from .link import HaloLink
+from .slabs import HALO, Window, decompose
+
+if TYPE_CHECKING:
+    from ..streams import Stream
+    from .link import Team
+
+__all__ = ["NSCRATCH", "RankRun"]
+
+NSCRATCH = 5                #: slab buffers per rank (level L lives in U[L % 5], as in solve)
+
+
+class RankRun:
+    """Everything one rank's loop needs: its slab, windows, buffers, streams and events.
+
+    ``U[L % m]`` holds level ``L`` of the slab's rows (halos included); a window is a pair
+    (:class:`Window`, local row slice): ``whole``, the boundary rows ``edges`` and the ``inner`` rest.
+    """
+
+    def __init__(self, team: Team, problem: WaveProblem, strategy: str, every: int | None,
+                 on_snapshot: Callable[[int, slice, np.ndarray], object] | None) -> None:
+        self.problem, self.strategy, self.every = problem, strategy, every
+        self.slab = s = decompose(problem.n0, team.size)[team.rank]
+        self.m = NSCRATCH
+        self.U = [device_zeros((s.rows, problem.n1)) for _ in range(self.m)]
+        self.V = to_device(np.ascontiguousarray(problem.velocity[s.lo:s.hi]))
+        self.levels = np.asarray(saved_levels(problem.nt, every) if every else range(0))
+        self.images = pinned_empty((len(self.levels), s.owned, problem.n1))
+        self.images.fill(np.nan)
+        # The windows: the whole slab, or its boundary rows (inner sides only) and the rest.
+        self.whole = self._window(s.first, s.stop)
+        top = s.first + HALO if s.up is not None else s.first
+        bottom = s.stop - HALO if s.down is not None else s.stop
+        self.edges = [self._window(a, b) for a, b in ((s.first, top), (bottom, s.stop)) if b > a]
+        self.inner = self._window(top, bottom) if bottom > top else None
+        high = stream_priority_range()[1]
+        self.compute = create_streams(1, name="compute")[0]
+        self.boundary = create_streams(1, priority=high, name="boundary")[0]
+        halo_stream = create_streams(1, priority=high, name="halo")[0]
+        self.io = create_streams(self.m, name="io")
+        self.ready, self.copied = create_events(self.m), create_events(self.m)
+        self.edges_done, self.computed = create_events(2)
+        self.link = HaloLink(team, s, halo_stream)
+        self.on_snapshot = on_snapshot
+        self.unsent = deque()          # (level, k, event) copies not yet handed to on_snapshot
+        self._streams = [self.compute, self.boundary, halo_stream, *self.io]
+
+    def _window(self, a, b):
+        """(sub-problem, local row slice) of global rows a..b plus two rows of context each side."""
+        first = a - PAD - self.slab.lo
+        return Window(self.problem, a, b), slice(first, first + b - a + 2 * PAD)
+
+    def launch(self, window: tuple[Window, slice], level: int, stream: Stream) -> None:
+        """Queue the kernel for ``level`` on the rows of ``window``."""
+        wp, rows = window
+        U, m = self.U, self.m
+        launch_wave2d(U[(level - 2) % m][rows], U[(level - 1) % m][rows], U[level % m][rows],
+                      self.V[rows], wp, n=level - 2, stream=stream)
+
+    def slot(self, level: int) -> int | None:
+        """The index of ``level`` among the saved levels, or None if it is not saved."""
+        if self.every and level % self.every == 0:
+            return level // self.every
+        return None
+
+    def save(self, level: int, k: int) -> None:
+        """Stream the owned rows of ``level`` to the host on its IO stream."""
+        b = level % self.m
+        self.io[b].wait_event(self.ready[b])
+        copy_to_host_async(self.images[k], self.U[b][HALO:-HALO], self.io[b], level=level)
+        self.io[b].record(self.copied[b])
+        self.unsent.append((level, k, self.copied[b]))
+
+    def hand_over(self, wait: bool = False) -> None:
+        """Give the landed snapshots, in order, to ``on_snapshot`` (all of them when ``wait``)."""
+        if self.on_snapshot is None:
+            # Nobody to hand them to: no polling either (a poll that finds a copy done orders the
+            # host after it, which would hide a missing wait from the sanitizer in this run).
+            self.unsent.clear()
+            return
+        while self.unsent and (wait or self.unsent[0][2].done):
+            level, k, event = self.unsent.popleft()
+            event.synchronize()
+            self.on_snapshot(level, slice(self.slab.first, self.slab.stop), self.images[k])
+
+    def close(self) -> None:
+        """Release the rank's streams."""
+        for s in self._streams:
+            close = getattr(s.raw, "close", None)
+            if close is not None:
+                close()
