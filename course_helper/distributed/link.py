@@ -26,6 +26,9 @@ if TYPE_CHECKING:                   # names for the type hints only (CuPy is not
     from ..streams import Event, Stream
     from .slabs import Slab
 
+    #: ``(neighbour's rank, rows)`` pairs: the rows sent to each neighbour, or filled from it.
+    Rows = list[tuple[int, cupy.ndarray | CpuDeviceArray]]
+
 __all__ = ["HaloLink", "Team", "world"]
 
 _TAG = 18                   # MPI tag of halo messages: one tag will do, MPI keeps each pair's messages in order
@@ -130,7 +133,7 @@ class HaloLink:
                            numpy=lambda *rows: self.mpi_swap(sends, recvs, rows), cost={"peer": nbytes})
         self.stream.record(self.done)
 
-    def nccl_swap(self, sends, recvs):
+    def nccl_swap(self, sends: Rows, recvs: Rows) -> None:
         """GPU: the sends and receives to both neighbours in one group, so that NCCL runs them
         together and two ranks never wait for each other."""
         nccl = cupy_module().cuda.nccl
@@ -141,7 +144,7 @@ class HaloLink:
             self.nccl.recv(b.data.ptr, b.size, nccl.NCCL_FLOAT32, peer, ptr)
         nccl.groupEnd()
 
-    def mpi_swap(self, sends, recvs, rows):
+    def mpi_swap(self, sends: Rows, recvs: Rows, rows: list[np.ndarray]) -> None:
         """CPU backend: post every receive (into ``rows``, the halo rows the operation writes
         when it ends) and every send, then wait for all of them."""
         reqs = [self.comm.Irecv(out, source=peer, tag=_TAG) for (peer, _), out in zip(recvs, rows)]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import checks, runtime, streams
-from ..graphs import capture_graph
+from ..graphs import Graph, capture_graph
 from ..memory import zero_async
 from ..streams import synchronize
 from ..timelines import recording
@@ -34,7 +34,7 @@ __all__ = ["REGISTRY", "STRATEGIES", "HaloStrategy", "RankResult", "blocking_ste
            "overlap_step", "run_rank"]
 
 
-def blocking_step(run, level):
+def blocking_step(run: "RankRun", level: int) -> None:
     """Compute the whole slab, then exchange the halos, then go on: nothing overlaps the exchange."""
     b = level % run.m
     run.compute.wait_event(run.copied[b])            # the IO stream has finished reading U[b]
@@ -45,7 +45,7 @@ def blocking_step(run, level):
     run.compute.record(run.ready[b])
 
 
-def overlap_step(run, level):
+def overlap_step(run: "RankRun", level: int) -> None:
     """Boundary rows first on a high-priority stream; their exchange runs on the halo stream
     while the interior computes; both are joined before the next level."""
     b = level % run.m
@@ -97,7 +97,7 @@ def _loop(run):
     run.hand_over(wait=True)
 
 
-def capture_rank_loop(run):
+def capture_rank_loop(run: "RankRun") -> "Graph":
     """Capture this rank's whole loop - boundary kernels, halo exchanges, interior kernels,
     copies to the host and the events that order them - into a CUDA graph on the compute
     stream, once. Nothing runs during the capture; each replay starts from the buffers as

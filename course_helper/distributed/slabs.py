@@ -111,7 +111,7 @@ class Window(WaveProblem):
     for x = -0), so a window without the source computes exactly what the full grid computes there.
     """
 
-    def __init__(self, problem, a, b):
+    def __init__(self, problem: WaveProblem, a: int, b: int):
         p0, p1 = problem.source
         self.holds_source = a <= p0 < b
         # Uniform velocity vmax: gives the same dt, fm and td (the kernel reads the slab's own V).
@@ -123,5 +123,5 @@ class Window(WaveProblem):
             raise RuntimeError("a slab window does not reproduce the problem's time step; cannot decompose")
         self.parent = problem
 
-    def source_amplitude(self, n):
+    def source_amplitude(self, n: int) -> np.float32:
         return self.parent.source_amplitude(n) if self.holds_source else np.float32(-0.0)
