@@ -31,7 +31,7 @@ LAYERS = {
 
 
 def layer_of(module):
-    """The layer of a module named by its dotted path inside the package (``disk.store``)."""
+    """The layer of a module named by its dotted path inside the package (``disk.sink``)."""
     head = module.split(".")[0]
     if head not in LAYERS:
         raise KeyError(f"course_helper.{head} has no layer: give it one in LAYERS (tests/test_layer_order.py) "
