@@ -332,7 +332,11 @@ def test_the_timed_loop_starts_on_an_idle_device(cpu):
 def test_ranks_started_from_here_import_this_copy_of_the_package(tmp_path, monkeypatch):
     """``ranks_env`` puts the folder holding this ``course_helper`` first on the ranks' path, so a
     rank started anywhere (another working directory, another copy installed) runs this code."""
-    monkeypatch.delenv("PYTHONPATH", raising=False)        # as in a notebook: only ranks_env's entry
+    # As in a notebook: no entry of the path leads to this copy but ranks_env's (entries that hold
+    # the course's dependencies stay).
+    others = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+              if e and not (pathlib.Path(e) / "course_helper").is_dir()]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(others))
     env = ranks_env("cpu")
     assert env["COURSE_HELPER_BACKEND"] == "cpu"
     p = subprocess.run([sys.executable, "-c", "import course_helper; print(course_helper.__file__)"], env=env,
