@@ -23,7 +23,9 @@ HOST_MEMORY_SHARE = 0.8
 
 def positive_int(name: str, value: object, *, minimum: int = 1, hint: str = "") -> int:
     """Return ``value`` as an int, refusing non-integers and values below ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    # A plain int, the usual case (a loop's step number, every level), skips the test against
+    # numbers.Integral, an abstract class: it costs ten times as much.
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
         raise TypeError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}" + (f"; {hint}" if hint else ""))

@@ -213,7 +213,8 @@ def _copy_unobserved(kind, dst, src, stream, level, host_ptr):
     queues a copy per level, and building what nobody reads would cost about as much as the copy's
     own host time."""
     stream.runtime.copy_async(stream.raw, kind, dst, src, host_ptr)
-    observe.note_op(kind, _label(kind, level), stream, level, src.nbytes)
+    if observe.journaling():
+        observe.note_op(kind, _label(kind, level), stream, level, src.nbytes)
     return stream
 
 

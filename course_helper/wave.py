@@ -409,7 +409,8 @@ def _launch_unobserved(stream, grid, args, n):
     """:func:`launch_wave2d` where nothing reads an Op or a cost (CuPy on a GPU, nobody watching):
     the kernel goes straight to the runtime, and only the thread's op journal hears of it."""
     stream.runtime.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
-    observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
+    if observe.journaling():
+        observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
 
 
 def _kernel_scalars_and_grid(problem):

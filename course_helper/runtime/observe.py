@@ -54,7 +54,7 @@ import threading
 from dataclasses import dataclass
 
 __all__ = ["Op", "add", "remove", "active", "notify", "hears", "watching", "wants_ops",
-           "open_journal", "close_journal", "note_op", "NOTIFICATIONS"]
+           "open_journal", "close_journal", "journaling", "note_op", "NOTIFICATIONS"]
 
 #: Every notification an observer may have a method for (see the module text).
 NOTIFICATIONS = ("op_queued", "op_issued", "event_recorded", "event_waited", "host_synced",
@@ -238,6 +238,12 @@ def open_journal() -> list:
 def close_journal() -> None:
     """Stop the calling thread's op journal (no error if it keeps none); the list keeps what it holds."""
     _local.journal = None
+
+
+def journaling() -> bool:
+    """True when the calling thread keeps an op journal: callers ask before they build an
+    operation's label, which is all a journal needs and nothing else reads."""
+    return _local.journal is not None
 
 
 def note_op(kind: str, name: str, stream: object, level: int | None, nbytes: int) -> None:
