@@ -23,7 +23,7 @@ import numpy as np
 import course_helper as ch
 from benchmarks import cupti_check
 from course_helper import strategies
-from course_helper.solver import Run
+from course_helper.strategies import Run
 from course_helper.timelines.timeline import covered_length, merge_intervals
 
 

@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
     from .graphs import Graph
     from .runtime.observe import Op
-    from .solver import Run
 
 __all__ = ["RaceError", "Sanitizer", "sanitize", "byte_span"]
 
@@ -578,17 +577,7 @@ def sanitize(names: dict[str, Any] | None = None, host_sync_fixes: bool = True) 
         raise san.race[0]                         # found in work another thread queued
 
 
-def watch_run(run: Run) -> Sanitizer:
-    """Start a sanitizer for one of ``solve``'s runs, with its buffers named (None: not wanted)."""
-    buffers = {"U": run.U, "V": run.V, "staging": run.staging}
-    if isinstance(run.images, np.ndarray):
-        buffers["images"] = run.images
-    elif run.images is not None:
-        buffers["ring slot"] = run.images.slots        # a run streamed to a store: its ring's slots
-    return observe.add(Sanitizer(buffers), every_thread=True)
-
-
 def stop(san: Sanitizer | None) -> None:
-    """Stop ``san`` (from :func:`watch_run`); nothing when None."""
+    """Stop ``san`` (a sanitizer watching every thread); nothing when None."""
     if san is not None:
         san.close()

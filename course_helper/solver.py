@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,21 +22,19 @@ from . import disk
 from .runtime.backend import backend_name
 from .graphs import GraphsUnsupported
 from .memory import device_zeros, pinned_empty, to_device
-from .strategies import COPY_LAG, KERNEL_LEVELS, STRATEGIES, capture_loop, level_times, ring_depth
+from .strategies import COPY_LAG, KERNEL_LEVELS, STRATEGIES, Run, capture_loop, level_times, ring_depth
 from .streams import create_events, create_streams, synchronize
 from .wave import WaveProblem, launch_wave2d, saved_levels
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from typing import Any
 
     import zarr
     from numpy.typing import ArrayLike
 
-    from .streams import Event, Stream
     from .timelines.timeline import Trace
 
-__all__ = ["prepare", "solve", "timing_only", "Run", "Result", "STRATEGIES", "plan_memory",
+__all__ = ["prepare", "solve", "timing_only", "Result", "STRATEGIES", "plan_memory",
            "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch"]
 
 #: Most buffers one ring may have: each gets its own IO stream and events (a ring needs about
@@ -49,74 +46,6 @@ DEFAULT_NSTAGING = 4
 def available_strategies() -> list[str]:
     """Names of the strategies the active backend runs, in the order of :data:`STRATEGIES`."""
     return [name for name, entry in STRATEGIES.items() if entry.available()[0]]
-
-
-@dataclass
-class Run:
-    """Everything a strategy's loop receives; built by :func:`prepare`.
-
-    Level ``L`` of the wavefield lives in ``U[L % nscratch]``; saved level
-    ``level_of(k)`` goes to ``images[k]``. The streams and events exist only
-    for strategies that use streams: one IO stream per buffer copied from
-    (scratch buffers, or staging buffers for a staged strategy).
-    """
-    problem: WaveProblem
-    every: int
-    nscratch: int
-    U: list[Any]             # scratch wavefields on the device, level L in U[L % nscratch]
-    V: Any                   # velocity model on the device
-    images: np.ndarray       # host output, one slice per saved level (NaN until written)
-    staging: list[Any] = field(default_factory=list)  # staging ring on the device (staged strategies)
-    batch: int = 1                                # saved levels per staging buffer
-    compute: Stream | None = None                 # the compute stream
-    io: list[Stream] = field(default_factory=list)     # io[b]: the IO stream of buffer b
-    ready: list[Event] = field(default_factory=list)   # ready[b]: the level in U[b] is computed (ring)
-    copied: list[Event] = field(default_factory=list)  # copied[b]: the copy out of buffer b is done
-    filled: list[Event] = field(default_factory=list)  # filled[s]: staging buffer s holds its batch (staged)
-    strategy: str = ""                            # the name of the strategy it was prepared for
-    nscratch_reason: str = ""                     # why nscratch has its value (see suggest_nscratch)
-
-    @property
-    def nt(self) -> int:
-        return self.problem.nt
-
-    @property
-    def nstaging(self) -> int:
-        return len(self.staging)
-
-    @property
-    def levels(self) -> range:
-        """The saved time levels, as a range."""
-        return saved_levels(self.problem.nt, self.every)
-
-    @property
-    def nsaved(self) -> int:
-        return len(self.levels)
-
-    def level_of(self, k: int) -> int:
-        """The time level stored at output index ``k``."""
-        return k * self.every
-
-    def slot(self, level: int) -> int | None:
-        """Index of ``level`` in the output, or None if it is not saved (or out of range)."""
-        if 0 <= level < self.problem.nt and level % self.every == 0:
-            return level // self.every
-        return None
-
-    def close(self) -> None:
-        """This run's streams take no more work (on the CPU backend, queueing more raises;
-        GPU streams are freed by CuPy). The output ``images`` stays usable."""
-        for s in ([self.compute] if self.compute is not None else []) + list(self.io):
-            s.runtime.close_stream(s.raw)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        try:
-            synchronize()                 # the loop's queued work is done, and images complete
-        finally:
-            self.close()
 
 
 class Result:
@@ -424,6 +353,16 @@ def prepare(problem: WaveProblem | None = None, strategy: str = "events", every:
     return run
 
 
+def _watch_for_races(run):
+    """Start a race sanitizer, of every thread, for one of ``solve``'s runs, its buffers named."""
+    buffers = {"U": run.U, "V": run.V, "staging": run.staging}
+    if isinstance(run.images, np.ndarray):
+        buffers["images"] = run.images
+    elif run.images is not None:
+        buffers["ring slot"] = run.images.slots        # a run streamed to a store: its ring's slots
+    return observe.add(sanitizer.Sanitizer(buffers), every_thread=True)
+
+
 def solve(problem: WaveProblem | None = None, strategy: str = "events", every: int = 1, nscratch: int | None = None,
           trace: bool = True, unsafe: bool = False, nstaging: int | None = None, batch: int | None = None,
           sanitize: bool = False, store: str | os.PathLike | None = None, compress: str | None = None) -> Result:
@@ -514,7 +453,7 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
     watcher = None
     try:
         if sanitize:
-            watcher = sanitizer.watch_run(run)
+            watcher = _watch_for_races(run)
         if trace:
             recorder = recording.Recorder({"strategy": strategy, "n0": run.problem.n0, "n1": run.problem.n1,
                                            "nt": run.nt, "every": run.every, "nscratch": run.nscratch,

@@ -17,7 +17,7 @@ with ``inspect.getsource``, so what you read there is what runs.
 * ``"graph"`` / ``"graph-staged"`` - the event loop / the staged loop captured
   once into a CUDA graph by :func:`capture_loop` (``solve`` then replays it).
 
-A loop takes the :class:`~course_helper.solver.Run` that ``prepare`` builds; its type is
+A loop takes the :class:`Run` that ``prepare`` builds; its type is
 written ``"Run"``, in quotes, so that a loop copied into a notebook cell runs as it is.
 
 Each strategy declares what its loop needs in one :class:`Strategy` entry of
@@ -33,27 +33,97 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+import numpy as np
 
 from . import checks, runtime
 from .graphs import capture_graph, graphs_supported
 from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
                      to_device, zero_async)
 from .runtime.model import kernel_us, link_ms
-from .wave import WaveProblem, kernel_cost, launch_wave2d
+from .streams import Event, Stream, synchronize
+from .wave import WaveProblem, kernel_cost, launch_wave2d, saved_levels
 
 if TYPE_CHECKING:
     from .graphs import Graph
-    from .solver import Run
 
-__all__ = ["sequential", "sequential_pinned", "with_streams", "with_events", "staged", "capture_loop",
+__all__ = ["Run", "sequential", "sequential_pinned", "with_streams", "with_events", "staged", "capture_loop",
            "COPY_LAG", "ring_depth", "level_times", "LevelTimes", "Strategy", "STRATEGIES", "register"]
 
 #: How many turns the ring loops copy a level after computing it. The kernel of turn L reads
 #: levels L-2 and L-1 and writes L, so L - COPY_LAG is the newest level no kernel touches any
 #: more; the loops run COPY_LAG extra turns to copy the last levels.
 COPY_LAG = 3
+
+
+@dataclass
+class Run:
+    """Everything a strategy's loop receives; built by :func:`prepare`.
+
+    Level ``L`` of the wavefield lives in ``U[L % nscratch]``; saved level
+    ``level_of(k)`` goes to ``images[k]``. The streams and events exist only
+    for strategies that use streams: one IO stream per buffer copied from
+    (scratch buffers, or staging buffers for a staged strategy).
+    """
+    problem: WaveProblem
+    every: int
+    nscratch: int
+    U: list[Any]             # scratch wavefields on the device, level L in U[L % nscratch]
+    V: Any                   # velocity model on the device
+    images: np.ndarray       # host output, one slice per saved level (NaN until written)
+    staging: list[Any] = field(default_factory=list)  # staging ring on the device (staged strategies)
+    batch: int = 1                                # saved levels per staging buffer
+    compute: Stream | None = None                 # the compute stream
+    io: list[Stream] = field(default_factory=list)     # io[b]: the IO stream of buffer b
+    ready: list[Event] = field(default_factory=list)   # ready[b]: the level in U[b] is computed (ring)
+    copied: list[Event] = field(default_factory=list)  # copied[b]: the copy out of buffer b is done
+    filled: list[Event] = field(default_factory=list)  # filled[s]: staging buffer s holds its batch (staged)
+    strategy: str = ""                            # the name of the strategy it was prepared for
+    nscratch_reason: str = ""                     # why nscratch has its value (see suggest_nscratch)
+
+    @property
+    def nt(self) -> int:
+        return self.problem.nt
+
+    @property
+    def nstaging(self) -> int:
+        return len(self.staging)
+
+    @property
+    def levels(self) -> range:
+        """The saved time levels, as a range."""
+        return saved_levels(self.problem.nt, self.every)
+
+    @property
+    def nsaved(self) -> int:
+        return len(self.levels)
+
+    def level_of(self, k: int) -> int:
+        """The time level stored at output index ``k``."""
+        return k * self.every
+
+    def slot(self, level: int) -> int | None:
+        """Index of ``level`` in the output, or None if it is not saved (or out of range)."""
+        if 0 <= level < self.problem.nt and level % self.every == 0:
+            return level // self.every
+        return None
+
+    def close(self) -> None:
+        """This run's streams take no more work (on the CPU backend, queueing more raises;
+        GPU streams are freed by CuPy). The output ``images`` stays usable."""
+        for s in ([self.compute] if self.compute is not None else []) + list(self.io):
+            s.runtime.close_stream(s.raw)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            synchronize()                 # the loop's queued work is done, and images complete
+        finally:
+            self.close()
 
 
 def sequential(run: "Run") -> None:
@@ -258,7 +328,7 @@ class Strategy:
     name : str
         The name ``solve`` takes.
     loop : callable
-        The loop, called as ``loop(run)`` with the :class:`~course_helper.solver.Run`
+        The loop, called as ``loop(run)`` with the :class:`Run`
         that ``prepare`` builds (for a graph strategy: the loop that is captured).
     nscratch : int
         Scratch wavefields by default; for a :attr:`ring` strategy, the fewest that
