@@ -54,7 +54,6 @@ import shutil
 import signal
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -174,17 +173,6 @@ class Ring:
         with self.freed:
             self.freed.wait_for(lambda: any(f.is_set() for f in self.free), timeout)
             return next((s for s, f in enumerate(self.free) if f.is_set()), None)
-
-    def slot_of(self, array: Any) -> int | None:
-        """Index of the slot ``array`` lies in (None if it is not a slot view)."""
-        if not isinstance(array, np.ndarray):
-            return None
-        p = array.ctypes.data
-        for s, slot in enumerate(self.slots):
-            lo = slot.ctypes.data
-            if lo <= p < lo + slot.nbytes:
-                return s
-        return None
 
 
 class DiskSink:
