@@ -93,3 +93,22 @@ def ctrl_c_at_copy(monkeypatch):
 
         monkeypatch.setattr(model, "_begin_copy", failing)
     return arm
+
+
+@pytest.fixture
+def fault_at_launch(monkeypatch):
+    """``fault_at_launch(call, fault)``: the ``call``-th wave kernel a strategy launches raises
+    ``fault`` instead; returns the real ``launch_wave2d``, to put back mid-test."""
+    from course_helper import strategies
+    real, calls = strategies.launch_wave2d, []
+
+    def arm(call, fault):
+        def flaky(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == call:
+                raise fault("simulated fault in the middle of the loop")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(strategies, "launch_wave2d", flaky)
+        return real
+    return arm

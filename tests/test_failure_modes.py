@@ -255,7 +255,7 @@ def test_the_unsafe_ring_is_caught_by_comparison(backend):
 # --- faults leave the process usable -------------------------------------------------
 @pytest.mark.parametrize("fault", [KeyboardInterrupt, RuntimeError])
 @pytest.mark.parametrize("strategy", ["sequential", "events", "staged"])
-def test_a_fault_mid_solve_leaves_the_process_usable(backend, monkeypatch, fault, strategy):
+def test_a_fault_mid_solve_leaves_the_process_usable(backend, monkeypatch, fault_at_launch, fault, strategy):
     p = ch.WaveProblem(40, 40, nt=30)
     good = ch.solve(p, strategy, trace=False).images
     threads_before = len(course_threads())
@@ -264,16 +264,7 @@ def test_a_fault_mid_solve_leaves_the_process_usable(backend, monkeypatch, fault
         import cupy
         pool = cupy.get_default_memory_pool()
         used_before = pool.used_bytes()
-    real = strategies.launch_wave2d
-    calls = Counter()
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 12:
-            raise fault("simulated fault in the middle of the loop")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(strategies, "launch_wave2d", flaky)
+    real = fault_at_launch(12, fault)
     with pytest.raises(fault):
         ch.solve(p, strategy)
     monkeypatch.setattr(strategies, "launch_wave2d", real)
@@ -312,8 +303,8 @@ def test_threads_do_not_pile_up_over_many_solves(cpu):
 # --- a failing streamed run leaves nothing behind ---------------------------------------
 @pytest.mark.parametrize("strategy", ["events", "staged"])
 @pytest.mark.parametrize("fault", ["deferred", "in the loop"])
-def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monkeypatch, ctrl_c_at_copy, strategy,
-                                                             fault):
+def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monkeypatch, ctrl_c_at_copy,
+                                                             fault_at_launch, strategy, fault):
     import weakref
     from course_helper.disk import sink
     slots = []
@@ -328,15 +319,7 @@ def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monke
         ctrl_c_at_copy(30)
         expected = KeyboardInterrupt
     else:
-        real, calls = strategies.launch_wave2d, Counter()
-
-        def flaky(*args, **kwargs):
-            calls["n"] += 1
-            if calls["n"] == 25:
-                raise RuntimeError("simulated fault in the middle of the loop")
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(strategies, "launch_wave2d", flaky)
+        fault_at_launch(25, RuntimeError)
         expected = RuntimeError
     with pytest.raises(expected) as info:
         ch.solve(ch.WaveProblem(48, 48, nt=60), strategy, store=tmp_path / "s.zarr", batch=2 if strategy == "staged"
