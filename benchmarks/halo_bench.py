@@ -19,6 +19,8 @@ import platform
 import time
 
 from course_helper import distributed as halo
+from course_helper.distributed.rank import RankRun
+from course_helper.streams import synchronize
 from course_helper.wave import WaveProblem
 
 WEAK = (2048, 4096, 8192)       # grid rows per GPU (N x N on one GPU, 2N x N on two)
@@ -31,11 +33,39 @@ def point(team, problem, strategies, every, repeats):
            "strategies": {}}
     for s in strategies:
         res = halo.run_rank(team, problem, s, every=every, repeats=repeats)
-        row["strategies"][s] = {"ms": team.max(res.elapsed_ms), "runs_ms": res.times_ms}
+        row["strategies"][s] = {"ms": team.max(res.elapsed_ms), "runs_ms": res.times_ms,
+                                "queued_ms": team.max(res.queued_ms)}   # close to ms: the host sets the pace
     row.update(halo.measure_parts(team, problem, every))
     for r in row["strategies"].values():
         r["bound_efficiency"] = row["bound_ms"] / r["ms"]          # 1 = at the distributed bound
     return row
+
+
+def host_us_per_call(team, problem, calls=2000):
+    """Host microseconds per call of each kind a halo step makes, each queued ``calls`` times back to
+    back (slowest rank): where the time goes when the host sets the pace."""
+    run = RankRun(team, problem, "blocking", None, None)
+    out = {}
+
+    def timed(name, work):
+        synchronize()
+        team.comm.Barrier()
+        t0 = time.perf_counter()
+        for i in range(calls):
+            work(i)
+        out[name] = team.max((time.perf_counter() - t0) / calls * 1e6)
+        synchronize()
+
+    try:
+        event = run.computed
+        timed("record", lambda i: run.compute.record(event))
+        timed("wait_event", lambda i: run.compute.wait_event(event))
+        timed("launch (whole slab)", lambda i: run.launch(run.whole, 2 + i % 3, run.compute))
+        timed("launch (edge rows)", lambda i: run.launch(run.edges[0], 2 + i % 3, run.compute))
+        timed("halo exchange", lambda i: run.link.exchange(run.U[i % run.m], i, after=event))
+    finally:
+        run.close()
+    return out
 
 
 def main():
@@ -63,7 +93,12 @@ def main():
             doc["weak"].append(point(solo, WaveProblem(n0=n, n1=n, nt=args.nt), ("blocking",), every, args.repeats))
         team.comm.Barrier()
         doc["weak"].append(point(team, WaveProblem(n0=2 * n, n1=n, nt=args.nt), every_strategy, every, args.repeats))
-        log(f"weak {n}: {[(p['ranks'], p['strategies']) for p in doc['weak'][-2:]]}")
+        log(f"weak {n}: " + "; ".join(f"{p['ranks']} GPU(s) " + ", ".join(
+            f"{s} {r['ms']:.1f} ms (queued {r['queued_ms']:.1f})" for s, r in p["strategies"].items())
+            for p in doc["weak"][-2:]))
+        if n == WEAK[0] and team.size > 1:
+            doc["host_us_per_call"] = host_us_per_call(team, WaveProblem(n0=2 * n, n1=n, nt=args.nt))
+            log(f"host us per call at {n} per GPU: {doc['host_us_per_call']}")
     nt = args.nt // 3
     if solo is not None:
         strong = WaveProblem(n0=STRONG, n1=STRONG, nt=nt)
@@ -73,12 +108,14 @@ def main():
     log(f"strong: {[(p['ranks'], p['strategies']) for p in doc['strong']]}")
 
     # One traced run of each strategy for the timeline pictures (short, so the file stays small).
-    doc["timelines"] = {}
+    doc["timelines"], doc["exchange_hidden"] = {}, {}
     for s in every_strategy:
         res = halo.run_rank(team, WaveProblem(n0=8192, n1=4096, nt=24), s, every=8, trace=True)
         traces = team.comm.gather(res.trace, root=0)
         if team.rank == 0:
             doc["timelines"][s] = halo.chrome_trace(traces)
+            doc["exchange_hidden"][s] = [halo.exchange_hidden(t) for t in traces]   # per rank
+    log(f"exchange hidden under the kernels (per rank): {doc['exchange_hidden']}")
     if team.rank == 0:
         with open(os.path.join(args.out, "halo.json"), "w") as f:
             json.dump(doc, f, indent=1)

@@ -429,7 +429,7 @@ def _kernel_scalars_and_grid(problem):
 #: the death of any of its objects removes the set (the references' callback) before the
 #: object's memory is freed, so an id found here always belongs to the object checked.
 _CHECKED = {}
-_CHECKED_MAX = 64
+_CHECKED_MAX = 256
 
 
 def _launch_arguments(U0, U1, U2, V, problem):

@@ -15,6 +15,7 @@ import course_helper as ch
 from course_helper import distributed
 from course_helper.distributed.launch import ranks_env
 from course_helper.timelines.timeline import Trace, TraceEvent
+from course_helper import wave
 from course_helper.wave import PAD
 
 
@@ -317,6 +318,47 @@ def test_each_saved_level_reaches_the_snapshot_hook_only_once_it_has_landed(cpu,
     for level, rows, data in seen:
         assert rows == slice(PAD, p.n0 - PAD)
         assert np.array_equal(data.view(np.uint32), single[level, rows].view(np.uint32)), f"level {level}"
+
+
+@pytest.mark.parametrize("strategy", ["blocking", "overlap"])
+def test_a_rank_checks_each_windows_launch_arguments_once_not_every_level(cpu, monkeypatch, strategy):
+    """A rank launches on the same few views of its windows every level, so launch_wave2d checks
+    an argument set once per window and buffer, not once per level. (Slicing the windows afresh
+    each level made every launch a new set: about 60 us of checks on the host a launch on two
+    H100s, which set the pace of the eager loops at 2048 x 2048 per GPU.)"""
+    checked = []
+    real = wave._check_launch
+    monkeypatch.setattr(wave, "_check_launch", lambda *args: (checked.append(args), real(*args))[1])
+    wave._CHECKED.clear()
+    p = ch.WaveProblem(n0=64, n1=64, nt=40)
+    res = distributed.run_rank(_OneRank(), p, strategy, every=None, repeats=2)
+    # One rank has one window: a set per buffer, and one more for the warm-up's launch on the whole slab.
+    assert 0 < len(checked) <= distributed.rank.NSCRATCH + 1
+    assert np.isfinite(res.queued_ms) and 0 < res.queued_ms <= res.elapsed_ms
+
+
+def test_a_ranks_ring_takes_its_depth_from_the_single_gpu_rule(cpu):
+    """With snapshots, a rank's ring is as deep as ring_depth asks for one slab's kernel and copy
+    (the single-GPU default, at least 5); without snapshots it keeps the fixed five."""
+    p = ch.WaveProblem(n0=1024, n1=1024, nt=40)
+    slab = distributed.decompose(p.n0, 1)[0]                 # _OneRank's: the whole grid
+    kernel_ms, copy_ms, _ = ch.strategies.level_times(ch.WaveProblem(n0=slab.rows, n1=p.n1, nt=p.nt))
+    want = min(max(ch.strategies.ring_depth(kernel_ms, copy_ms), 5), ch.solver.MAX_RING)
+    assert want > distributed.rank.NSCRATCH                   # a size where the deep ring matters
+    run = distributed.rank.RankRun(_OneRank(), p, "overlap", 1, None)
+    try:
+        assert run.m == want == len(run.U) == len(run.io) and "COPY_LAG" in run.ring_reason
+    finally:
+        run.close()
+    assert distributed.rank.ring_for(slab, p, None)[0] == distributed.rank.NSCRATCH
+
+
+def test_the_hidden_share_of_an_exchange_is_the_part_under_a_kernel():
+    events = [TraceEvent("halo", "halo", "halo level 2", 0.0, 10.0, 64, 2),
+              TraceEvent("halo", "halo", "halo level 3", 20.0, 30.0, 64, 3),
+              TraceEvent("compute", "kernel", "wave2d_4o level 2", 5.0, 25.0, 0, 2)]
+    assert distributed.exchange_hidden(Trace(events, ["compute", "halo"])) == pytest.approx(0.5)
+    assert distributed.exchange_hidden(Trace(events[2:], ["compute"])) == 0.0
 
 
 def test_the_timed_loop_starts_on_an_idle_device(cpu):

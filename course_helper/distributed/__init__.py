@@ -28,11 +28,11 @@ The layers, each a module:
 from .launch import find_mpiexec, launch_halo, ranks_backend
 from .link import HaloLink, Team, world
 from .loops import STRATEGIES, blocking_step, capture_rank_loop, overlap_step, run_rank
-from .results import (HaloResult, chrome_trace, gather, halo_bound, link_note, measure_parts, merge_traces,
-                      traces_from_chrome)
+from .results import (HaloResult, chrome_trace, exchange_hidden, gather, halo_bound, link_note, measure_parts,
+                      merge_traces, traces_from_chrome)
 from .slabs import HALO, Window, decompose, owner_of
 
 __all__ = ["HALO", "STRATEGIES", "HaloLink", "HaloResult", "Team", "Window", "blocking_step",
-           "capture_rank_loop", "chrome_trace", "decompose", "find_mpiexec", "gather", "halo_bound",
+           "capture_rank_loop", "chrome_trace", "decompose", "exchange_hidden", "find_mpiexec", "gather", "halo_bound",
            "launch_halo", "link_note", "measure_parts", "merge_traces", "overlap_step", "owner_of",
            "ranks_backend", "run_rank", "traces_from_chrome", "world"]

@@ -134,6 +134,8 @@ class RankResult:
     elapsed_ms: float         # this rank's loop, device synchronised (the median of the repeats)
     times_ms: list[float]     # every repeat
     trace: Trace | None       # the last repeat's timeline, if recorded
+    queued_ms: float = float("nan")   # the host's time to queue the loop (median): close to elapsed_ms
+    #                                   when the host, not the device, sets the pace
 
 
 def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every: int | None = 1, trace: bool = False,
@@ -170,7 +172,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
             raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
     decompose(problem.n0, team.size)                 # a clear error before anything is allocated
     run = RankRun(team, problem, strategy, every, on_snapshot)
-    times, timeline, recorder, graph = [], None, None, None
+    times, queued, timeline, recorder, graph = [], [], None, None, None
     meta = {"strategy": strategy, "rank": team.rank, "ranks": team.size, "device": team.device,
             "n0": problem.n0, "n1": problem.n1, "nt": problem.nt}
     try:
@@ -192,6 +194,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
                 _replay(run, graph)
             else:
                 _loop(run)
+            queued.append(runtime.host_ms() - t0)
             synchronize()
             times.append(runtime.host_ms() - t0)
         if recorder is not None:
@@ -202,7 +205,8 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
         run.close()
     if timeline is not None:
         timeline = _rank_timeline(timeline, run.link.sent_bytes(run.U[0]))
-    return RankResult(run.slab, run.images, run.levels, float(np.median(times)), times, timeline)
+    return RankResult(run.slab, run.images, run.levels, float(np.median(times)), times, timeline,
+                      float(np.median(queued)))
 
 
 def _warm_up(run):

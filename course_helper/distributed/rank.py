@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
+from ..solver import suggest_nscratch
 from ..streams import create_events, create_streams, stream_priority_range
 from ..wave import PAD, WaveProblem, launch_wave2d, saved_levels
 from .link import HaloLink
@@ -17,10 +18,21 @@ from .slabs import HALO, Window, decompose
 if TYPE_CHECKING:
     from ..streams import Stream
     from .link import Team
+    from .slabs import Slab
 
-__all__ = ["NSCRATCH", "RankRun"]
+__all__ = ["NSCRATCH", "RankRun", "ring_for"]
 
-NSCRATCH = 5                #: slab buffers per rank (level L lives in U[L % 5], as in solve)
+NSCRATCH = 5                #: slab buffers per rank with no snapshots (level L lives in U[L % 5])
+
+
+def ring_for(slab: "Slab", problem: WaveProblem, every: int | None) -> tuple[int, str]:
+    """``(buffers, reason)``: how many slab buffers a rank's ring has. With snapshots, the depth
+    the single-GPU ring loops get by default (:func:`course_helper.solver.suggest_nscratch`, the
+    rule of :func:`~course_helper.strategies.ring_depth`) for one slab's kernel and copy; without,
+    :data:`NSCRATCH`."""
+    if not every:
+        return NSCRATCH, f"{NSCRATCH}, no snapshots to copy"
+    return suggest_nscratch(WaveProblem(n0=slab.rows, n1=problem.n1, nt=problem.nt), every, "events")
 
 
 class RankRun:
@@ -34,7 +46,7 @@ class RankRun:
                  on_snapshot: Callable[[int, slice, np.ndarray], object] | None) -> None:
         self.problem, self.strategy, self.every = problem, strategy, every
         self.slab = s = decompose(problem.n0, team.size)[team.rank]
-        self.m = NSCRATCH
+        self.m, self.ring_reason = ring_for(s, problem, every)
         self.U = [device_zeros((s.rows, problem.n1)) for _ in range(self.m)]
         self.V = to_device(np.ascontiguousarray(problem.velocity[s.lo:s.hi]))
         self.levels = np.asarray(saved_levels(problem.nt, every) if every else range(0))
@@ -46,6 +58,11 @@ class RankRun:
         bottom = s.stop - HALO if s.down is not None else s.stop
         self.edges = [self._window(a, b) for a, b in ((s.first, top), (bottom, s.stop)) if b > a]
         self.inner = self._window(top, bottom) if bottom > top else None
+        # Each window's rows of every buffer, sliced once: a launch then reuses the same views
+        # every level, and launch_wave2d checks an argument set only the first time it sees it
+        # (slicing afresh each level made every launch a new set, about 60 us of checks on the host).
+        self._views = {id(w): (w, [u[w[1]] for u in self.U], self.V[w[1]])
+                       for w in (self.whole, *self.edges, self.inner) if w is not None}
         high = stream_priority_range()[1]
         self.compute = create_streams(1, name="compute")[0]
         self.boundary = create_streams(1, priority=high, name="boundary")[0]
@@ -65,10 +82,14 @@ class RankRun:
 
     def launch(self, window: tuple[Window, slice], level: int, stream: Stream) -> None:
         """Queue the kernel for ``level`` on the rows of ``window``."""
-        wp, rows = window
-        U, m = self.U, self.m
-        launch_wave2d(U[(level - 2) % m][rows], U[(level - 1) % m][rows], U[level % m][rows],
-                      self.V[rows], wp, n=level - 2, stream=stream)
+        hit = self._views.get(id(window))
+        if hit is not None and hit[0] is window:
+            _, U, V = hit
+        else:                                        # a window of the caller's own
+            U, V = [u[window[1]] for u in self.U], self.V[window[1]]
+        m = self.m
+        launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[level % m], V, window[0], n=level - 2,
+                      stream=stream)
 
     def slot(self, level: int) -> int | None:
         """The index of ``level`` among the saved levels, or None if it is not saved."""

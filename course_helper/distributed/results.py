@@ -15,7 +15,7 @@ import numpy as np
 from .. import runtime
 from ..memory import measure_bandwidth
 from ..streams import synchronize
-from ..timelines.timeline import Trace, TraceEvent
+from ..timelines.timeline import Trace, TraceEvent, covered_length, intersection_length, merge_intervals
 from .rank import RankRun
 from .slabs import decompose
 
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from .link import Team
     from .loops import RankResult
 
-__all__ = ["HaloResult", "chrome_trace", "gather", "halo_bound", "link_note", "measure_parts", "merge_traces",
-           "traces_from_chrome"]
+__all__ = ["HaloResult", "chrome_trace", "exchange_hidden", "gather", "halo_bound", "link_note", "measure_parts",
+           "merge_traces", "traces_from_chrome"]
 
 
 def gather(team: Team, result: RankResult, problem: WaveProblem) -> np.ndarray | None:
@@ -66,6 +66,17 @@ def merge_traces(traces: Sequence[Trace], title: str | None = None, one_io_lane:
     if title:
         meta["strategy"] = title
     return Trace(events, tracks, meta)
+
+
+def exchange_hidden(trace: Trace) -> float:
+    """The share of one rank's halo exchange time that ran under its kernels (0 to 1; 0 with no
+    exchanges): how much of the exchange the overlap loop hid behind the interior.
+
+    ``trace`` is one rank's timeline (``RankResult.trace``, or one of ``traces_from_chrome``)."""
+    halo = merge_intervals((e.start_ms, e.end_ms) for e in trace.of_kind("halo"))
+    busy = covered_length(halo)
+    kernels = merge_intervals((e.start_ms, e.end_ms) for e in trace.kernels)
+    return intersection_length(halo, kernels) / busy if busy > 0 else 0.0
 
 
 def chrome_trace(traces: Sequence[Trace]) -> dict[str, Any]:
