@@ -108,6 +108,24 @@ def test_the_package_namespace_is_its_short_public_list():
         assert f"`{name}" in section, f"docs/helper-package.md does not list {name}"
         if callable(getattr(ch, name)):
             assert getattr(ch, name).__doc__, f"{name} has no docstring"
+    counted = re.search(r"\(`ch.__all__`, (\d+) of them\)", section)
+    assert counted and int(counted.group(1)) == len(ch.__all__), \
+        f"docs/helper-package.md should count the {len(ch.__all__)} names of ch.__all__"
+
+
+def test_the_helper_package_page_names_only_names_that_exist():
+    """Every ``ch.x`` or ``ch.module.x`` on docs/helper-package.md is reachable so, and a top-level
+    ``ch.x`` is a public name (in ``ch.__all__``), not a module's name written as if it were one."""
+    import course_helper as ch
+    page = (ROOT / "docs" / "helper-package.md").read_text()
+    for path in sorted(set(re.findall(r"\bch((?:\.[A-Za-z]\w*)+)", page))):
+        parts = path.strip(".").split(".")
+        obj = ch
+        for part in parts:
+            assert hasattr(obj, part), f"docs/helper-package.md names ch.{'.'.join(parts)}, which does not exist"
+            obj = getattr(obj, part)
+        if len(parts) == 1:
+            assert parts[0] in ch.__all__, f"docs/helper-package.md names ch.{parts[0]}, not a top-level name"
 
 
 def test_ci_runs_the_readme_test_command_with_the_browser_tests():
