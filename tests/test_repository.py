@@ -196,8 +196,8 @@ def test_every_link_into_the_glossary_reaches_one_of_its_words():
     assert {"cupti", "clock", "happens-before", "ring-depth", "b", "modelled", "pinned-memory", "stream",
             "event", "copy-engine"} <= words
     import nbformat
-    texts = {path.name: "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
-             for path in NOTEBOOKS}
+    texts = {path.name: "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                                   if c.cell_type == "markdown") for path in NOTEBOOKS}
     texts.update({path.name: path.read_text() for path in (ROOT / "docs").glob("*.md")})
     texts["README.md"] = (ROOT / "README.md").read_text()
     links = [(name, anchor) for name, text in texts.items()
