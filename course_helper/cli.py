@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
@@ -37,12 +38,17 @@ if TYPE_CHECKING:
 #: What each strategy does (the loops are in course_helper/strategies.py).
 STRATEGY_HELP = {
     "sequential": "one stream, a blocking copy after every kernel",
+    "sequential-pinned": "the sequential loop copying into pinned memory: faster copies, the host still waits "
+                         "for each",
     "streams": "compute and IO streams; the host waits on an IO stream before reusing its buffer",
     "events": "the same dependencies as events; the host never waits",
     "staged": "device-to-device copies into a staging ring, batched copies to the host",
     "graph": "the events loop captured into a CUDA graph",
     "graph-staged": "the staged loop captured into a CUDA graph",
 }
+
+#: What ``compare`` runs by default: the ladder of notebooks 5 to 7, one change per row.
+LADDER = ("sequential", "sequential-pinned", "streams", "events")
 
 #: Printed under the compare table, and in `compare --help`.
 COMPARE_COLUMNS = """\
@@ -54,13 +60,18 @@ columns: median/min/max ms = host wall time of the untraced runs' loops, the dev
   between this strategy's images and the sequential ones (0 = bit-identical)."""
 
 
+def _first_sentence(doc):
+    """The first sentence of a docstring, whole, on one line."""
+    text = " ".join((doc or "").strip().split("\n\n")[0].split())
+    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+
+
 def _strategies_text():
-    """Every registered strategy, each with a line on what it does (its loop's docstring where
-    the table above has no entry, so a new strategy is listed too)."""
-    lines = []
-    for name, entry in STRATEGIES.items():
-        what = STRATEGY_HELP.get(name) or (entry.loop.__doc__ or "").strip().split("\n")[0]
-        lines.append(f"  {name:<13} {what}")
+    """Every registered strategy, each with a line on what it does (the first sentence of its
+    loop's docstring where the table above has no entry, so a new strategy is listed too)."""
+    width = max(len(name) for name in STRATEGIES)
+    lines = [f"  {name:<{width}}  {STRATEGY_HELP.get(name) or _first_sentence(entry.loop.__doc__)}"
+             for name, entry in STRATEGIES.items()]
     return "strategies:\n" + "\n".join(lines)
 
 
@@ -79,9 +90,9 @@ def _parser():
     c.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
     c.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     c.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
-    c.add_argument("--strategies", default="sequential,streams,events",
-                   help="comma-separated strategies, from the list below (default: the lesson's three, "
-                        "sequential,streams,events)")
+    c.add_argument("--strategies", default=",".join(LADDER),
+                   help="comma-separated strategies, from the list below (default: the ladder of notebooks "
+                        f"5 to 7, {','.join(LADDER)})")
     c.add_argument("--repeats", type=int, default=3, help="timed runs per strategy (default 3)")
     c.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
@@ -124,7 +135,10 @@ def _parser():
     _add_run_parser(sub)
     _halo_parser(sub)
 
-    k = sub.add_parser("calibrate", help="measure this GPU's profile for the CPU backend's modelled GPU")
+    k = sub.add_parser("calibrate", help="measure this GPU's profile for the CPU backend's modelled GPU",
+                       description="Measure this GPU (kernels, copies, launch costs) and write its profile, "
+                                   "which the CPU backend's modelled GPU then follows: "
+                                   "COURSE_HELPER_PROFILE=PATH or bench --profile PATH. Needs a GPU.")
     k.add_argument("--out", required=True, help="the profile to write (JSON), e.g. my_gpu.json")
     return p
 
@@ -140,7 +154,8 @@ def _add_run_parser(sub):
     r.add_argument("--strategy", default="events", help="sequential, streams, events or staged (default events)")
     r.add_argument("--compress", choices=("zstd", "blosc"), default=None,
                    help="compress the chunks on the writer threads (default: none)")
-    r.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
+    r.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+                   help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -148,6 +163,8 @@ def run_main(args: argparse.Namespace) -> int:
     """``run``: one solve streamed to a new Zarr store, with a progress bar; returns the exit status."""
     if args.backend:
         backend.set_backend(args.backend)
+    else:
+        backend.backend_name()     # its banner on a line of its own, before the progress bar starts
     problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
     nsaved = len(range(0, problem.nt, max(args.every, 1)))
     bar = None
@@ -193,7 +210,8 @@ def _halo_parser(sub):
     h.add_argument("--check", action="store_true",
                    help="gather on rank 0 and compare bit for bit with the single-device solve (exit 1 if they differ)")
     h.add_argument("--trace", action="store_true", help="record every rank's timeline (needs --out)")
-    h.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
+    h.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+                   help="backend of every rank (default: $COURSE_HELPER_BACKEND or auto)")
     h.add_argument("--out", default=None,
                    help="folder for summary.json, images.npy (gathered levels) and trace.json (one process per rank)")
 

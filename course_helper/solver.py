@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["prepare", "solve", "timing_only", "Result", "STRATEGIES", "plan_memory",
            "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch"]
 
-#: Most buffers one ring may have: each gets its own IO stream and events (a ring needs about
-#: COPY_LAG + copy time / kernel time buffers: see strategies.ring_depth).
+#: Most buffers one ring may have: each gets its own IO stream and events (a ring needs
+#: COPY_LAG + floor(copy time / kernel time) + 1 buffers: see strategies.ring_depth).
 MAX_RING = 32
 DEFAULT_NSTAGING = 4
 

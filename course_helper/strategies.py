@@ -263,10 +263,12 @@ def ring_depth(kernel_ms: float, copy_ms: float) -> int:
 
     Where the host runs far ahead of the device a copy starts as soon as its kernel ends,
     and ``1 + copy_ms / kernel_ms`` buffers would nearly do; the formula keeps COPY_LAG - 1
-    buffers of margin for that. It assumes the copies do not queue behind one another:
-    when a copy takes longer than the kernels between two saved levels
-    (``copy_ms > every * kernel_ms``) the link is busy all the time, the copies set the
-    pace, and no depth hides them all.
+    buffers of margin for that. Each buffer short of the depth that suffices lets one kernel
+    less run before a saved level's copy ends, so it costs about one kernel's time per saved
+    level (notebook 7 sweeps the depth and prints this arithmetic). It assumes the copies do
+    not queue behind one another: when a copy takes longer than the kernels between two
+    saved levels (``copy_ms > every * kernel_ms``) the link is busy all the time, the copies
+    set the pace, and no depth hides them all.
     """
     kernel_ms = checks.positive_float("kernel_ms", kernel_ms)
     copy_ms = checks.positive_float("copy_ms", copy_ms)

@@ -38,8 +38,23 @@ c.LabApp.app_settings_dir = str(HERE / "lab-settings")  # noqa: F821
 # marks the notebook modified. So a notebook opens with this Python's version filled in
 # (ipykernel's python3 kernel runs the server's own Python and reports sys.version's first
 # word), and is saved without it: opening one changes nothing, on any Python.
+def drop_python_version(model, **kwargs):
+    """Save notebooks without the Python version, as they are stored."""
+    if model.get("type") == "notebook" and model.get("content"):
+        model["content"].get("metadata", {}).get("language_info", {}).pop("version", None)
+
+
 class CourseContentsManager(AsyncLargeFileManager):
-    """Jupyter Server's default contents manager, with language_info's version filled in."""
+    """Jupyter Server's default contents manager, with language_info's version filled in on
+    opening and dropped on saving."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Registered here rather than set as the pre_save_hook option: the server applies its
+        # configuration more than once, and each time after the first, setting that option
+        # warns "Overriding existing pre_save_hook" at every start. A user's own
+        # pre_save_hook still runs, before this one.
+        self.register_pre_save_hook(drop_python_version)
 
     async def get(self, path, content=True, type=None, format=None, **kwargs):
         model = await super().get(path, content=content, type=type, format=format, **kwargs)
@@ -50,11 +65,4 @@ class CourseContentsManager(AsyncLargeFileManager):
         return model
 
 
-def drop_python_version(model, **kwargs):
-    """Save notebooks without the Python version, as they are stored."""
-    if model.get("type") == "notebook" and model.get("content"):
-        model["content"].get("metadata", {}).get("language_info", {}).pop("version", None)
-
-
 c.ServerApp.contents_manager_class = CourseContentsManager  # noqa: F821
-c.ContentsManager.pre_save_hook = drop_python_version  # noqa: F821

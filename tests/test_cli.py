@@ -1,11 +1,14 @@
+import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 import course_helper as ch
+from course_helper import cli
 from course_helper.cli import main
 
 
@@ -110,8 +113,52 @@ def test_subcommand_help_describes_strategies_and_columns(capsys):
     assert "efficiency = B / median time" in capsys.readouterr().out
 
 
+def test_each_strategy_is_described_in_whole_sentences(monkeypatch):
+    """A strategy's line in --help is its entry in STRATEGY_HELP or, for a strategy without one,
+    the whole first sentence of its loop's docstring, however many lines that sentence takes."""
+    for line in cli._strategies_text().splitlines()[1:]:
+        name, what = line.split(None, 1)
+        assert what == cli.STRATEGY_HELP[name], f"{name}: {what!r}"
+    monkeypatch.setattr(cli, "STRATEGY_HELP", {})
+    lines = dict(line.split(None, 1) for line in cli._strategies_text().splitlines()[1:])
+    assert set(lines) == set(ch.STRATEGIES)
+    docstring = " ".join(ch.strategies.sequential_pinned.__doc__.split())
+    assert "\n" in ch.strategies.sequential_pinned.__doc__.strip()      # a sentence over two lines
+    assert lines["sequential-pinned"] == docstring.split(". ")[0] and docstring.startswith(lines["sequential-pinned"])
+    assert all(what.endswith(".") for what in lines.values()), lines
+
+
+def _commands():
+    """Every subcommand's parser, by name."""
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_every_option_of_every_command_says_what_it_does(command):
+    parser = _commands()[command]
+    silent = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+    assert not silent, f"{command} --help has no text for {silent}"
+    assert parser.description, f"{command} --help says nothing about the command"
+
+
+def test_run_prints_the_backend_banner_on_a_line_of_its_own(tmp_path):
+    """The backend's line comes before the progress bar starts, not written onto the bar's line
+    (stdout and stderr land in one terminal; here in one pipe, unbuffered)."""
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", PYTHONUNBUFFERED="1")
+    p = subprocess.run([sys.executable, "-m", "course_helper", "run", "--store", str(tmp_path / "s.zarr"),
+                        "--n", "32", "--nt", "20"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout
+    assert re.search(r"(?:^|\n)course_helper: CPU backend", p.stdout), p.stdout
+    assert "levels to disk" in p.stdout                       # the bar did run
+
+
 def test_compare_table_explains_its_columns(cpu, capsys):
     assert main(["compare", "--n", "24", "--nt", "12", "--repeats", "1", "--no-progress", "--backend", "cpu"]) == 0
     out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines()[3:7]]
+    assert rows == list(cli.LADDER) == ["sequential", "sequential-pinned", "streams", "events"], out
     assert "hidden" in out.split("\n", 2)[1] and "hidden = overlap / the shorter of the two" in out
     assert "max diff = largest absolute difference" in out

@@ -108,6 +108,24 @@ def test_the_package_namespace_is_its_short_public_list():
         assert f"`{name}" in section, f"docs/helper-package.md does not list {name}"
         if callable(getattr(ch, name)):
             assert getattr(ch, name).__doc__, f"{name} has no docstring"
+    counted = re.search(r"\(`ch.__all__`, (\d+) of them\)", section)
+    assert counted and int(counted.group(1)) == len(ch.__all__), \
+        f"docs/helper-package.md should count the {len(ch.__all__)} names of ch.__all__"
+
+
+def test_the_helper_package_page_names_only_names_that_exist():
+    """Every ``ch.x`` or ``ch.module.x`` on docs/helper-package.md is reachable so, and a top-level
+    ``ch.x`` is a public name (in ``ch.__all__``), not a module's name written as if it were one."""
+    import course_helper as ch
+    page = (ROOT / "docs" / "helper-package.md").read_text()
+    for path in sorted(set(re.findall(r"\bch((?:\.[A-Za-z]\w*)+)", page))):
+        parts = path.strip(".").split(".")
+        obj = ch
+        for part in parts:
+            assert hasattr(obj, part), f"docs/helper-package.md names ch.{'.'.join(parts)}, which does not exist"
+            obj = getattr(obj, part)
+        if len(parts) == 1:
+            assert parts[0] in ch.__all__, f"docs/helper-package.md names ch.{parts[0]}, not a top-level name"
 
 
 def test_ci_runs_the_readme_test_command_with_the_browser_tests():
@@ -163,3 +181,27 @@ def test_the_readme_two_gpu_table_is_the_committed_halo_benchmark():
     assert table in (ROOT / "docs" / "two-gpus.md").read_text()
     one = next(p for p in doc["weak"] if p["ranks"] == 1 and p["n1"] == 2048)["strategies"]["blocking"]["ms"]
     assert f"| 2048² | {one:.1f} |" in table
+
+
+def _anchor(heading):
+    """The id a heading gets on GitHub and on the course site (MyST's heading anchors)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_into_the_glossary_reaches_one_of_its_words():
+    """Notebooks and docs link a word at first use to docs/glossary.md#word: each such anchor is a
+    heading of the glossary, so the link lands on the word's entry."""
+    glossary = (ROOT / "docs" / "glossary.md").read_text()
+    words = {_anchor(h) for h in re.findall(r"^## (.+)$", glossary, re.M)}
+    assert {"cupti", "clock", "happens-before", "ring-depth", "b", "modelled", "pinned-memory", "stream",
+            "event", "copy-engine"} <= words
+    import nbformat
+    texts = {path.name: "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                                   if c.cell_type == "markdown") for path in NOTEBOOKS}
+    texts.update({path.name: path.read_text() for path in (ROOT / "docs").glob("*.md")})
+    texts["README.md"] = (ROOT / "README.md").read_text()
+    links = [(name, anchor) for name, text in texts.items()
+             for anchor in re.findall(r"\]\((?:[./]*docs/)?glossary\.md#([^)\s]+)\)", text)
+             + re.findall(r"\]\(#([^)\s]+)\)", text if name == "glossary.md" else "")]
+    assert len(links) >= 10, "the notebooks link their words to the glossary"
+    assert not [link for link in links if link[1] not in words], "links to no word of the glossary"

@@ -5,6 +5,7 @@ The output is deterministic (fixed hash salt, no date), so re-running it only
 changes files whose drawing code changed.
 """
 import json
+import math
 import pathlib
 import sys
 
@@ -94,7 +95,7 @@ def lanes(ax, y, kern, copy, label, every, until, one_stream=False):
     for (_, b), (c, _) in zip(ends, ends[1:]):
         if c - b > 1e-9 and c <= until and not one_stream:
             box(ax, b, y, c - b, 0.34, IDLE)
-            ax.text((b + c) / 2, y + 0.17, "waits for\ncopied[b]", ha="center", va="center", fontsize=7)
+            ax.text((b + c) / 2, y + 0.17, "waits for a\nfree buffer", ha="center", va="center", fontsize=7)
     for level, (a, b) in kern.items():
         if b <= until:
             box(ax, a, y, b - a, 0.34, KERNEL)
@@ -111,20 +112,22 @@ def lanes(ax, y, kern, copy, label, every, until, one_stream=False):
 
 
 def sequential_vs_concurrent():
-    """Three loops at the balanced point (every 16th level saved), in measured proportions."""
+    """Three loops at the balanced point (every 16th level saved), in measured proportions.
+    Notebook 1 shows it before any of the loops' names (nscratch, copied[b]) exist, so its words
+    are plain: buffers, a ring, waiting for a free buffer."""
     nt, every = 52, 16
     until = 90 * KERNEL_MS                   # about 90 kernels: a few saved levels at every depth
     deep = ring_depth(KERNEL_MS, COPY_MS)
     rows = [("sequential-pinned", pinned_schedule(nt, every)),
-            ("events, nscratch 5", events_schedule(nt, every, 5)),
-            (f"events, nscratch {deep}", events_schedule(nt, every, deep))]
+            ("events, a ring of 5 buffers", events_schedule(nt, every, 5)),
+            (f"events, a ring of {deep} buffers", events_schedule(nt, every, deep))]
     fig, ax = plt.subplots(figsize=(11, 4.8))
     for i, (label, (kern, copy)) in enumerate(rows):
         y = 3.0 - 1.35 * i
         lanes(ax, y, kern, copy, label + (" (one stream)" if i == 0 else ""), every, until, one_stream=i == 0)
     kern, copy = rows[2][1]
     k19 = kern[16 + COPY_LAG]
-    ax.annotate(f"queued in turn 16 + {COPY_LAG}: starts with kernel {16 + COPY_LAG}",
+    ax.annotate(f"queued {COPY_LAG} turns later: starts with kernel {16 + COPY_LAG}",
                 xy=(copy[16][0], 0.3 - 0.42 + 0.34), xytext=(copy[16][0] + 0.05, -0.55), fontsize=8,
                 color=COPY, arrowprops=dict(arrowstyle="->", color=COPY))
     ax.axvline(k19[0], ymin=0.12, ymax=0.3, color="#999999", lw=0.8, ls=":")
@@ -134,11 +137,13 @@ def sequential_vs_concurrent():
     ax.text(until, -0.95, "ms", ha="left", fontsize=8, color="#666666")
     for t in np.arange(0, until, 1.0 if until > 3 else 0.5):
         ax.text(t, -0.95, f"{t:g}", ha="center", fontsize=8, color="#666666")
-    ax.text(0, -1.3, f"blue: one kernel per level (numbers: saved levels); orange: a saved level's copy. "
-            f"A deep enough ring (COPY_LAG + copy / kernel + 1 = {deep}) never makes compute wait.",
+    ax.text(0, -1.3, "blue: one kernel per level (numbers: saved levels); orange: a saved level's copy.",
             fontsize=8, color="#444444")
+    ratio = math.floor(COPY_MS / KERNEL_MS)
+    ax.text(0, -1.6, f"A ring of {COPY_LAG} + floor(copy / kernel) + 1 = {COPY_LAG} + {ratio} + 1 = {deep} buffers "
+            "never makes compute wait (ring_depth, notebook 6).", fontsize=8, color="#444444")
     ax.set_xlim(-0.32 * until, until + 0.05)
-    ax.set_ylim(-1.45, 3.65)
+    ax.set_ylim(-1.75, 3.65)
     ax.axis("off")
     save(fig, "sequential_vs_concurrent.svg")
 
