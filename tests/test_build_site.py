@@ -313,3 +313,13 @@ def test_a_symbolic_link_out_of_the_course_publishes_nothing(tmp_path):
     for name in ("innocent.png", "config.png"):
         with pytest.raises(build_site.SiteError, match="never through a symbolic link"):
             list(build_site.linked_files(f"![x](../images/{name})", root / "docs" / "page.md", allowed, root))
+
+
+def test_outside_a_git_checkout_the_course_is_every_file_but_git_s_and_the_builds(tmp_path):
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / "run").write_text("#!/bin/sh")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("a secret")
+    (tmp_path / "_build" / "site").mkdir(parents=True)
+    (tmp_path / "_build" / "site" / "old.html").write_text("built")
+    assert build_site.course_files(tmp_path) == {tmp_path / ".ci" / "run"}

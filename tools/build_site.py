@@ -260,17 +260,20 @@ def table_of_contents(root=ROOT):
     return toc
 
 
+#: Folders whose files are never the course's, where git cannot say (a copy that is not a checkout).
+NOT_THE_COURSE = frozenset({".git", "_build", ".venv", "venv", "__pycache__", ".ipynb_checkpoints"})
+
+
 def course_files(root=ROOT):
     """The files of the course, the only ones a page may publish: what git tracks, or would track
-    (not ignored), in this checkout; outside a git checkout, every file but those in hidden folders
-    and _build."""
+    (not ignored), in this checkout; in a copy that is not a git checkout, every file outside the
+    folders of :data:`NOT_THE_COURSE`."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                                 cwd=root, capture_output=True, check=True).stdout
         return {root / name for name in os.fsdecode(listed).split("\0") if name}
     except (OSError, subprocess.CalledProcessError):
-        return {p for p in root.rglob("*") if p.is_file() and not any(
-            part.startswith(".") or part == "_build" for part in p.relative_to(root).parts[:-1])}
+        return {p for p in root.rglob("*") if p.is_file() and not NOT_THE_COURSE & set(p.relative_to(root).parts)}
 
 
 def linked_files(text, page, allowed, root=ROOT):
