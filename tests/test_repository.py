@@ -152,10 +152,8 @@ def test_readme_is_a_front_door_that_links_every_docs_page():
     toc = (ROOT / "docs" / "_toc.yml").read_text()
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"(docs/{page.name})" in readme, f"the README does not link docs/{page.name}"
-        assert f"docs/{page.stem}" in toc, f"the site's table of contents leaves out docs/{page.name}"
-    for path in NOTEBOOKS:
-        name = path.relative_to(ROOT).with_suffix("").as_posix()
-        assert f"file: {name}\n" in toc, f"the site's table of contents leaves out {name}"
+        assert f"file: docs/{page.stem}\n" in toc, f"the site's table of contents leaves out docs/{page.name}"
+    # The notebooks are listed by the site build itself (tests/test_build_site.py checks that list).
 
 
 def test_the_readme_results_table_is_the_committed_sweep():

@@ -236,8 +236,12 @@ def test_plot_keeps_the_legend_off_the_bars_and_draws_each_operation_as_long_as_
 
 def test_busy_fractions_of_a_hand_built_trace():
     t = hand_trace()          # 0 .. 12 ms
-    assert t.busy_fractions() == pytest.approx({"compute": 8 / 12, "io 0": 5 / 12, "io 1": 3 / 12, "host": 1.5 / 12})
-    assert t.busy_fractions((2.0, 6.0)) == pytest.approx({"compute": 0.5, "io 0": 1.0, "io 1": 0.5, "host": 0.125})
+    assert t.busy_fractions(lanes="streams") == pytest.approx({"compute": 8 / 12, "io 0": 5 / 12, "io 1": 3 / 12,
+                                                               "host": 1.5 / 12})
+    assert t.busy_fractions((2.0, 6.0), lanes="streams") == pytest.approx({"compute": 0.5, "io 0": 1.0, "io 1": 0.5,
+                                                                           "host": 0.125})
+    # the engines view: both IO streams' copies on one D2H lane, busy for the union [2, 7] and [11, 12]
+    assert t.busy_fractions() == pytest.approx({"compute": 8 / 12, "D2H": 6 / 12, "host": 1.5 / 12})
     with pytest.raises(ValueError, match="end after it starts"):
         t.busy_fractions((3.0, 3.0))
 
@@ -245,14 +249,16 @@ def test_busy_fractions_of_a_hand_built_trace():
 def test_each_lane_is_labelled_with_how_busy_it_was_in_the_time_shown():
     import matplotlib.pyplot as plt
     t = hand_trace()
-    labels = [x.get_text() for x in t.plot().get_yticklabels()]
+    labels = [x.get_text() for x in t.plot(lanes="streams").get_yticklabels()]
     assert labels == ["compute\n67% busy", "io 0\n42% busy", "io 1\n25% busy", "host\n12% waiting"]
-    labels = [x.get_text() for x in t.plot(window=(2.0, 6.0)).get_yticklabels()]
+    labels = [x.get_text() for x in t.plot(window=(2.0, 6.0), lanes="streams").get_yticklabels()]
     assert labels == ["compute\n50% busy", "io 0\n100% busy", "io 1\n50% busy", "host\n12% waiting"]
+    labels = [x.get_text() for x in t.plot().get_yticklabels()]
+    assert labels == ["compute\n67% busy", "D2H (2 streams)\n50% busy", "host\n12% waiting"]
     # a lane that did work is never shown as 0% (nor one with gaps as 100%)
     sparse = Trace([TraceEvent("io 0", "D2H", "c", 0.0, 0.001), TraceEvent("compute", "kernel", "k", 0.0, 0.999),
                     TraceEvent("compute", "kernel", "k", 0.9995, 1.0)], ["compute", "io 0"])
-    assert [x.get_text() for x in sparse.plot().get_yticklabels()] == ["compute\n>99% busy", "io 0\n<1% busy"]
+    assert [x.get_text() for x in sparse.plot().get_yticklabels()] == ["compute\n>99% busy", "D2H\n<1% busy"]
     plt.close("all")
 
 
@@ -395,3 +401,154 @@ def test_the_window_for_levels_includes_both_end_levels():
     assert t.window_for_levels(5, 9) == (5.0, 5.5)
     with pytest.raises(ValueError, match="no traced work"):
         t.window_for_levels(6, 9)
+
+
+# -- the default picture: a lane per engine and purpose --------------------------------------------
+
+def test_the_engines_view_puts_each_kind_of_work_on_its_lane():
+    from course_helper.timelines.timeline import lane_of
+    lanes = {(track, kind): lane_of(TraceEvent(track, kind, "x", 0.0, 1.0))
+             for track, kind in [("compute", "kernel"), ("compute", "D2D"), ("io 11", "D2H"), ("io 2", "H2D"),
+                                 ("disk 3", "disk write"), ("halo", "halo"), ("host", "host wait"),
+                                 ("boundary", "kernel"), ("default", "D2H"), ("mine 2", "kernel"),
+                                 ("rank 1 io", "D2H"), ("rank 1 compute", "kernel"), ("rank 10 compute 3", "kernel")]}
+    assert lanes == {("compute", "kernel"): "compute", ("compute", "D2D"): "compute", ("io 11", "D2H"): "D2H",
+                     ("io 2", "H2D"): "H2D", ("disk 3", "disk write"): "disk", ("halo", "halo"): "halo",
+                     ("host", "host wait"): "host", ("boundary", "kernel"): "boundary", ("default", "D2H"): "D2H",
+                     ("mine 2", "kernel"): "mine", ("rank 1 io", "D2H"): "rank 1 D2H",
+                     ("rank 1 compute", "kernel"): "rank 1 compute",
+                     ("rank 10 compute 3", "kernel"): "rank 10 compute"}
+    assert lane_of(TraceEvent("io 11", "D2H", "x", 0.0, 1.0), lanes="streams") == "io 11"
+    with pytest.raises(ValueError, match="lanes must be one of 'engines', 'streams', got 'stream'"):
+        lane_of(TraceEvent("io 11", "D2H", "x", 0.0, 1.0), lanes="stream")
+
+
+def test_lanes_come_in_order_streams_first_then_copies_disk_and_host_rank_by_rank():
+    ev = [TraceEvent(track, kind, "x", 0.0, 1.0) for track, kind in [
+        ("rank 1 host", "host wait"), ("rank 1 io", "D2H"), ("rank 1 compute", "kernel"), ("rank 0 halo", "halo"),
+        ("rank 0 io", "D2H"), ("rank 0 boundary", "kernel"), ("rank 0 compute", "kernel"), ("rank 0 io", "H2D")]]
+    t = Trace(ev, ["rank 0 compute", "rank 0 boundary", "rank 0 halo", "rank 0 io", "rank 1 compute", "rank 1 io",
+                   "rank 1 host"])
+    assert t.lane_names() == ["rank 0 compute", "rank 0 boundary", "rank 0 halo", "rank 0 H2D", "rank 0 D2H",
+                              "rank 1 compute", "rank 1 D2H", "rank 1 host"]
+    assert t.lane_names("streams") == t.tracks
+    assert Trace([], ["compute", "io 0", "io 1", "host"]).lane_names() == ["compute", "io", "host"]
+
+
+def _balanced_events_trace():
+    n, nt, every = ch.measure.BALANCED_POINT
+    with ch.timing_only():
+        return ch.solve(ch.WaveProblem(n0=n, n1=n, nt=nt), "events", every=every).trace
+
+
+def test_the_events_loop_at_the_balanced_point_draws_at_most_six_lanes(backend):
+    """The timeline notebooks 6 and 7 draw: the deep ring's many IO streams share one copy lane,
+    while the Chrome export keeps a lane per stream for zooming in Perfetto."""
+    import matplotlib.pyplot as plt
+    t = _balanced_events_trace()
+    assert len(t.tracks) > 6, t.tracks                     # one per IO stream of the deep ring
+    assert t.lane_names() == ["compute", "D2H"]
+    ax = t.plot(levels=(160, 208))
+    labels = [x.get_text().split("\n")[0] for x in ax.get_yticklabels()]
+    assert len(labels) <= 6 and labels == ["compute", f"D2H ({len(t.tracks) - 1} streams)"]
+    assert len(t.plot(lanes="streams").get_yticklabels()) == len(t.tracks)
+    doc = t.to_chrome()
+    assert [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"] == t.tracks
+    plt.close("all")
+
+
+def _tick_label_boxes(fig):
+    """The drawn extents of every visible tick label of every axes of ``fig`` (rendered with Agg)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return [(label.get_text(), label.get_window_extent(renderer)) for ax in fig.axes
+            for label in ax.get_xticklabels() + ax.get_yticklabels() if label.get_visible() and label.get_text()]
+
+
+def _overlapping(boxes):
+    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:] if box_a.overlaps(box_b)]
+
+
+def test_no_two_tick_labels_overlap_at_the_notebooks_width(backend):
+    import matplotlib.pyplot as plt
+    t = _balanced_events_trace()
+    for ax in (t.plot(), t.plot(levels=(160, 208)), t.plot(levels=(160, 208), lanes="streams")):
+        boxes = _tick_label_boxes(ax.figure)
+        assert len(boxes) > 4 and not _overlapping(boxes), _overlapping(boxes)
+        # The compute lane (the top one) is as tall as every other lane: its bars fill a lane's whole height.
+        boxes = [path.get_extents() for bars in ax.collections for path in bars.get_paths()]
+        assert {round(b.height, 9) for b in boxes if b.y0 < 0.5} == {0.8}
+        assert max(b.height for b in boxes) == pytest.approx(0.8)
+    plt.close("all")
+
+
+def test_compared_panels_share_one_time_axis_and_one_window(backend):
+    """Notebook 7's comparison: the same levels of each run, from their start, on one scale, so
+    that the shorter run ends visibly earlier; no tick label overlaps another panel's."""
+    import matplotlib.pyplot as plt
+    n, nt, every = ch.measure.BALANCED_POINT
+    with ch.timing_only():
+        runs = {name: ch.solve(ch.WaveProblem(n0=n, n1=n, nt=nt), name, every=every)
+                for name in ("sequential-pinned", "events")}
+    axes = ch.timelines.plot_compared(runs, levels=(160, 208))
+    assert len(axes) == 2 and axes[0].get_xlim() == axes[1].get_xlim()
+    spans = {name: r.trace.window_for_levels(160, 208) for name, r in runs.items()}
+    lengths = {name: b - a for name, (a, b) in spans.items()}
+    lo, hi = axes[0].get_xlim()
+    assert lo < 0 < max(lengths.values()) < hi < 1.1 * max(lengths.values())
+    for ax, (name, length) in zip(axes, lengths.items()):
+        assert ax.get_title().startswith(f"{name}: levels 160 to 208 in {length:.2f} ms")
+    assert [x.get_text().split("\n")[0] for x in axes[1].get_yticklabels()][0] == "compute"
+    boxes = _tick_label_boxes(axes[0].figure)
+    assert not _overlapping(boxes), _overlapping(boxes)
+    plt.close("all")
+
+
+def test_compared_panels_of_whole_runs_and_of_a_window():
+    import matplotlib.pyplot as plt
+    short = hand_trace()
+    long = Trace([TraceEvent("compute", "kernel", "k", 0.0, 30.0, 0, 2)], ["compute"], {"strategy": "long"})
+    axes = ch.timelines.plot_compared([short, long])
+    assert [ax.get_title().split(" (clock")[0] for ax in axes] == ["hand: 12.00 ms", "long: 30.00 ms"]
+    assert axes[0].get_xlim() == axes[1].get_xlim() and axes[0].get_xlim()[1] > 30
+    axes = ch.timelines.plot_compared({"a": short, "b": long}, window=(2.0, 6.0))
+    assert axes[0].get_xlim() == axes[1].get_xlim() == pytest.approx((1.92, 6.08))
+    plt.close("all")
+
+
+def test_compared_panels_refuse_what_they_cannot_draw_before_drawing():
+    import matplotlib.pyplot as plt
+    plt.close("all")
+    with pytest.raises(ValueError, match="levels or window, not both"):
+        ch.timelines.plot_compared([hand_trace()], levels=(2, 3), window=(0, 1))
+    with pytest.raises(ValueError, match="no timelines to compare"):
+        ch.timelines.plot_compared({})
+    with pytest.raises(ValueError, match="lanes must be one of"):
+        ch.timelines.plot_compared([hand_trace()], lanes="stream")
+    with pytest.raises(TypeError, match="the run 'events' holds no timeline .*trace=True"):
+        ch.timelines.plot_compared({"hand": hand_trace(), "events": None})
+    with pytest.raises(ValueError, match="hand: no traced work belongs to levels 50..60"):
+        ch.timelines.plot_compared([hand_trace()], levels=(50, 60))
+    assert plt.get_fignums() == []
+
+
+def test_work_at_once_on_a_shared_lane_is_drawn_side_by_side_and_labelled_where_it_fits():
+    """Two copies at once from two streams: two rows of half height on the D2H lane, each bar as long
+    as its copy; the long bar carries its stream's name inside it, a bar too thin for the name does
+    not show it, and a far thinner one gets no label at all."""
+    import matplotlib.pyplot as plt
+    t = Trace([TraceEvent("compute", "kernel", "k", 0.0, 10.0), TraceEvent("io 0", "D2H", "c0", 0.0, 8.0),
+               TraceEvent("io 1", "D2H", "c1", 2.0, 2.2), TraceEvent("io 1", "D2H", "c2", 9.0, 9.05)], [])
+    ax = t.plot()
+    bars = sorted((round(b.x0, 6), round(b.width, 6), round(b.height, 6)) for c in ax.collections[1:]
+                  for b in (p.get_extents() for p in c.get_paths()))
+    assert bars == [(0.0, 8.0, 0.4), (2.0, 0.2, 0.4), (9.0, 0.05, 0.4)]
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = sorted(ax.texts, key=lambda text: text.get_position()[0])
+    assert [(text.get_text(), text.fits(renderer)) for text in labels] == [("io 1", False), ("io 0", True)]
+    box = labels[1].get_window_extent(renderer)
+    (left, top), (right, bottom) = ax.transData.transform([(0.0, 0.6), (8.0, 1.0)])
+    assert left < box.x0 < box.x1 < right and min(top, bottom) <= box.y0 < box.y1 <= max(top, bottom)
+    plt.close(fig)

@@ -1,25 +1,35 @@
 """A recorded timeline: export to Perfetto, plot inline, summarise in numbers."""
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import files
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping, Sequence
 
     import matplotlib.axes
 
-__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "merge_intervals", "covered_length",
-           "intersection_length"]
+__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "LANES", "lane_of", "plot_compared", "merge_intervals",
+           "covered_length", "intersection_length"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
 KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
          "memset": "#8c564b", "host wait": "#7f7f7f", "halo": "#d62728", "disk write": "#17becf"}
 _COPIES = ("D2H", "H2D", "D2D")
+
+#: How a picture lays out its lanes: ``"engines"`` (the default) one lane per engine and purpose,
+#: ``"streams"`` one lane per recorded track (stream, host, writer thread), as the Chrome export has them.
+LANES = ("engines", "streams")
+# The engines view's shared lanes, by kind of work, in the order they are drawn after the streams'
+# own lanes: the halo exchange, copies by direction, the disk writers, the host's waits.
+_SHARED_LANE = {"halo": "halo", "H2D": "H2D", "D2H": "D2H", "disk write": "disk", "host wait": "host"}
+_RANK = re.compile(r"(rank \d+ )(.*)")           # a lane of one rank in a merged multi-rank trace
 
 
 @dataclass
@@ -120,6 +130,69 @@ def intersection_length(x: list[list[float]], y: list[list[float]]) -> float:
     return total
 
 
+def _check_lanes(lanes):
+    if lanes not in LANES:
+        raise ValueError(f"lanes must be one of {', '.join(repr(x) for x in LANES)}, got {lanes!r}: "
+                         "'engines' draws a lane per engine and purpose, 'streams' a lane per stream")
+    return lanes
+
+
+def lane_of(event: TraceEvent, lanes: str = "engines") -> str:
+    """The lane a picture draws ``event`` on.
+
+    ``lanes="streams"``: its own track. ``lanes="engines"``: copies to and from the host share
+    their direction's lane (``"D2H"``, ``"H2D"``) whatever stream queued them, the disk writers share
+    ``"disk"``, the halo exchange has ``"halo"`` and host waits ``"host"``; other work (kernels,
+    fills, device-to-device copies) stays on its stream's lane, streams of one name ("compute 0",
+    "compute 1") sharing one. A merged multi-rank trace keeps each rank's prefix ("rank 1 D2H").
+
+    >>> lane_of(TraceEvent("io 7", "D2H", "copy", 0.0, 1.0))
+    'D2H'
+    >>> lane_of(TraceEvent("io 7", "D2H", "copy", 0.0, 1.0), lanes="streams")
+    'io 7'
+    >>> lane_of(TraceEvent("rank 1 compute", "kernel", "k", 0.0, 1.0))
+    'rank 1 compute'
+    """
+    if _check_lanes(lanes) == "streams":
+        return event.track
+    return _engine_lane(event.track, event.kind)
+
+
+def _engine_lane(track, kind):
+    """:func:`lane_of` in the engines view, for work of ``kind`` on ``track``."""
+    match = _RANK.fullmatch(track)
+    rank, track = match.groups() if match else ("", track)
+    if kind in _SHARED_LANE:
+        return rank + _SHARED_LANE[kind]
+    head, _, number = track.rpartition(" ")
+    return rank + (head if head and number.isdigit() else track)
+
+
+def _lane_order(lane, first_track):
+    """Sort key of an engines-view lane: by rank, then the streams' own lanes in the order of their
+    first track, then the shared lanes in :data:`_SHARED_LANE`'s order."""
+    match = _RANK.fullmatch(lane)
+    rank, name = match.groups() if match else ("", lane)
+    shared = list(_SHARED_LANE.values())
+    rank_number = int(rank.split()[1]) if rank else -1
+    return (rank_number, 1, shared.index(name), 0) if name in shared else (rank_number, 0, 0, first_track)
+
+
+def _rows(events):
+    """A row index for each of ``events`` (sorted by start) such that no two on one row overlap
+    (first fit): work that ran at once on a shared lane is drawn in thinner rows, side by side
+    instead of on top of each other. Returns (rows, number of rows)."""
+    ends, rows = [], []
+    for e in events:
+        row = next((r for r, end in enumerate(ends) if end <= e.start_ms + 1e-6), len(ends))
+        if row == len(ends):
+            ends.append(e.end_ms)
+        else:
+            ends[row] = e.end_ms
+        rows.append(row)
+    return rows, max(len(ends), 1)
+
+
 class Trace:
     """The timeline of one run: a list of :class:`TraceEvent` on named tracks.
 
@@ -162,6 +235,11 @@ class Trace:
             raise ValueError(f"no traced work belongs to levels {first}..{last}")
         return min(e.start_ms for e in sel), max(e.end_ms for e in sel)
 
+    def shifted(self, by_ms: float) -> Trace:
+        """The same timeline with every time moved by ``by_ms`` (``-start`` puts ``start`` at zero)."""
+        return Trace([TraceEvent(e.track, e.kind, e.name, e.start_ms + by_ms, e.end_ms + by_ms, e.bytes, e.level)
+                      for e in self.events], self.tracks, self.meta)
+
     # -- numbers ----------------------------------------------------------
     def summary(self) -> dict[str, float | str]:
         """Busy times and overlap, in ms.
@@ -196,19 +274,36 @@ class Trace:
         return Overlap(compute_ms=covered_length(kern), copy_ms=covered_length(d2h), overlap_ms=both,
                        hidden_fraction=both / shorter if shorter > 0 else 0.0, timing=self.timing)
 
-    def busy_fractions(self, window: tuple[float, float] | None = None) -> dict[str, float]:
-        """``{track: fraction}``: the share of ``window`` (``(start_ms, end_ms)``; default: first
-        start to last end) during which each track had work (on the host lane: waited)."""
+    def lane_names(self, lanes: str = "engines") -> list[str]:
+        """The lanes a picture of the trace draws, top to bottom: with ``lanes="streams"`` its
+        tracks, with ``"engines"`` (the default) one per engine and purpose (:func:`lane_of`):
+        e.g. ``["compute", "D2H", "host"]`` for the streams loop, however many IO streams it used."""
+        if _check_lanes(lanes) == "streams":
+            return list(self.tracks)
+        kinds = {}
+        for e in self.events:
+            kinds.setdefault(e.track, set()).add(e.kind)
+        first = {}                              # lane -> the first track that has work on it
+        for i, track in enumerate(self.tracks):
+            for kind in sorted(kinds.get(track, {"no work"})):
+                first.setdefault(_engine_lane(track, kind), i)
+        return sorted(first, key=lambda lane: _lane_order(lane, first[lane]))
+
+    def busy_fractions(self, window: tuple[float, float] | None = None, lanes: str = "engines") -> dict[str, float]:
+        """``{lane: fraction}``: the share of ``window`` (``(start_ms, end_ms)``; default: first
+        start to last end) during which each lane (:meth:`lane_names`; ``lanes="streams"``: each
+        track) had work (on the host lane: waited)."""
+        names = self.lane_names(lanes)
         if window is None:
             if not self.events:
-                return {name: 0.0 for name in self.tracks}
+                return {name: 0.0 for name in names}
             window = (min(e.start_ms for e in self.events), max(e.end_ms for e in self.events))
         lo, hi = window
         if not hi > lo:
             raise ValueError(f"the window must end after it starts, got {window}")
         return {name: covered_length(_clip(merge_intervals((e.start_ms, e.end_ms) for e in self.events
-                                                           if e.track == name), lo, hi)) / (hi - lo)
-                for name in self.tracks}
+                                                           if lane_of(e, lanes) == name), lo, hi)) / (hi - lo)
+                for name in names}
 
     @property
     def clock(self) -> str:
@@ -273,47 +368,61 @@ class Trace:
 
     # -- picture ------------------------------------------------------------
     def plot(self, ax: matplotlib.axes.Axes | None = None, window: tuple[float, float] | None = None,
-             levels: tuple[int, int] | None = None, title: str | None = None) -> matplotlib.axes.Axes:
-        """Draw the timeline: one lane per track, kernels and copies in their colours.
+             levels: tuple[int, int] | None = None, title: str | None = None,
+             lanes: str = "engines") -> matplotlib.axes.Axes:
+        """Draw the timeline: a lane per engine and purpose (or per stream), work in its kind's colour.
+
+        By default (``lanes="engines"``) the copies of all IO streams share their direction's lane
+        ("D2H"), each bar labelled with its stream where the label fits, so a loop with 17 IO
+        streams draws as few lanes as one with a single stream (:meth:`lane_names`); work that ran
+        at once on a shared lane is drawn in thinner rows side by side. ``lanes="streams"`` draws a
+        lane per stream, as recorded (the Chrome export, :meth:`to_chrome_json`, always does, for
+        zooming in Perfetto).
 
         Each operation is drawn exactly as long as it ran, so a lane that was busy 5% of a
         whole run looks it (operations far shorter than a pixel show as a faint shade), and
         each lane's label says how busy it was in the time shown ("compute / 5% busy"; the
         host lane: how much of it the host waited). The title names the clock that timed the
         trace (:attr:`clock`). The legend sits to the right of the axes, never over a bar.
+        To compare runs on one time axis, see :func:`plot_compared`.
 
         Parameters
         ----------
         ax : matplotlib Axes, optional
+            Default: a new figure, its height set by the number of lanes.
         window : (start_ms, end_ms), optional
             Zoom to this time range.
         levels : (first, last), optional
             Zoom to the work of these time levels (e.g. ``(100, 104)``).
         title : str, optional
             Default: the strategy. The clock is added unless the title names it.
+        lanes : {"engines", "streams"}
+            A lane per engine and purpose (default), or per stream.
         """
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
 
-        if ax is None:
-            # Constrained layout keeps room for the legend outside the axes.
-            _, ax = plt.subplots(figsize=(10, 0.5 * len(self.tracks) + 1.4), layout="constrained")
+        names = self.lane_names(lanes)          # checks `lanes` before anything is drawn
         if levels is not None:
             window = self.window_for_levels(*levels)
+        if ax is None:
+            # Constrained layout keeps room for the legend outside the axes.
+            _, ax = plt.subplots(figsize=(10, _LANE_INCHES * len(names) + 1.4), layout="constrained")
         if window is not None:
             pad = 0.02 * (window[1] - window[0])
             ax.set_xlim(window[0] - pad, window[1] + pad)
         elif self.events:
             ax.set_xlim(0, max(e.end_ms for e in self.events) * 1.01)
-        present = {e.kind for e in self.events}
-        if present:                                  # beside the axes, never over a bar
-            ax.legend(handles=[Patch(color=c, label=k) for k, c in KINDS.items() if k in present],
+        colours = _colours(self.events)
+        if colours:                                  # beside the axes, never over a bar
+            ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()],
                       loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
-        busy = self.busy_fractions(window) if self.events else {name: 0.0 for name in self.tracks}
-        ax.set_yticks(range(len(self.tracks)),
-                      [f"{name}\n{_percent(busy[name])} {'waiting' if name == 'host' else 'busy'}"
-                       for name in self.tracks])
-        ax.set_ylim(max(len(self.tracks), 1) - 0.5, -0.5)
+        on_lane = {name: [] for name in names}
+        for e in self.events:                        # in time order
+            on_lane[lane_of(e, lanes)].append(e)
+        busy = self.busy_fractions(window, lanes) if self.events else {name: 0.0 for name in names}
+        ax.set_yticks(range(len(names)), [_lane_label(name, on_lane[name], busy[name]) for name in names])
+        ax.set_ylim(max(len(names), 1) - 0.5, -0.5)
         if not self.events:
             ax.text(0.5, 0.5, "nothing was recorded", transform=ax.transAxes, ha="center")
         clock = self.meta.get("clock")           # e.g. "modelled H200" on the CPU backend
@@ -324,10 +433,171 @@ class Trace:
             title = f"{title} (clock: {self.clock})"
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)
-        lane = {name: i for i, name in enumerate(self.tracks)}
-        for kind, colour in KINDS.items():
-            for track in self.tracks:
-                bars = [(e.start_ms, e.duration_ms) for e in self.events if e.kind == kind and e.track == track]
-                if bars:
-                    ax.broken_barh(bars, (lane[track] - 0.4, 0.8), facecolors=colour, edgecolor="none")
+        for i, name in enumerate(names):
+            _draw_lane(ax, i, on_lane[name], colours)
         return ax
+
+
+#: Height of one lane in a figure the plots make themselves (inches): room for a two-line label.
+_LANE_INCHES = 0.55
+#: A lane's bars fill this much of its height (the rest separates the lanes).
+_BAR_HEIGHT = 0.8
+
+
+def _colours(events):
+    """``{kind: colour}`` of the kinds among ``events``: :data:`KINDS`'s, in its order, then any
+    other kind in grey-green, so that nothing recorded is left undrawn."""
+    present = {e.kind for e in events}
+    colours = {k: c for k, c in KINDS.items() if k in present}
+    colours.update({k: "#bcbd22" for k in sorted(present - set(KINDS))})
+    return colours
+
+
+def _lane_label(name, events, busy):
+    """A lane's tick label: its name, how many streams (or writer threads) share it where more than
+    one does, and how busy it was ("D2H (17 streams)" / "22% busy")."""
+    tracks = {e.track for e in events}
+    shared = f" ({len(tracks)} {'threads' if name.endswith('disk') else 'streams'})" if len(tracks) > 1 else ""
+    return f"{name}{shared}\n{_percent(busy)} {'waiting' if name.endswith('host') else 'busy'}"
+
+
+def _draw_lane(ax, index, events, colours):
+    """Draw one lane's ``events`` (in time order) as bars around y = ``index``, in rows where work
+    overlapped, and label each bar of a lane that several tracks share with its track where the
+    label fits inside it."""
+    rows, nrows = _rows(events)
+    height = _BAR_HEIGHT / nrows
+    bars = {}
+    for e, row in zip(events, rows):
+        bars.setdefault((e.kind, row), []).append((e.start_ms, e.duration_ms))
+    for (kind, row), spans in bars.items():
+        ax.broken_barh(spans, (index - _BAR_HEIGHT / 2 + row * height, height), facecolors=colours[kind],
+                       edgecolor="none")
+    if len({e.track for e in events}) < 2:
+        return
+    # Only bars that could hold a label at all (a sixtieth of the view or more) get one: a whole
+    # run's hundreds of thin bars stay unlabelled and cheap to draw.
+    lo, hi = ax.get_xlim()
+    label = _label_in_bar()
+    for e, row in zip(events, rows):
+        if e.duration_ms >= (hi - lo) / 60:
+            match = _RANK.fullmatch(e.track)
+            bottom = index - _BAR_HEIGHT / 2 + row * height
+            name = match.group(2) if match else e.track
+            ax.add_artist(label((e.start_ms, e.end_ms), (bottom, bottom + height), name))
+
+
+@functools.cache
+def _label_in_bar():
+    """The class of a bar's label: a matplotlib Text that draws itself only where it fits inside its
+    bar, checked at every draw, so that zooming or resizing never prints a label over its
+    neighbours. (Made on first use: importing the package does not import matplotlib.)"""
+    from matplotlib.text import Text
+
+    class LabelInBar(Text):
+        def __init__(self, xspan, yspan, text):
+            # Under the fade that plot_compared lays over work outside a panel's part (zorder 2.2).
+            super().__init__(sum(xspan) / 2, sum(yspan) / 2, text, ha="center", va="center", color="black",
+                             fontsize="x-small", clip_on=True, zorder=2.1)
+            self.corners = [(xspan[0], yspan[0]), (xspan[1], yspan[1])]
+
+        def fits(self, renderer):
+            """Whether the label, as ``renderer`` draws it, fits inside its bar."""
+            (left, top), (right, bottom) = self.axes.transData.transform(self.corners)
+            text = self.get_window_extent(renderer)
+            return text.width + 4 <= abs(right - left) and text.height <= abs(bottom - top)
+
+        def draw(self, renderer):
+            if self.fits(renderer):
+                super().draw(renderer)
+
+    return LabelInBar
+
+
+def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[int, int] | None = None,
+                  window: tuple[float, float] | None = None, lanes: str = "engines",
+                  width: float = 11.0) -> list[matplotlib.axes.Axes]:
+    """Draw timelines one above the other on one time axis, so that their lengths compare at a glance.
+
+    Every panel shows the same part of its run on the same scale: with ``levels=(first, last)`` the
+    work of those levels, each run's time counted from its first operation of level ``first`` (the
+    title says how long the levels took); with ``window`` the same time range of each run; else the
+    whole runs. A lane is equally tall in every panel.
+
+    Parameters
+    ----------
+    traces : mapping of name to Trace, or a sequence of Traces
+        E.g. ``{name: r.trace for name, r in comparison.results.items()}``; a mapping's values may be
+        ``solve``'s results themselves (their ``trace`` is drawn). Names title the panels (default:
+        each trace's strategy).
+    levels : (first, last), optional
+    window : (start_ms, end_ms), optional
+    lanes : {"engines", "streams"}
+        As in :meth:`Trace.plot`.
+    width : float
+        Figure width in inches (11: a notebook's text width).
+
+    Returns
+    -------
+    list of matplotlib Axes
+        One per trace, top to bottom, sharing their x axis.
+
+    Examples
+    --------
+    >>> ch.timelines.plot_compared(comparison.results, levels=(160, 208))   # doctest: +SKIP
+    """
+    import matplotlib.pyplot as plt
+
+    _check_lanes(lanes)
+    if levels is not None and window is not None:
+        raise ValueError("give levels or window, not both: levels picks the same levels in each run, "
+                         "window the same time range")
+    named = dict(traces) if hasattr(traces, "keys") else dict(enumerate(traces))
+    if not named:
+        raise ValueError("no timelines to compare: pass at least one Trace")
+    panels = []
+    for key, item in named.items():
+        trace = getattr(item, "trace", item)
+        if not isinstance(trace, Trace):
+            what = f"the run {key!r}" if isinstance(key, str) else f"item {key}"
+            raise TypeError(f"{what} holds no timeline ({type(item).__name__}): pass Traces, or results of a "
+                            "solve run with trace=True (the default)")
+        title = key if isinstance(key, str) else trace.meta.get("strategy", "timeline")
+        if levels is not None:
+            try:
+                start, end = trace.window_for_levels(*levels)
+            except ValueError as err:
+                raise ValueError(f"{title}: {err}") from None
+            trace = trace.shifted(-start)
+            span = (0.0, end - start)
+            title = f"{title}: levels {levels[0]} to {levels[1]} in {span[1]:.2f} ms"
+        elif window is not None:
+            span = window
+        else:
+            span = (0.0, max((e.end_ms for e in trace.events), default=0.0))
+            title = f"{title}: {span[1]:.2f} ms" if trace.events else title
+        panels.append((trace, span, title))
+    lane_counts = [len(trace.lane_names(lanes)) for trace, _, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, layout="constrained", squeeze=False,
+                             figsize=(width, sum(_LANE_INCHES * n + 0.9 for n in lane_counts) + 0.5),
+                             height_ratios=[_LANE_INCHES * n + 0.9 for n in lane_counts])
+    axes = list(axes[:, 0])
+    for ax, (trace, span, title) in zip(axes, panels):
+        trace.plot(ax=ax, window=span if span[1] > span[0] else None, title=title, lanes=lanes)
+        ax.set_xlabel("")
+    lo = min(span[0] for _, span, _ in panels)
+    hi = max(span[1] for _, span, _ in panels)
+    if hi > lo:
+        pad = 0.02 * (hi - lo)
+        axes[0].set_xlim(lo - pad, hi + pad)        # shared: every panel shows this window
+        for ax, (_, span, _) in zip(axes, panels):
+            # Work outside a panel's own part (a shorter run's later levels) shows faded, so that
+            # each panel's length is where its bright bars end.
+            for outside in ((lo - pad, span[0]), (span[1], hi + pad)):
+                if outside[1] > outside[0]:
+                    ax.axvspan(*outside, facecolor="white", alpha=0.75, edgecolor="none", zorder=2.2)
+    clock = panels[-1][0].meta.get("clock")
+    unit = f"ms, {clock}" if clock else "ms"
+    axes[-1].set_xlabel(f"time since the first operation of level {levels[0]} ({unit})" if levels is not None
+                        else f"time ({unit})")
+    return axes

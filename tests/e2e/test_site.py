@@ -2,7 +2,8 @@
 
 Serves the built site on a local port and opens every page: every image loads, no request
 leaves the site (MathJax, fonts and scripts are all served with it), the maths is typeset,
-the navigation reaches every notebook, and search finds a page. Uses the site in
+Next walks the lessons in order and each solution is linked from its lesson, no output is wider
+than the text column, and search finds a page and shows what it says. Uses the site in
 ``COURSE_SITE_DIR`` (CI builds it with the README's command) or builds one into a temporary
 folder. Needs Debian's chromium, Playwright (the e2e extra) and Jupyter Book (the site extra).
 """
@@ -10,6 +11,7 @@ import functools
 import http.server
 import os
 import pathlib
+import re
 import threading
 import urllib.parse
 
@@ -21,6 +23,12 @@ CHROMIUM = os.environ.get("COURSE_E2E_CHROMIUM", "/usr/bin/chromium")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
 NOTEBOOKS = sorted(p.relative_to(ROOT).with_suffix(".html").as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb"))
+#: The lessons in the course's order (by their number), and each lesson's solutions.
+LESSONS = sorted((p for p in NOTEBOOKS if re.fullmatch(r"notebooks/\d+_\w+\.html", p)),
+                 key=lambda p: int(re.search(r"(\d+)_", p).group(1)))
+SOLUTIONS = {lesson: [p for p in NOTEBOOKS if p.startswith("notebooks/solutions/")
+                      and int(re.search(r"(\d+)_", p).group(1)) == int(re.search(r"(\d+)_", lesson).group(1))]
+             for lesson in LESSONS}
 
 
 def _need(condition, why):
@@ -75,7 +83,7 @@ def browser(site):
 @pytest.fixture
 def page(site, browser):
     """A page that records (and blocks) every request for another host, and every failed one."""
-    pg = browser.new_page(viewport={"width": 1280, "height": 1000})
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
     pg.set_default_timeout(30_000)
     pg.outside, pg.failed = [], []
 
@@ -139,12 +147,12 @@ def test_the_maths_is_typeset_by_the_site_s_own_mathjax(site, page):
     assert not page.outside, page.outside
 
 
-def test_the_navigation_reaches_every_notebook_in_course_order(site, page):
+def test_the_navigation_reaches_every_notebook_and_next_walks_the_lessons_in_order(site, page):
     page.goto(site["url"] + "index.html", wait_until="networkidle")
     links = page.evaluate("() => [...document.querySelectorAll('nav.bd-docs-nav a, .bd-sidenav a')].map(a => a.href)")
     reached = {urllib.parse.urlparse(href).path.lstrip("/") for href in links}
     assert set(NOTEBOOKS) <= reached, f"the navigation leaves out {sorted(set(NOTEBOOKS) - reached)}"
-    # Following "next" from the front page visits the notebooks in the course's order.
+    # Following Next from the front page visits the lessons one after the other, no solution between.
     order, url = [], site["url"] + "index.html"
     for _ in range(60):
         page.goto(url, wait_until="networkidle")        # index.html forwards to the front page
@@ -153,13 +161,73 @@ def test_the_navigation_reaches_every_notebook_in_course_order(site, page):
             break
         url = following.first.evaluate("a => a.href")
         order.append(urllib.parse.urlparse(url).path.lstrip("/"))
-    course = [p for p in order if p in NOTEBOOKS]
-    assert course == sorted(NOTEBOOKS, key=lambda p: (p.split("/")[-1][:2], "solutions" in p)), course
+    visited = [p for p in order if p in NOTEBOOKS]
+    assert visited == LESSONS, visited
+    # ... and Previous walks them back.
+    for before, lesson in zip(LESSONS, LESSONS[1:]):
+        page.goto(site["url"] + lesson, wait_until="networkidle")
+        back = page.locator("a.left-prev").first.evaluate("a => a.href")
+        assert urllib.parse.urlparse(back).path.lstrip("/") == before, (lesson, back)
 
 
-def test_search_finds_a_lesson(site, page):
+def test_each_solution_is_linked_from_its_lesson_and_titled_after_it(site, page):
+    assert any(SOLUTIONS.values())
+    for lesson, solutions in SOLUTIONS.items():
+        page.goto(site["url"] + lesson, wait_until="networkidle")
+        lesson_title = page.locator("main h1").first.inner_text().rstrip("#").strip()
+        hrefs = page.evaluate("() => [...document.querySelectorAll('main a')].map(a => a.href)")
+        linked = {urllib.parse.urlparse(h).path.lstrip("/") for h in hrefs}
+        for solution in solutions:
+            assert solution in linked, f"{lesson} has no link to {solution}"
+            page.goto(site["url"] + solution, wait_until="networkidle")
+            heading = page.locator("main h1").first.inner_text().rstrip("#").strip()
+            assert heading == f"Solution: {lesson_title}", (solution, heading)
+
+
+#: The blocks of a notebook's outputs: each must fit the text column (scrolling inside, if wider).
+OUTPUT_BLOCKS = "div.cell_output, div.cell_output > *, div.cell_output pre, div.cell_output img, div.cell_output table"
+
+
+def test_no_output_is_wider_than_the_text_column(site, page):
+    """At a 1400 px window no output block reaches past the text column: a wide table scrolls inside
+    its own output (and the page says which ones do, in the test's output)."""
+    too_wide, scrolled = {}, {}
+    for name in LESSONS + [p for sols in SOLUTIONS.values() for p in sols]:
+        page.goto(site["url"] + name, wait_until="networkidle")
+        found = page.evaluate("""blocks => {
+            const column = document.querySelector('article.bd-article').getBoundingClientRect();
+            return [...document.querySelectorAll(blocks)]
+                .map(e => [e.tagName.toLowerCase() + '.' + e.className, e.getBoundingClientRect()])
+                .filter(([, r]) => r.right > column.right + 1 || r.left < column.left - 1)
+                .map(([what, r]) => `${what}: ${Math.round(r.left)}..${Math.round(r.right)} px, `
+                                    + `column ${Math.round(column.left)}..${Math.round(column.right)} px`);
+        }""", OUTPUT_BLOCKS)
+        if found:
+            too_wide[name] = found
+        inside = page.evaluate("() => [...document.querySelectorAll('div.cell_output pre')]"
+                               ".filter(p => p.scrollWidth > p.clientWidth + 1).length")
+        if inside:
+            scrolled[name] = inside
+    print("outputs that scroll inside themselves:", scrolled or "none")
+    assert not too_wide, too_wide
+
+
+def test_search_finds_a_lesson_and_shows_what_it_says(site, page):
+    """Served as the README says, search lists the pages and the text around the word in each,
+    which it reads from the pages themselves (opened from the file system, a browser refuses those
+    reads: the README gives the command that serves the site)."""
+    refused = []
+    page.on("console", lambda m: m.type == "error" and re.search(r"CORS|fetch|load", m.text, re.I)
+            and refused.append(m.text))
     page.goto(site["url"] + "search.html?q=pinned", wait_until="networkidle")
     results = page.locator("#search-results li")
     results.first.wait_for(timeout=30_000)
     hrefs = page.evaluate("() => [...document.querySelectorAll('#search-results li a')].map(a => a.href)")
     assert any("03_pinned_memory" in h for h in hrefs), hrefs
+    # Each result's summary is the text around the word, read from its page.
+    page.wait_for_function("() => document.querySelectorAll('#search-results li p.context').length > 0",
+                           timeout=30_000)
+    summaries = page.evaluate("() => [...document.querySelectorAll('#search-results li p.context')]"
+                              ".map(p => p.innerText)")
+    assert any("pinned" in s.lower() for s in summaries), summaries
+    assert not refused and not page.failed, (refused, page.failed)
