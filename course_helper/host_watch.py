@@ -125,7 +125,8 @@ def _where(entry):
     while frame is not None:
         package = str(frame.f_globals.get("__name__", "")).split(".")[0]
         if package not in _LIBRARIES:
-            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno, frame.f_globals).strip()
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
+            line = line.split("  # ")[0].strip()          # the code, not its comment
             return f"{entry} in `{line}`" if line else entry
         if (package == "course_helper" and helper is None and frame.f_globals.get("__name__") != __name__
                 and frame.f_code.co_name != "<module>"):

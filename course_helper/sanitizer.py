@@ -429,9 +429,11 @@ class Sanitizer:
         if span is None:
             return
         span = (space, *span[1:])          # the owner of a CPU backend's device array is a plain array
+        allocated = self.allocated.get(id(owner))
+        pool = allocated[1] if allocated is not None and allocated[0]() is owner else None
         try:
             self.owners[id(owner)] = weakref.finalize(owner, self._let_go, id(owner), span,
-                                                      _Shape(owner.shape, owner.dtype, owner.ndim))
+                                                      _Shape(owner.shape, owner.dtype, owner.ndim), pool)
         except TypeError:                  # not weakly referenceable: its end is not seen
             pass
 
@@ -537,11 +539,12 @@ class Sanitizer:
             return
         self.allocated[key] = (ref, stream)
 
-    def _let_go(self, key, span, shape):
-        """The array owning the memory ``span`` went (a finalizer, run in whichever thread dropped
+    def _let_go(self, key, span, shape, pool):
+        """The array owning the memory ``span`` (device memory: from the pool of the stream ``pool``,
+        None if not known) went (a finalizer, run in whichever thread dropped
         it, at any point of that thread's code): noted, and checked at the next notification or
         when the sanitizer stops (:meth:`settle`). Nothing changed the clocks in between."""
-        self.let_go.append((key, span, shape))
+        self.let_go.append((key, span, shape, pool))
 
     def settle(self) -> None:
         """Check the memory let go since the last notification. It may be handed out again: by the
@@ -550,13 +553,12 @@ class Sanitizer:
         must be ordered before that point; then what was recorded there is forgotten."""
         with self.lock:
             while self.let_go:
-                key, span, shape = self.let_go.pop(0)
+                key, span, shape, pool = self.let_go.pop(0)
                 self.owners.pop(key, None)
                 if self.failed:
                     continue
                 if span[0] == "device":
-                    known = self.allocated.pop(key, None)
-                    pool = known[1] if known is not None else default_stream()
+                    pool = pool or default_stream()   # allocated before the sanitizer: CuPy's default
                     vc = self._enqueue(pool)
                     gone = _Access(pool, vc.get(pool, 0), _OpInfo("let go", "", pool, None), None, shape, span, True)
                 else:
