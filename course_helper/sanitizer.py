@@ -298,6 +298,13 @@ def _owner(a):
     return a
 
 
+def _let_go(sanitizer, *memory):
+    """The finalizer of an array whose memory ``sanitizer`` (a weak reference) watches."""
+    san = sanitizer()
+    if san is not None:
+        san._let_go(*memory)
+
+
 def _blocking(stream):
     """True for a stream that takes part in the legacy default stream's implicit ordering."""
     return bool(getattr(stream, "blocking", getattr(stream, "synchronise", False)))
@@ -410,7 +417,9 @@ class Sanitizer:
             return known[1]
         span = _span(a)
         try:
-            ref = weakref.ref(a, lambda r, key=key: self.spans.get(key, (None,))[0] is r and self.spans.pop(key))
+            # (the callback holds the dict, not the sanitizer: no reference cycle keeps a sanitizer alive)
+            ref = weakref.ref(a, lambda r, key=key, spans=self.spans: spans.get(key, (None,))[0] is r
+                              and spans.pop(key))
         except TypeError:                  # an array type without weak references: not remembered
             return span
         self.spans[key] = (ref, span)
@@ -420,7 +429,7 @@ class Sanitizer:
 
     def _watch_owner(self, a, space):
         """Be told when the memory of ``a`` (in ``space``) is let go, that is when the array owning
-        it goes: see :meth:`_let_go`."""
+        it goes: see :meth:`Sanitizer._let_go`."""
         owner = _owner(a)
         known = self.owners.get(id(owner))
         if known is not None and known.alive:
@@ -432,7 +441,8 @@ class Sanitizer:
         allocated = self.allocated.get(id(owner))
         pool = allocated[1] if allocated is not None and allocated[0]() is owner else None
         try:
-            self.owners[id(owner)] = weakref.finalize(owner, self._let_go, id(owner), span,
+            # (the finalizer holds the sanitizer weakly: an array outliving it does not keep it)
+            self.owners[id(owner)] = weakref.finalize(owner, _let_go, weakref.ref(self), id(owner), span,
                                                       _Shape(owner.shape, owner.dtype, owner.ndim), pool)
         except TypeError:                  # not weakly referenceable: its end is not seen
             pass
@@ -533,8 +543,8 @@ class Sanitizer:
         owner = _owner(array)                # the memory's owner: what _let_go hears of
         key = id(owner)
         try:
-            ref = weakref.ref(owner, lambda r, key=key: self.allocated.get(key, (None,))[0] is r
-                              and self.allocated.pop(key))
+            ref = weakref.ref(owner, lambda r, key=key, known=self.allocated: known.get(key, (None,))[0] is r
+                              and known.pop(key))
         except TypeError:
             return
         self.allocated[key] = (ref, stream)

@@ -117,6 +117,7 @@ def test_matplotlib_reads_what_it_draws(heard):
 
 
 def test_the_hooks_exist_only_while_a_sanitizer_watches(cpu):
+    gc.collect()                                     # a sanitizer an earlier test dropped without closing
     plain_asarray = np.asarray
     assert "__getitem__" not in vars(PinnedArray) and not host_watch.watching()
     with ch.sanitize():
@@ -282,6 +283,33 @@ def test_a_buffer_allocated_on_a_stream_goes_back_to_that_streams_pool(world):
         ch.copy_to_host_async(host, tmp, io)
         del tmp
         ch.synchronize()
+
+
+@pytest.mark.parametrize("overwrite", ["a fill", "an H2D copy"])
+def test_overwriting_a_buffer_from_the_host_while_another_stream_reads_it_races(world, overwrite):
+    """A fill or a copy from the host queued on the default stream (the current one here) is not
+    ordered after the work of a non-blocking stream."""
+    io, plane, host = world["io"], world["plane"], ch.pinned_empty((32, 32))
+    with pytest.raises(ch.RaceError, match=r"race on plane(.|\n)*the D2H copy on `stream 1` reads plane"):
+        with ch.sanitize(names={"plane": plane}):
+            ch.copy_to_host_async(host, plane, io)
+            if overwrite == "a fill":
+                ch.memory.zero_async(plane)
+            else:
+                ch.copy_to_device_async(plane, ch.pinned_empty((32, 32)), ch.default_stream())
+    ch.synchronize()
+
+
+@pytest.mark.gpu
+def test_cupys_pool_hands_a_buffer_let_go_to_the_next_allocation_on_its_stream(backend):
+    """What the rule for letting go rests on (CuPy issue 8068): the next allocation of the same size
+    on the same stream gets the same memory."""
+    if backend != "gpu":
+        pytest.skip("the CPU backend has no memory pool")
+    a = ch.device_empty((256, 256))
+    address = a.data.ptr
+    del a
+    assert ch.device_empty((256, 256)).data.ptr == address
 
 
 def test_letting_a_pinned_source_go_before_its_copy_ran_races(world):
