@@ -340,7 +340,7 @@ class Sanitizer:
         self.capture = None                  # saved state while a graph is being captured
         self.graphs = {}                     # id(graph) -> (graph, captured accesses)
         self.owners = {}                     # id(array owning memory) -> finalizer telling us it went
-        self.allocated = {}                  # id(device array) -> (weak ref to it, the stream whose pool it came from)
+        self.allocated = {}                  # id(owner of device memory) -> (weak ref to it, its pool's stream)
         self.functions = {}                  # id(host function) -> (its stream, its position there, its clock)
         self.running = threading.local()     # .function: the host function this thread runs now, if any
         self.failed = False
