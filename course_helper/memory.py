@@ -12,7 +12,8 @@ On the CPU backend "device" arrays are NumPy arrays of the type
 :class:`CpuDeviceArray`, and pinned arrays are ordinary arrays registered as
 pinned, so the same checks and the same code work everywhere; the modelled
 GPU gives pinned and pageable copies the speeds and the blocking behaviour
-the profiled GPU has.
+the profiled GPU has. On both backends a pinned array is a :class:`PinnedArray`
+(a NumPy array whose type lets the race sanitizer see the host's reads and writes of it).
 """
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ from . import checks, runtime, streams
 from .runtime import observe
 from .runtime.backend import backend_name
 from .checks import host_memory_available
-from .runtime.base import CpuDeviceArray
+from .runtime.base import CpuDeviceArray, PinnedArray
 from .sanitizer import byte_span
 
-__all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_host",
+__all__ = ["CpuDeviceArray", "PinnedArray", "device_empty", "device_zeros", "to_device", "to_host",
            "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
            "copy_to_host_async", "copy_to_device_async", "copy_on_device_async",
            "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available"]
@@ -43,7 +44,15 @@ __all__ = ["CpuDeviceArray", "device_empty", "device_zeros", "to_device", "to_ho
 def _device_array(shape, dtype, make):
     shape = checks.shape_tuple("shape", shape)
     dtype = np.dtype(dtype)
-    return runtime.get().device_array(shape, dtype, zero=make == "zeros")
+    return _allocated(runtime.get().device_array(shape, dtype, zero=make == "zeros"))
+
+
+def _allocated(array):
+    """A new device array: a sanitizer is told which stream's memory pool it came from (CuPy's
+    pool gives memory to the stream current at allocation, and takes it back for that stream)."""
+    if observe.hears("device_allocated"):
+        observe.notify("device_allocated", array, streams.current_stream())
+    return array
 
 
 def device_empty(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32) -> Any:
@@ -65,7 +74,7 @@ def to_device(host: np.ndarray) -> Any:
     """A new device array holding a copy of the host array ``host`` (blocking)."""
     _require_host("host", host)
     observe.notify("host_access", host, "r", "to_device")
-    return runtime.get().to_device(host)
+    return _allocated(runtime.get().to_device(host))
 
 
 def to_host(device_array: Any) -> np.ndarray:
@@ -107,11 +116,12 @@ def pinned_empty(shape: int | tuple[int, ...], dtype: DTypeLike = np.float32) ->
     """An uninitialised page-locked (pinned) host array.
 
     On the GPU backend this is CuPy's pinned allocator (``cupyx.empty_pinned``);
-    on the CPU backend an ordinary array registered as pinned.
+    on the CPU backend an ordinary array registered as pinned. Either way it is a
+    :class:`PinnedArray`, a NumPy array the race sanitizer can watch.
     """
     shape = checks.shape_tuple("shape", shape)
     dtype = np.dtype(dtype)
-    arr = runtime.get().pinned_empty(shape, dtype)
+    arr = runtime.get().pinned_empty(shape, dtype).view(PinnedArray)
     _register_pinned(arr)
     return arr
 
@@ -149,7 +159,7 @@ def _pinned_at(array, start):
 # Copies
 # --------------------------------------------------------------------------
 def _require_host(label, a):
-    if type(a) is np.ndarray:        # a plain NumPy array, the usual case: a host array for sure
+    if type(a) is np.ndarray or type(a) is PinnedArray:   # the usual cases: a host array for sure
         return
     if isinstance(a, CpuDeviceArray) or type(a).__module__.startswith("cupy"):
         raise TypeError(f"{label} is a device array but a host (NumPy) array is expected here; "
@@ -264,12 +274,13 @@ def _pageable_copy(dst, src, stream, level):
 
 
 def _usual_host_target(dst, src, stream):
-    """The address of ``dst`` when the copy ``src`` -> ``dst`` is the usual, valid one (a plain
-    NumPy array, pinned, writable and C-contiguous, of the shape and dtype of a C-contiguous
-    device array of ``stream``'s backend), else None, and the caller runs the full checks. It
-    accepts nothing they refuse (``tests/test_memory.py`` holds it to that); it exists because
-    it costs about half of what the full checks cost, on every level of a loop."""
-    if (type(dst) is np.ndarray and type(src) is stream.runtime.device_array_type
+    """The address of ``dst`` when the copy ``src`` -> ``dst`` is the usual, valid one (a
+    :class:`PinnedArray` or a plain NumPy array, pinned, writable and C-contiguous, of the shape
+    and dtype of a C-contiguous device array of ``stream``'s backend), else None, and the caller
+    runs the full checks. It accepts nothing they refuse (``tests/test_memory.py`` holds it to
+    that); it exists because it costs about half of what the full checks cost, on every level of
+    a loop."""
+    if ((type(dst) is PinnedArray or type(dst) is np.ndarray) and type(src) is stream.runtime.device_array_type
             and dst.shape == src.shape and dst.dtype == src.dtype and src.strides == dst.strides):
         try:
             # ctypes exports a buffer only from a writable, C-contiguous, non-empty array, so one

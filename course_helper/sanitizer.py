@@ -34,6 +34,24 @@ Polling counts as a host wait: an event's or a stream's ``.done`` that is True
 orders the host after the work it polled, and ``ch.to_host()`` synchronises
 the device before it copies.
 
+**The host's own accesses.** While a sanitizer is on, the host's reads and
+writes of pinned arrays (indexing, NumPy functions, ``np.asarray``, a plot:
+see :mod:`course_helper.host_watch`) are accesses of the host like the
+helper's own: reading a copy's destination, or writing an H2D copy's source,
+before a synchronise (of the stream, an event after the copy, or the device)
+or a ``.done`` poll answered True is a race. What a host function queued
+with ``stream.launch_host_func`` touches belongs to its place on that stream,
+after the work queued before it there.
+
+**Memory let go.** When the last reference to an array goes, its memory can
+be handed out again: CuPy's pool gives device memory back to the stream that
+allocated it (the stream current at allocation), its pinned pool gives host
+memory to the next pinned allocation. So dropping an array is a write by that
+stream (device memory) or by the host (pinned memory): work of another stream
+that still reads or writes it, and is not ordered before that point, races
+with it. (On the modelled device queued work holds its arrays until it starts,
+so there the drop is seen when that work starts; the race is the same.)
+
 Use it with ``with ch.sanitize(): ...`` or ``ch.solve(..., sanitize=True)``;
 it raises :class:`RaceError` when the second access of a race is queued.
 
@@ -52,12 +70,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import TYPE_CHECKING
+import weakref
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from . import host_watch
 from .runtime import observe
-from .streams import Event, Stream, synchronize
+from .streams import Event, Stream, default_stream, synchronize
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -71,6 +91,7 @@ __all__ = ["RaceError", "Sanitizer", "sanitize", "byte_span"]
 _HOST = "host"           # the host's key in a vector clock
 _CHUNK = 20              # shadow-memory lookup granularity: 1 MiB
 _COPIES = ("D2H", "H2D", "D2D")
+_LET_GO = "letting it go"   # the ``where`` of the host letting go of pinned memory
 
 
 class RaceError(RuntimeError):
@@ -157,6 +178,25 @@ class _Names:
 # --------------------------------------------------------------------------
 # Accesses and shadow memory
 # --------------------------------------------------------------------------
+class _OpInfo(NamedTuple):
+    """What messages need of an operation (an Op would keep its arrays, and so their memory, alive)."""
+    kind: str
+    name: str
+    stream: Any
+    level: int | None
+
+
+class _Shape(NamedTuple):
+    """What messages need of an array: kept instead of the array, which the sanitizer must not keep alive."""
+    shape: tuple
+    dtype: Any
+    ndim: int
+
+
+def _info(op):
+    return None if op is None else _OpInfo(op.kind, op.name, op.stream, op.level)
+
+
 class _Access:
     """One read or write of one memory range by one operation (or by the host)."""
 
@@ -164,7 +204,7 @@ class _Access:
 
     def __init__(self, thread, clock, op, where, array, span, write, replay=None):
         self.thread, self.clock, self.op, self.where = thread, clock, op, where
-        self.array, self.span, self.write, self.replay = array, span, write, replay
+        self.array, self.span, self.write, self.replay = array, span, write, replay   # array: a _Shape
 
 
 class _Shadow:
@@ -216,7 +256,16 @@ class _Shadow:
             entry = self._entry(key)
             entry[0], entry[1] = acc, {}
         else:
-            self._entry(key)[1][acc.thread] = acc
+            reads = self._entry(key)[1]
+            known = reads.get(acc.thread)
+            if known is None or known.clock <= acc.clock:    # a host function may be heard late
+                reads[acc.thread] = acc
+
+    def forget(self, span):
+        """The memory of ``span`` was let go: what was recorded there belongs to no array any more."""
+        for key in self.overlapping(span):
+            if span[1] <= key[1] and key[2] <= span[2]:
+                self._drop(key)
 
 
 # --------------------------------------------------------------------------
@@ -229,12 +278,31 @@ def _join(into, other):
 
 
 def _serialised(method):
-    """One notification at a time: threads queueing work at once share the sanitizer's state."""
+    """One notification at a time: threads queueing work at once share the sanitizer's state.
+    Memory let go since the last notification is taken into account first (see :meth:`Sanitizer.settle`)."""
     @functools.wraps(method)
     def call(self, *args):
         with self.lock:
+            if self.let_go:
+                self.settle()
             return method(self, *args)
     return call
+
+
+def _owner(a):
+    """The array that owns ``a``'s memory (``a`` itself, or the base its views lead to): the memory
+    is let go when that object goes."""
+    kind = np.ndarray if isinstance(a, np.ndarray) else type(a)       # NumPy's arrays, or CuPy's
+    while isinstance(getattr(a, "base", None), kind):
+        a = a.base
+    return a
+
+
+def _let_go(sanitizer, *memory):
+    """The finalizer of an array whose memory ``sanitizer`` (a weak reference) watches."""
+    san = sanitizer()
+    if san is not None:
+        san._let_go(*memory)
 
 
 def _blocking(stream):
@@ -271,14 +339,26 @@ class Sanitizer:
         self.shadow = _Shadow()
         self.capture = None                  # saved state while a graph is being captured
         self.graphs = {}                     # id(graph) -> (graph, captured accesses)
+        self.owners = {}                     # id(array owning memory) -> finalizer telling us it went
+        self.allocated = {}                  # id(owner of device memory) -> (weak ref to it, its pool's stream)
+        self.functions = {}                  # id(host function) -> (its stream, its position there, its clock)
+        self.running = threading.local()     # .function: the host function this thread runs now, if any
         self.failed = False
         self.race = None                     # (the RaceError, the thread it was raised in)
+        self.let_go = []                     # memory let go since the last notification (see settle)
         self.lock = threading.RLock()         # held by each notification (a subclass's too)
+        host_watch.watch()                   # the host's own accesses of pinned arrays are heard too
+        self._unwatch = weakref.finalize(self, host_watch.unwatch)   # once, at close() or when dropped
 
     def close(self) -> None:
         """Stop watching and let go of the buffers it remembers (device memory can be freed)."""
         observe.remove(self)
-        self.shadow, self.spans, self.graphs, self.capture = _Shadow(), {}, {}, None
+        self._unwatch()
+        with self.lock:
+            for finalizer in self.owners.values():
+                finalizer.detach()
+            self.shadow, self.spans, self.graphs, self.capture = _Shadow(), {}, {}, None
+            self.owners, self.allocated, self.functions = {}, {}, {}
 
     def name(self, name: str, arrays: Any) -> None:
         """Name an array, a stream or an event (or a list of them) in race messages."""
@@ -328,13 +408,44 @@ class Sanitizer:
         return role
 
     def _span(self, a):
-        """``_span(a)``, remembered for arrays met before (the same buffers come back every level)."""
-        known = self.spans.get(id(a))
-        if known is not None and known[0] is a:
+        """``_span(a)``, remembered for arrays met before (the same buffers come back every level).
+        Only weakly: the sanitizer must not keep memory alive, or it would hide a buffer let go
+        too early. An array met for the first time has the owner of its memory watched."""
+        key = id(a)
+        known = self.spans.get(key)
+        if known is not None and known[0]() is a:
             return known[1]
         span = _span(a)
-        self.spans[id(a)] = (a, span)      # holds ``a``, so its id is not reused meanwhile
+        try:
+            # (the callback holds the dict, not the sanitizer: no reference cycle keeps a sanitizer alive)
+            ref = weakref.ref(a, lambda r, key=key, spans=self.spans: spans.get(key, (None,))[0] is r
+                              and spans.pop(key))
+        except TypeError:                  # an array type without weak references: not remembered
+            return span
+        self.spans[key] = (ref, span)
+        if span is not None:
+            self._watch_owner(a, span[0])
         return span
+
+    def _watch_owner(self, a, space):
+        """Be told when the memory of ``a`` (in ``space``) is let go, that is when the array owning
+        it goes: see :meth:`Sanitizer._let_go`."""
+        owner = _owner(a)
+        known = self.owners.get(id(owner))
+        if known is not None and known.alive:
+            return
+        span = _span(owner)
+        if span is None:
+            return
+        span = (space, *span[1:])          # the owner of a CPU backend's device array is a plain array
+        allocated = self.allocated.get(id(owner))
+        pool = allocated[1] if allocated is not None and allocated[0]() is owner else None
+        try:
+            # (the finalizer holds the sanitizer weakly: an array outliving it does not keep it)
+            self.owners[id(owner)] = weakref.finalize(owner, _let_go, weakref.ref(self), id(owner), span,
+                                                      _Shape(owner.shape, owner.dtype, owner.ndim), pool)
+        except TypeError:                  # not weakly referenceable: its end is not seen
+            pass
 
     # -- observer calls ------------------------------------------------------
     @_serialised
@@ -343,11 +454,14 @@ class Sanitizer:
             return
         vc = self._enqueue(op.stream)
         clock = vc[op.stream] = vc.get(op.stream, 0) + 1
+        info = None
         for arrays, write in ((op.reads, False), (op.writes, True)):
             for a in arrays:
                 span = self._span(a)
                 if span is not None:
-                    self._access(_Access(op.stream, clock, op, None, a, span, write), vc)
+                    info = info or _info(op)
+                    self._access(_Access(op.stream, clock, info, None, _Shape(a.shape, a.dtype, a.ndim),
+                                         span, write), vc)
 
     @_serialised
     def event_recorded(self, stream: Stream, event: Event) -> None:
@@ -388,11 +502,80 @@ class Sanitizer:
     def host_access(self, array: np.ndarray, mode: str, where: str) -> None:
         if self.failed:
             return
-        span = _span(array)
+        span = self._span(array)
+        shape = _Shape(array.shape, array.dtype, array.ndim)
+        function = getattr(self.running, "function", None)
+        if function is not None:           # inside a host function: at its place on its stream
+            stream, clock, vc, info = function
+            if span is not None:
+                self._access(_Access(stream, clock, info, where, shape, span, "w" in mode), vc)
+            return
         self.host_version += 1
         clock = self.host[_HOST] = self.host.get(_HOST, 0) + 1
         if span is not None:
-            self._access(_Access(_HOST, clock, None, where, array, span, "w" in mode), self.host)
+            self._access(_Access(_HOST, clock, None, where, shape, span, "w" in mode), self.host)
+
+    @_serialised
+    def host_func_queued(self, stream: Stream, function: Any) -> None:
+        if self.failed:
+            return
+        vc = self._enqueue(stream)
+        clock = vc[stream] = vc.get(stream, 0) + 1
+        name = getattr(function, "__name__", "host function")
+        self.functions[id(function)] = (function, (stream, clock, dict(vc), _OpInfo("host func", name, stream, None)))
+
+    def host_func_started(self, function: Any) -> None:
+        with self.lock:
+            known = self.functions.get(id(function))
+        self.running.function = known[1] if known is not None and known[0] is function else None
+
+    def host_func_ended(self, function: Any) -> None:
+        self.running.function = None
+        with self.lock:
+            known = self.functions.get(id(function))
+            if known is not None and known[0] is function:
+                del self.functions[id(function)]
+
+    @_serialised
+    def device_allocated(self, array: Any, stream: Stream) -> None:
+        if self.failed:
+            return
+        owner = _owner(array)                # the memory's owner: what _let_go hears of
+        key = id(owner)
+        try:
+            ref = weakref.ref(owner, lambda r, key=key, known=self.allocated: known.get(key, (None,))[0] is r
+                              and known.pop(key))
+        except TypeError:
+            return
+        self.allocated[key] = (ref, stream)
+
+    def _let_go(self, key, span, shape, pool):
+        """The array owning the memory ``span`` (device memory: from the pool of the stream ``pool``,
+        None if not known) went (a finalizer, run in whichever thread dropped
+        it, at any point of that thread's code): noted, and checked at the next notification or
+        when the sanitizer stops (:meth:`settle`). Nothing changed the clocks in between."""
+        self.let_go.append((key, span, shape, pool))
+
+    def settle(self) -> None:
+        """Check the memory let go since the last notification. It may be handed out again: by the
+        memory pool of the stream that allocated it (device memory: later work on that stream may
+        overwrite it) or to the host's next pinned allocation (pinned memory). Whatever touched it
+        must be ordered before that point; then what was recorded there is forgotten."""
+        with self.lock:
+            while self.let_go:
+                key, span, shape, pool = self.let_go.pop(0)
+                self.owners.pop(key, None)
+                if self.failed:
+                    continue
+                if span[0] == "device":
+                    pool = pool or default_stream()   # allocated before the sanitizer: CuPy's default
+                    vc = self._enqueue(pool)
+                    gone = _Access(pool, vc.get(pool, 0), _OpInfo("let go", "", pool, None), None, shape, span, True)
+                else:
+                    vc = self.host
+                    gone = _Access(_HOST, self.host.get(_HOST, 0), None, _LET_GO, shape, span, True)
+                self._check(gone, vc)
+                self.shadow.forget(span)
 
     @_serialised
     def capture_started(self, stream: Stream) -> None:
@@ -430,6 +613,16 @@ class Sanitizer:
 
     # -- the check -----------------------------------------------------------
     def _access(self, acc, vc):
+        overlapping = self._check(acc, vc)
+        if not acc.write and acc.op is not None and acc.op.kind in _COPIES and acc.op.level is not None:
+            self._check_version(acc, overlapping)
+        self.shadow.record(acc, overlapping)
+        if self.capture is not None:
+            self.capture[1].append(acc)
+
+    def _check(self, acc, vc):
+        """Raise if ``acc`` races with a recorded access (``vc``: what is ordered before it);
+        returns the recorded ranges it overlaps."""
         shadow, thread = self.shadow, acc.thread
         overlapping = shadow.overlapping(acc.span)
         for key in overlapping:
@@ -441,11 +634,7 @@ class Sanitizer:
                 for old in reads.values():
                     if old.thread is not thread and old.clock > vc.get(old.thread, 0):
                         self._fail(old, acc)
-        if not acc.write and acc.op is not None and acc.op.kind in _COPIES and acc.op.level is not None:
-            self._check_version(acc, overlapping)
-        self.shadow.record(acc, overlapping)
-        if self.capture is not None:
-            self.capture[1].append(acc)
+        return overlapping
 
     def _fail(self, first, second):
         self._raise(self._race(first, second))
@@ -484,8 +673,16 @@ class Sanitizer:
     def _what(self, acc):
         buffer = self.names.of(acc.array, acc.span)
         verb = "writes" if acc.write else "reads"
+        if acc.op is None and acc.where == _LET_GO:
+            return (f"the host lets go of {buffer} (its last reference went: the pinned memory pool "
+                    "may give it to the next pinned allocation)"), buffer
         if acc.op is None:
             return f"the host ({acc.where}) {verb} {buffer}", buffer
+        if acc.op.kind == "let go":
+            name = self.stream_name(acc.op.stream)
+            return (f"{buffer} is let go (its last reference went: the memory pool of `{name}`, the stream it "
+                    f"was allocated on, may give it to the next allocation there, and later work on `{name}` "
+                    "may overwrite it)"), buffer
         replay = f" (replayed in a graph on `{self.stream_name(acc.replay)}`)" if acc.replay is not None else ""
         return f"{_describe(acc.op)} on `{self.stream_name(acc.op.stream)}`{replay} {verb} {buffer}", buffer
 
@@ -495,11 +692,25 @@ class Sanitizer:
         op1 = _describe(first.op) if first.op is not None else "the host's access"
         s1 = self.stream_name(first.thread) if first.thread != _HOST else None
         consequence = "and nothing orders the second after the first"
+        headline = f"race on {buffer} ({first.span[0]} memory)"
+        if first.thread == _HOST:           # a host function queued before the host's access
+            fix = (f"queue {_describe(second.op)} after the host's access ({first.where}): work queued "
+                   "before a host access is not ordered after it")
+            return _error(headline, what1, what2, consequence, fix)
+        if second.thread == _HOST and second.where == _LET_GO:
+            fix = (f"keep a reference to {buffer} until `{s1}` is done with it: synchronise `{s1}` (or an "
+                   f"event recorded after {op1} on it) before its last reference goes")
+            return _error(headline, what1, what2, consequence, fix)
         if second.thread == _HOST:
             fix = (f"synchronise `{s1}` (or an event recorded after {op1} on it) before "
                    f"{second.where} touches {buffer}")
-            return _error(f"race on {buffer} ({first.span[0]} memory)", what1, what2, consequence, fix)
+            return _error(headline, what1, what2, consequence, fix)
         s2 = self.stream_name(second.thread)
+        if second.op is not None and second.op.kind == "let go":
+            fix = (f"keep a reference to {buffer} until `{s1}` is done with it: make `{s2}` wait for an event "
+                   f"recorded after {op1} on `{s1}` (with `record` and `wait_event`), or synchronise `{s1}`, "
+                   "before its last reference goes")
+            return _error(headline, what1, what2, consequence, fix)
         # The events recorded on the first access's stream after it: waiting for any of them orders the second.
         after = [(e, order) for p, e, order in self.records.get(first.thread, []) if p >= first.clock]
         waited = self.waited.get(second.thread, {})
@@ -520,7 +731,7 @@ class Sanitizer:
                    f"(with `record` and `wait_event`)")
             if self.host_sync_fixes:
                 fix += f", or have the host synchronise `{s1}` first"
-        return _error(f"race on {buffer} ({first.span[0]} memory)", what1, what2, consequence, fix)
+        return _error(headline, what1, what2, consequence, fix)
 
 
 def _error(headline, what1, what2, consequence, fix):
@@ -536,6 +747,8 @@ def _describe(op):
         return f"the kernel `{op.name}`"
     if op.kind == "memset":
         return "the fill"
+    if op.kind == "host func":
+        return f"the host function `{op.name}`"
     return f"the {op.kind} `{op.name}`"
 
 
@@ -553,7 +766,8 @@ def sanitize(names: dict[str, Any] | None = None, host_sync_fixes: bool = True) 
     already queued is drained before the error leaves the block. Work queued
     by other threads while the block is open is checked too: a race found
     there is raised in that thread and again when the block ends (see the
-    module text).
+    module text). The host's own reads and writes of pinned arrays inside the
+    block are checked too, and arrays let go inside it (see the module text).
 
     Examples
     --------
@@ -564,6 +778,7 @@ def sanitize(names: dict[str, Any] | None = None, host_sync_fixes: bool = True) 
     san = observe.add(Sanitizer(names, host_sync_fixes), every_thread=True)
     try:
         yield san
+        san.settle()                              # memory let go since the block's last call
     except BaseException:
         san.close()
         with contextlib.suppress(Exception):      # the original error matters more

@@ -14,6 +14,7 @@ semantics. Both go through :mod:`course_helper.runtime`.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from .runtime.base import Runtime
 
 __all__ = ["Stream", "Event", "create_streams", "create_events", "default_stream",
-           "current_stream", "elapsed_ms", "stream_priority_range", "synchronize"]
+           "current_stream", "elapsed_ms", "stream_priority_range", "synchronize", "placed"]
 
 _local = threading.local()
 
@@ -158,7 +159,7 @@ class Stream:
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-        self.runtime.host_func(self.raw, fn)
+        self.runtime.host_func(self.raw, placed(fn, self))
 
     @property
     def done(self) -> bool:
@@ -231,6 +232,26 @@ class Event:
     def __repr__(self):
         state = "done" if self.runtime.event_done(self.raw) else "pending"   # a look, not a host wait
         return f"<Event timing={self.timing} {state} on {self.backend}>"
+
+
+def placed(fn: Callable[[], object], stream: Stream) -> Callable[[], object]:
+    """``fn``, to be run later as a host function queued on ``stream`` now would be: after the
+    work queued there so far. Where an observer watches, the observers hear that place, and
+    when ``fn`` starts and ends (what it touches meanwhile belongs to that place, not to the
+    host's); otherwise ``fn`` itself. :meth:`Stream.launch_host_func` queues every host
+    function so; the disk's writers place the encoding of a chunk after its copy so."""
+    if not observe.hears("host_func_queued"):
+        return fn
+
+    @functools.wraps(fn)
+    def run():
+        observe.notify("host_func_started", run)
+        try:
+            return fn()
+        finally:
+            observe.notify("host_func_ended", run)
+    observe.notify("host_func_queued", stream, run)
+    return run
 
 
 def _polled(target, done):

@@ -133,11 +133,11 @@ def test_host_waits_inside_the_loop_break_rule_3(backend):
 
 
 def test_checker_reads_the_stack_only_when_the_copies_are_done(backend):
-    stack = ch.pinned_empty((2, 8, 8))
+    stack, plane = ch.pinned_empty((2, 8, 8)), ch.device_zeros((8, 8))   # plane kept: letting it go races too
     io, = ch.create_streams(1, name="io")
     with pytest.raises(ch.RaceError, match="check_layer_cake"):
         with ch.sanitize():
-            ch.copy_to_host_async(stack[1], ch.device_zeros((8, 8)), io)
+            ch.copy_to_host_async(stack[1], plane, io)
             ch.check_layer_cake(stack)
 
 

@@ -299,11 +299,11 @@ def test_a_never_recorded_event_orders_nothing(world):
 
 
 def test_to_device_reads_a_host_buffer_a_pending_copy_writes(backend):
-    host = ch.memory.pinned_zeros((8, 8))
+    host, src = ch.memory.pinned_zeros((8, 8)), ch.device_zeros((8, 8))   # src kept: letting it go races too
     io, = ch.create_streams(1, name="io")
     with pytest.raises(ch.RaceError, match=r"the host \(to_device\) reads"):
         with ch.sanitize():
-            ch.copy_to_host_async(host, ch.device_zeros((8, 8)), io)
+            ch.copy_to_host_async(host, src, io)
             ch.to_device(host)
 
 

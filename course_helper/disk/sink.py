@@ -59,6 +59,7 @@ import numpy as np
 
 from .. import checks, files, runtime, streams
 from ..memory import pinned_empty
+from ..runtime import observe
 from ..streams import Stream
 from ..timelines import recording
 from ..wave import WaveProblem, saved_levels
@@ -239,7 +240,7 @@ class DiskSink:
             # The chunk is encoded when that write begins (the copy has landed by then), so the
             # modelled disk writes the bytes the file will hold.
             modelled = self._model.disk_write(f"disk {(first // self.ring.chunk) % self.writers}", done.raw,
-                                              lambda: self._encoded(s, n))
+                                              streams.placed(lambda: self._encoded(s, n), stream))
             self.ring.modelled[s] = modelled
         self._queue.put((first, n, s, done, modelled))
 
@@ -371,6 +372,7 @@ class DiskSink:
                     payload = self._encoded(s, n)
                 else:
                     payload = modelled.result()   # encoded when its modelled write began
+                    observe.notify("host_synced", done)   # so the copy has landed: the peaks read it now
                 with self._lock:
                     self._readers[s] += 1
                 self._peaks_queue.put((first, n, s))   # read while this thread writes the file

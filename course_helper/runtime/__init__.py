@@ -27,8 +27,8 @@ Its modules, from the bottom up: :mod:`.base` (the :class:`Runtime` interface), 
 """
 from .active import get, host_ms, submit, time_label, wants_op
 from .backend import BackendUnavailable, backend_name, device_report, gpu_available, set_backend
-from .base import CpuDeviceArray, GraphsUnsupported, Runtime
+from .base import CpuDeviceArray, GraphsUnsupported, PinnedArray, Runtime
 
 __all__ = ["get", "host_ms", "submit", "time_label", "wants_op",
            "BackendUnavailable", "backend_name", "device_report", "gpu_available", "set_backend",
-           "CpuDeviceArray", "GraphsUnsupported", "Runtime"]
+           "CpuDeviceArray", "PinnedArray", "GraphsUnsupported", "Runtime"]

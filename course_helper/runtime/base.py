@@ -9,11 +9,25 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray"]
+__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray"]
 
 
 class CpuDeviceArray(np.ndarray):
     """An array in the CPU backend's stand-in for device memory."""
+
+
+class PinnedArray(np.ndarray):
+    """Host memory the helper pinned (``pinned_empty``), and the views of it: a NumPy array in
+    all but its type. The type lets the race sanitizer watch the host's own reads and writes of
+    that memory (:mod:`course_helper.host_watch`): while a sanitizer is on, the class gets hooks;
+    outside one it has none, so a timed loop pays nothing for them.
+
+    Arrays computed from it (``a + 1``, ``a.max(axis=0)``) are plain arrays: their memory is not
+    pinned."""
+
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        # A ufunc's result: given back as NumPy made it (plain, unless it is an ``out=`` array).
+        return array[()] if return_scalar else array
 
 
 class GraphsUnsupported(RuntimeError):

@@ -30,8 +30,17 @@ method of the same name (all are optional):
     lasted from ``t_start_ms`` to ``t_end_ms`` of the runtime's host clock
     (modelled on the CPU backend).
 ``host_access(array, mode, where)``
-    the helper's own host code reads (``mode="r"``) or writes (``"w"``) the
-    host array ``array``; ``where`` names the caller (for messages).
+    the host reads (``mode="r"``) or writes (``"w"``) the host array ``array``:
+    the helper's own host code, or (while a race sanitizer watches) any code
+    touching a pinned array (:mod:`course_helper.host_watch`); ``where`` names
+    the caller (for messages).
+``host_func_queued(stream, token)`` / ``host_func_started(token)`` / ``host_func_ended(token)``
+    a host function was queued on ``stream`` / began / ended running (``token``
+    tells one queued function from another): what it touches belongs to that
+    point of its stream, not to the host's.
+``device_allocated(array, stream)``
+    a new device array, from the memory pool of ``stream`` (the current
+    stream at allocation, as in CuPy's pool).
 ``capture_started(stream)`` / ``capture_ended(stream, graph)``
     a CUDA graph capture on ``stream`` began / ended.
 ``graph_launched(graph, stream)``
@@ -58,7 +67,8 @@ __all__ = ["Op", "add", "remove", "active", "notify", "hears", "watching", "want
 
 #: Every notification an observer may have a method for (see the module text).
 NOTIFICATIONS = ("op_queued", "op_issued", "event_recorded", "event_waited", "host_synced",
-                 "host_waited", "host_access", "capture_started", "capture_ended", "graph_launched")
+                 "host_waited", "host_access", "host_func_queued", "host_func_started", "host_func_ended",
+                 "device_allocated", "capture_started", "capture_ended", "graph_launched")
 
 
 @dataclass(eq=False, slots=True)
