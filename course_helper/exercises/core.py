@@ -17,10 +17,12 @@ Messages name streams, events and buffers as the loop's own variables do (``io[0
 from __future__ import annotations
 
 import contextlib
+import io
 import linecache
 import os
 import sys
 import threading
+import tokenize
 import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,7 +48,10 @@ __all__ = ["ExerciseError", "Verdict", "HostWaits", "LoopProgram", "Serial", "le
 
 
 class ExerciseError(AssertionError):
-    """A learner's loop misses the exercise's point; the message says why and what to try."""
+    """A learner's loop misses the exercise's point; the message says why and what to try.
+    ``race``: the :class:`~course_helper.sanitizer.RaceError` behind it, when it is a race."""
+
+    race: RaceError | None = None
 
 
 class Verdict(str):
@@ -69,12 +74,18 @@ class HostWaits:
 
     A host wait is anything after which the host knows device work to be finished: a
     synchronize of the device, a stream or an event, a blocking copy, ``ch.to_host()``, a
-    ``.done`` polled until it answered True. Each is named by the learner's line that waited,
-    and :attr:`targets` keeps what it waited for (a Stream, an Event, or None: the device)."""
+    ``.done`` polled until it answered True. Each is named by the learner's line that waited.
+    :attr:`judged` keeps, for each wait followed by an operation, ``(line, covered, next)``:
+    the operation the wait waited for (the last one queued on the stream, or before the
+    event's record; ``"device"`` for a wait on the whole device; None when it waited for
+    nothing the loop had queued) and the first operation queued after it."""
 
     def __init__(self):
         self.pending, self.inside = [], []
-        self.targets = []                 # (line, target) of every wait followed by more work
+        self.judged = []
+        self.unjudged = []                 # waits whose next operation is not queued yet
+        self.last_on = {}                  # id(stream) -> the last operation queued on it
+        self.recorded_after = {}           # id(event) -> the operation its latest record follows
         self.lock = threading.Lock()
 
     def host_synced(self, target: Any) -> None:
@@ -83,15 +94,30 @@ class HostWaits:
             line = ("ch.synchronize()" if target is None else
                     f"{target.name}.synchronize()" if hasattr(target, "wait_event") else "event.synchronize()")
         with self.lock:
-            self.pending.append((line, target))
+            covered = ("device" if target is None else self.last_on.get(id(target)) if hasattr(target, "wait_event")
+                       else self.recorded_after.get(id(target)))
+            self.pending.append(line)
+            self.unjudged.append((line, covered))
 
-    def _more_work(self, *args):
+    def _more_work(self):
+        self.inside += self.pending
+        self.pending = []
+
+    def op_queued(self, op: Op) -> None:
         with self.lock:
-            self.inside += [line for line, _ in self.pending]
-            self.targets += self.pending
-            self.pending = []
+            self._more_work()
+            self.judged += [(line, covered, op) for line, covered in self.unjudged]
+            self.unjudged = []
+            self.last_on[id(op.stream)] = op
 
-    op_queued = event_recorded = event_waited = _more_work
+    def event_recorded(self, stream: Any, event: Any) -> None:
+        with self.lock:
+            self._more_work()
+            self.recorded_after[id(event)] = self.last_on.get(id(stream))
+
+    def event_waited(self, stream: Any, event: Any) -> None:
+        with self.lock:
+            self._more_work()
 
 
 def describe_waits(lines: list[str]) -> str:
@@ -111,8 +137,17 @@ def caller_line() -> str | None:
         frame = frame.f_back
     if frame is None:
         return None
-    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno, frame.f_globals).strip()
+    line = _without_comment(linecache.getline(frame.f_code.co_filename, frame.f_lineno, frame.f_globals))
     return f"`{line}`" if line else None
+
+
+def _without_comment(line: str) -> str:
+    """A source line without its comment and its surrounding blanks."""
+    try:
+        comments = [t for t in tokenize.generate_tokens(io.StringIO(line).readline) if t.type == tokenize.COMMENT]
+    except (tokenize.TokenError, IndentationError, SyntaxError):    # part of a longer statement
+        return line.strip()
+    return (line[:comments[0].start[1]] if comments else line).strip()
 
 
 # --------------------------------------------------------------------------
@@ -120,11 +155,11 @@ def caller_line() -> str | None:
 # --------------------------------------------------------------------------
 def _nameable(value):
     """Whether a variable holds what messages name: streams, events, device arrays (or lists of
-    them) or a host stack (3 dimensions or more)."""
+    them) or a host array."""
     items = value if isinstance(value, (list, tuple)) else [value]
     if items and all(isinstance(x, (streams.Stream, streams.Event)) or is_device_array(x) for x in items):
         return True
-    return isinstance(value, np.ndarray) and value.ndim >= 3
+    return isinstance(value, np.ndarray) and value.ndim >= 1
 
 
 def learner_names(fn: Callable, depth: int = 0, found: dict | None = None) -> dict[str, Any]:
@@ -281,7 +316,7 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
     ``names`` and the loop's own names) and count the host's waits inside it; returns the
     program, its ``host_waits`` filled in.
 
-    A race raises ``error`` saying it can give ``what`` wrong on any run; a loop that still
+    A race raises ``error`` saying it can ``what`` (e.g. "bake a wrong cake") on any run; a loop that still
     raises NotImplementedError is told it is not written yet. Any other error of the loop is
     the learner's: raised as it is."""
     __tracebackhide__ = True       # a failure shows the learner's cell, not this file
@@ -301,17 +336,21 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
         with contextlib.suppress(Exception):      # drain what was queued; the loop's error is the news
             synchronize()
         if isinstance(exc, RaceError):
-            raise error(f"your loop has a race: it can give {what} on any run, whatever the timing.\n{exc}") from None
+            found = error(f"your loop has a race: it can {what} on any run, whatever the timing.\n{exc}")
+            found.race = exc
+            raise found from None
         if isinstance(exc, NotImplementedError):
             raise error(f"`{getattr(loop, '__name__', 'the loop')}` is not written yet: replace its "
                         "`raise NotImplementedError` with the loop, then run this cell again") from None
         raise
     synchronize()
     if program.race is not None:                   # found in work another thread queued
-        raise error(f"your loop has a race: it can give {what} on any run, whatever the timing.\n"
-                    f"{program.race[0]}")
+        found = error(f"your loop has a race: it can {what} on any run, whatever the timing.\n"
+                      f"{program.race[0]}")
+        found.race = program.race[0]
+        raise found
     program.host_waits = waits.inside
-    program.wait_targets = waits.targets
+    program.judged_waits = waits.judged
     return program
 
 

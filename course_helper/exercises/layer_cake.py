@@ -310,4 +310,4 @@ def _run_checked(loop, stack, buffers):
     names = {"stack": stack}
     if buffers and "buffers" not in learner_names(loop):      # the loop's own name comes first
         names["buffers"] = list(buffers)
-    return run_checked(loop, names, LayerCakeError, "a wrong cake")
+    return run_checked(loop, names, LayerCakeError, "bake a wrong cake")
