@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from ..runtime.observe import Op
     from ..timelines import Trace
 
-__all__ = ["ExerciseError", "Verdict", "HostWaits", "LoopProgram", "Serial", "learner_names", "run_checked",
+__all__ = ["ExerciseError", "Verdict", "HostWaits", "LoopProgram", "Serial", "explain_serial", "learner_names",
+           "run_checked",
            "caller_line", "Hidden", "hidden_by_direction", "describe_waits"]
 
 
@@ -308,6 +309,24 @@ class LoopProgram(Sanitizer):
                         return Serial("waits", copy=c[0], kernel=k[0], event=event, after=follows)
                 break
         return Serial("ordered")
+
+
+def explain_serial(program: LoopProgram, serial: Serial, name_op: Callable[[Op], str], *, copies: str,
+                   kernels_stream: str, own_stream: str, consequence: str, ordered: str) -> str:
+    """A :class:`Serial` finding in the learner's names: ``copies`` (what the copies are called),
+    ``kernels_stream`` (what the kernels' stream is to them), ``own_stream`` (the fix when they
+    share it), ``consequence`` (what the waits did), ``ordered`` (the sentence when no wait is
+    to blame); ``name_op`` names an operation."""
+    if serial.how == "same stream":
+        return (f"{copies} ran on `{program.stream_name(serial.copy.stream)}`, {kernels_stream}, and a stream runs "
+                f"its work one item at a time, in the order queued; {own_stream}")
+    if serial.how == "waits":
+        label = program.label_of(serial.event)
+        event = f"`{label}`" if label else "an event"
+        return (f"before {name_op(serial.kernel)} your loop makes `{program.stream_name(serial.kernel.stream)}` wait "
+                f"for {event}, recorded after {name_op(serial.after)} on `{program.stream_name(serial.after.stream)}`, "
+                f"so {consequence}")
+    return ordered
 
 
 def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError], what: str,

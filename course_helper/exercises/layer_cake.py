@@ -17,7 +17,7 @@ from ..runtime import observe
 from ..sanitizer import byte_span
 from ..streams import synchronize
 from ..timelines import recording
-from .core import ExerciseError, LoopProgram, describe_waits, learner_names, run_checked
+from .core import ExerciseError, LoopProgram, describe_waits, explain_serial, learner_names, run_checked
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -282,20 +282,14 @@ def _why_serial(program: LoopProgram, stack: np.ndarray) -> str | None:
     serial = program.why_serial(lambda op: _plane(op, stack) is not None)
     if serial is None:
         return None
-    if serial.how == "same stream":
-        return (f"the copies ran on `{program.stream_name(serial.copy.stream)}`, the stream that bakes, and a "
-                "stream runs its work one item at a time, in the order queued; copy on the IO streams instead")
-    if serial.how == "waits":
-        label = program.label_of(serial.event)
-        event_name = f"`{label}`" if label else "an event"
-        nbuf = len({id(q[0].writes[0]) for q in program.queued if q[0].kind == "kernel" and q[0].writes})
-        return (f"before {name_op(serial.kernel)} your loop makes `{program.stream_name(serial.kernel.stream)}` "
-                f"wait for {event_name}, recorded after {name_op(serial.after)} on "
-                f"`{program.stream_name(serial.after.stream)}`, so each bake waited for the copy before it, and "
-                f"each copy for its bake. A bake needs only the copy out of the buffer it refills, {nbuf} planes "
-                "back, done long before if each buffer has its own events")
-    return ("every copy is ordered before or after every bake by the events your streams wait for, "
-            "so none could run during a bake")
+    nbuf = len({id(q[0].writes[0]) for q in program.queued if q[0].kind == "kernel" and q[0].writes})
+    return explain_serial(program, serial, name_op, copies="the copies", kernels_stream="the stream that bakes",
+                          own_stream="copy on the IO streams instead",
+                          consequence=("each bake waited for the copy before it, and each copy for its bake. A bake "
+                                       f"needs only the copy out of the buffer it refills, {nbuf} planes back, done "
+                                       "long before if each buffer has its own events"),
+                          ordered=("every copy is ordered before or after every bake by the events your streams wait "
+                                   "for, so none could run during a bake"))
 
 
 def _run_checked(loop, stack, buffers):

@@ -137,7 +137,14 @@ class RawKernel:
                                  "the very device arrays of args that the kernel writes")
         if level is not None:
             level = checks.positive_int("level", level, minimum=0)
-        stream = streams.resolve(stream)
+        self.queue(grid, block, args, streams.resolve(stream), arrays, writes, level)
+
+    def queue(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, stream: streams.Stream,
+              arrays: Sequence[Any], writes: Sequence[Any], level: int | None) -> None:
+        """Queue a launch whose arguments are checked already (what a call does after its checks;
+        a launcher that checks its own arguments once for many launches calls it directly):
+        ``arrays`` are the device arrays among ``args``, ``writes`` those the kernel writes,
+        ``stream`` a resolved stream."""
         label = self.name if level is None else f"{self.name} level {level}"
         if not runtime.wants_op(stream):          # CuPy on a GPU, nobody watching
             stream.runtime.launch(stream.raw, self._for_stream, grid, block, args)
@@ -154,7 +161,7 @@ class RawKernel:
             out_of = {id(w): o for w, o in zip(writes, outs)}
             self.numpy(*(out_of.get(id(a), a.view(np.ndarray)) if is_device_array(a) else a for a in args))
 
-        op = observe.Op("kernel", label, stream, level, 0, reads, writes)
+        op = observe.Op("kernel", label, stream, level, 0, reads, tuple(writes))
         runtime.submit(stream, op, cuda=cuda, numpy=numpy,
                        cost={"kernel": MODEL_SHAPE, "bytes": sum(a.nbytes for a in arrays)})
 
