@@ -22,7 +22,8 @@ The names a learner uses (``__all__``)::
 
 Everything else stays reachable through its module: ``ch.strategies`` (the
 loops the notebooks show, and the registry), ``ch.memory``, ``ch.streams``,
-``ch.graphs``, ``ch.solver``, ``ch.wave``, ``ch.raw_cupy``. Beneath them the layers, each a
+``ch.graphs``, ``ch.solver``, ``ch.wave``, ``ch.raw_cupy``, ``ch.exercises`` (each exercise's kernel
+and checker). Beneath them the layers, each a
 subpackage that names its few public names: ``ch.runtime`` (the two backends and the modelled
 device), ``ch.timelines`` (recording and drawing what ran when), ``ch.disk`` (runs streamed to a
 Zarr store), ``ch.distributed`` (several GPUs and the halo exchange) and ``ch.measure`` (the
@@ -31,7 +32,7 @@ benchmark, comparisons and calibration).
 from . import raw_cupy, strategies  # noqa: F401 - reached as ch.raw_cupy, ch.strategies
 from . import disk, distributed, measure, runtime, timelines  # noqa: F401 - the layers, reached as ch.disk, ...
 from .disk import open_store
-from .exercise import LayerCakeError, bake_layer, check_layer_cake
+from .exercises import LayerCakeError, bake_layer, check_layer_cake
 from .graphs import graphs_supported
 from .measure import compare_strategies, physical_limit, plot_bench
 from .memory import (copy_to_device_async, copy_to_host_async, device_empty, device_zeros, is_pinned,

@@ -36,7 +36,7 @@ from .sanitizer import byte_span
 __all__ = ["CpuDeviceArray", "PinnedArray", "device_empty", "device_zeros", "to_device", "to_host",
            "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
            "copy_to_host_async", "copy_to_device_async", "copy_on_device_async",
-           "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available"]
+           "copy_to_host", "zero_async", "measure_bandwidth", "host_memory_available", "InputRing"]
 
 # --------------------------------------------------------------------------
 # Device arrays
@@ -303,6 +303,42 @@ def copy_to_device_async(dst: Any, src: np.ndarray, stream: streams.Stream | Non
     ptr = _require_pinned("src", src, "host-to-device")
     _require_writable("dst", dst)
     queue_copy("H2D", dst, src, streams.resolve(stream), level, host_ptr=ptr)
+
+
+class InputRing:
+    """Input frames in pinned host memory, which host-to-device copies read round and round: a
+    forcing or boundary field that a run streams to the device every few steps.
+
+    ``InputRing(frames)`` copies ``frames`` (shape ``(nframes, ...)``) into pinned memory once,
+    before any loop, and makes the copy read-only, so that no host write can change a frame
+    while a copy may still read it. ``ring[j]`` is the frame block ``j`` reads, frame
+    ``j % len(ring)``; :meth:`copy_to_device_async` queues its copy, labelled as level ``j`` on
+    timelines ("H2D level j"), as the loops label their copies to the host.
+
+    >>> ring = InputRing(np.arange(8, dtype=np.float32).reshape(2, 2, 2))
+    >>> len(ring), float(ring[3][0, 0]), ring[3].flags.writeable
+    (2, 4.0, False)
+    """
+
+    def __init__(self, frames: np.ndarray) -> None:
+        _require_host("frames", frames)
+        if frames.ndim < 2 or len(frames) == 0:
+            raise ValueError(f"frames must hold at least one frame along its first axis, got shape {frames.shape}")
+        self.frames = pinned_empty(frames.shape, frames.dtype)
+        observe.notify("host_access", self.frames, "w", "InputRing")
+        np.copyto(self.frames, frames)
+        self.frames.flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        j = checks.positive_int("j (the block)", j, minimum=0)
+        return self.frames[j % len(self.frames)]
+
+    def copy_to_device_async(self, dst: Any, j: int, stream: streams.Stream | None = None) -> None:
+        """Queue the host-to-device copy of block ``j``'s frame into the device array ``dst``."""
+        copy_to_device_async(dst, self[j], stream, level=j)
 
 
 def copy_on_device_async(dst: Any, src: Any, stream: streams.Stream | None = None, *,

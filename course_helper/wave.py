@@ -11,12 +11,11 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from importlib import resources
 from typing import Any
 
 import numpy as np
 
-from . import checks, runtime, streams
+from . import checks, kernels, runtime, streams
 from .runtime import observe
 from .memory import is_device_array
 
@@ -301,7 +300,7 @@ _RECHECKED = {"dt": _checked_dt, "nt": _checked_nt, "source": _checked_source,
 
 def kernel_source() -> str:
     """The CUDA C source of ``wave2d_4o`` shipped with the package."""
-    return resources.files("course_helper").joinpath("kernels/wave2d_4o.cu").read_text()
+    return kernels.source("wave2d_4o")
 
 
 def _gpu_kernel(raw_stream):

@@ -9,7 +9,7 @@ import pytest
 
 import course_helper as ch
 from course_helper.measure import bench
-from course_helper import checks, exercise, solver
+from course_helper import checks, exercises, solver
 from course_helper.runtime import profiles
 from course_helper.cli import main
 
@@ -201,9 +201,9 @@ def test_physical_limit_refuses_a_bad_peak():
 
 def test_the_layer_cake_checker_names_bad_input():
     with pytest.raises(TypeError, match="nplanes must be a whole number"):
-        exercise.check_layer_cake(np.zeros((4, 8, 8), np.float32), nplanes="4")
-    with pytest.raises(exercise.LayerCakeError) as err:
-        exercise.check_layer_cake(np.full((4, 8, 8), np.inf, np.float32))
+        exercises.check_layer_cake(np.zeros((4, 8, 8), np.float32), nplanes="4")
+    with pytest.raises(exercises.LayerCakeError) as err:
+        exercises.check_layer_cake(np.full((4, 8, 8), np.inf, np.float32))
     assert "non-finite" in str(err.value) and "-9223372036854775808" not in str(err.value)
 
 

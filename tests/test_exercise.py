@@ -29,7 +29,7 @@ def bake_and_copy(nplanes, shape, nbuf):
 def test_layer_values_are_what_the_kernel_bakes(backend):
     plane = ch.device_empty((20, 30))
     ch.bake_layer(plane, 7)
-    np.testing.assert_array_equal(ch.to_host(plane), ch.exercise.layer_values(7, (20, 30)))
+    np.testing.assert_array_equal(ch.to_host(plane), ch.exercises.layer_values(7, (20, 30)))
 
 
 def test_a_correct_cake_passes(backend):
@@ -40,8 +40,8 @@ def test_a_correct_cake_passes(backend):
 def test_checker_names_missing_and_swapped_planes(cpu):
     stack = bake_and_copy(6, (8, 8), nbuf=2)
     stack[2] = np.nan
-    stack[4] = ch.exercise.layer_values(5, (8, 8))
-    with pytest.raises(ch.exercise.LayerCakeError) as info:
+    stack[4] = ch.exercises.layer_values(5, (8, 8))
+    with pytest.raises(ch.LayerCakeError) as info:
         ch.check_layer_cake(stack)
     msg = str(info.value)
     assert msg.startswith("2 of 6 planes are wrong")
@@ -50,16 +50,16 @@ def test_checker_names_missing_and_swapped_planes(cpu):
 
 
 def test_checker_refuses_device_and_misshaped_stacks(backend):
-    with pytest.raises(ch.exercise.LayerCakeError, match="still on the device"):
+    with pytest.raises(ch.LayerCakeError, match="still on the device"):
         ch.check_layer_cake(ch.device_zeros((2, 4, 4)))
-    with pytest.raises(ch.exercise.LayerCakeError, match="3D"):
+    with pytest.raises(ch.LayerCakeError, match="3D"):
         ch.check_layer_cake(np.zeros((4, 4)))
-    with pytest.raises(ch.exercise.LayerCakeError, match="has 2 planes"):
+    with pytest.raises(ch.LayerCakeError, match="has 2 planes"):
         ch.check_layer_cake(np.zeros((2, 4, 4)), nplanes=3)
 
 
 def test_pageable_stack_is_mentioned(cpu):
-    stack = np.stack([ch.exercise.layer_values(k, (4, 4)) for k in range(3)])
+    stack = np.stack([ch.exercises.layer_values(k, (4, 4)) for k in range(3)])
     assert "not pinned" in ch.check_layer_cake(stack)
 
 
@@ -224,8 +224,8 @@ def test_a_bake_takes_its_oven_time_on_the_model(cpu):
         ch.bake_layer(plane, 2, oven=False)
         ch.synchronize()
     with_oven, without = [e.end_ms - e.start_ms for e in t.trace.kernels]
-    assert with_oven - without == pytest.approx(ch.exercise.oven_us(plane.nbytes) * 1e-3, abs=1e-5)
-    np.testing.assert_array_equal(ch.to_host(plane), ch.exercise.layer_values(2, BIG))
+    assert with_oven - without == pytest.approx(ch.exercises.layer_cake.oven_us(plane.nbytes) * 1e-3, abs=1e-5)
+    np.testing.assert_array_equal(ch.to_host(plane), ch.exercises.layer_values(2, BIG))
 
 
 def test_bake_layer_refuses_a_non_flag_oven(backend):
@@ -338,17 +338,17 @@ def hidden_fraction(ns):
 def test_the_solution_passes_with_margin(backend):
     ns = learner("solution")
     assert ch.check_layer_cake(ns["stack"], loop=ns["bake_cake"]).startswith("all 24 layers are correct, the host")
-    assert hidden_fraction(ns) >= ch.exercise.OVERLAP_NEEDED + 0.3
+    assert hidden_fraction(ns) >= ch.exercises.layer_cake.OVERLAP_NEEDED + 0.3
 
 
 @pytest.mark.parametrize("name", ["all on compute", "one event pair"])
 def test_a_serial_loop_cannot_reach_the_threshold(backend, name):
     ns = learner(name)
-    assert hidden_fraction(ns) < ch.exercise.OVERLAP_NEEDED / 5
+    assert hidden_fraction(ns) < ch.exercises.layer_cake.OVERLAP_NEEDED / 5
     msg = verdict(ns)
     assert msg.startswith("all 24 layers are correct and the host never waited, but the bakes and the copies "
                           "ran one after the other")
-    assert f"the exercise asks for {ch.exercise.OVERLAP_NEEDED:.0%}" in msg
+    assert f"the exercise asks for {ch.exercises.layer_cake.OVERLAP_NEEDED:.0%}" in msg
     assert any(clock in msg for clock in (("CUPTI", "CUDA events") if ch.backend_name() == "gpu" else
                                           ("modelled H200",)))
 

@@ -138,7 +138,7 @@ BAD_INPUT = [
     ("animate step 0", lambda: ch.animate(np.zeros((2, 3, 3)), step=0), ValueError, "step"),
     ("set_backend unknown", lambda: ch.set_backend("tpu"), ValueError, "not a backend"),
     ("bake_layer host plane", lambda: ch.bake_layer(np.zeros((3, 3), np.float32), 0), TypeError, "device"),
-    ("check_layer_cake 2D", lambda: ch.check_layer_cake(np.zeros((3, 3))), ch.exercise.LayerCakeError, "3D"),
+    ("check_layer_cake 2D", lambda: ch.check_layer_cake(np.zeros((3, 3))), ch.LayerCakeError, "3D"),
 ]
 
 

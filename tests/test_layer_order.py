@@ -2,9 +2,10 @@
 
 From the bottom up: ``runtime/`` (the backends and the modelled device, with the argument checks
 every layer shares), the primitives a learner calls (streams, memory, graphs, the race sanitizer),
-``timelines/`` (recording and drawing what ran), the running example and the exercise, the IO
+``timelines/`` (recording and drawing what ran), the running example, the IO
 strategies and ``disk/``, what runs them (the solver, several GPUs in ``distributed/``, the views),
-``measure/`` (the benchmark, comparisons, calibration), and the command line on top. The argument
+``measure/`` (the benchmark, comparisons, calibration) and ``exercises/`` (each exercise's kernel and
+checker: a checker runs the solver), and the command line on top. The argument
 checks and the atomic file writer sit with the runtime at the bottom: every layer uses them. A module may
 import its own layer and the layers below it, never one above: so a layer can be read, tested and
 changed knowing only what is under it. Imports made inside a function count too; those under
@@ -20,12 +21,12 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "course_helper"
 #: Layer of each subpackage, and of each top-level module (``__init__`` is the face of its folder).
 LAYERS = {
     "runtime": 0, "checks": 0, "files": 0,
-    "streams": 1, "memory": 1, "graphs": 1, "sanitizer": 1, "host_watch": 1,
+    "streams": 1, "memory": 1, "graphs": 1, "sanitizer": 1, "host_watch": 1, "kernels": 1,
     "timelines": 2,
-    "wave": 3, "exercise": 3, "raw_cupy": 3,
+    "wave": 3, "raw_cupy": 3,
     "strategies": 4, "disk": 4,
     "solver": 5, "distributed": 5, "viewer": 5,
-    "measure": 6,
+    "measure": 6, "exercises": 6,
     "cli": 7, "__main__": 7, "__init__": 7,
 }
 

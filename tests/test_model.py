@@ -404,14 +404,14 @@ def test_an_unjoined_fork_fails_the_capture_as_in_cuda(backend):
         return
     ch.bake_layer(buf, 2, side)                            # the capture is over: this runs now
     side.synchronize()
-    np.testing.assert_array_equal(ch.to_host(buf), ch.exercise.layer_values(2, (8, 8)))
+    np.testing.assert_array_equal(ch.to_host(buf), ch.exercises.layer_values(2, (8, 8)))
     with ch.graphs.capture_graph(origin) as cap:           # joined back: a graph
         side.wait_event(origin.record())
         ch.bake_layer(buf, 3, side)
         origin.wait_stream(side)
     cap.graph.launch()
     origin.synchronize()
-    np.testing.assert_array_equal(ch.to_host(buf), ch.exercise.layer_values(3, (8, 8)))
+    np.testing.assert_array_equal(ch.to_host(buf), ch.exercises.layer_values(3, (8, 8)))
 
 
 def test_a_fork_joined_through_another_fork_is_joined(cpu):
@@ -454,7 +454,7 @@ def test_a_kernel_writing_a_read_only_array_fails_at_launch(cpu):
 def test_ctrl_c_during_modelled_work_is_raised_at_once(cpu, monkeypatch):
     import os
     import signal
-    real, sent = ch.exercise.layer_values, []
+    real, sent = ch.exercises.layer_values, []
 
     def interrupted(k, shape):                             # a real SIGINT while layer 3 is baked
         if k == 3 and not sent:
@@ -462,7 +462,7 @@ def test_ctrl_c_during_modelled_work_is_raised_at_once(cpu, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return real(k, shape)
 
-    monkeypatch.setattr(ch.exercise, "layer_values", interrupted)
+    monkeypatch.setattr(ch.exercises.layer_cake, "layer_values", interrupted)
     (s,) = ch.create_streams(1)
     planes = [ch.device_zeros((8, 8)) for _ in range(200)]
     queued = 0

@@ -360,7 +360,7 @@ def test_to_host_is_a_host_wait(backend):
         plane = ch.to_host(buf)                # synchronises the device before copying
         ch.bake_layer(buf, 2, b)
         ch.synchronize()
-    np.testing.assert_array_equal(plane, ch.exercise.layer_values(1, (8, 8)))
+    np.testing.assert_array_equal(plane, ch.exercises.layer_values(1, (8, 8)))
 
 
 def _racy_pair(buf, a, b, errors):

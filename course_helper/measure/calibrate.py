@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import disk
 from ..runtime.backend import backend_name, device_report
-from ..exercise import bake_layer
+from ..exercises.layer_cake import bake_layer
 from ..graphs import capture_graph
 from ..memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
                       pinned_zeros, queue_copy, to_device, zero_async)

@@ -23,11 +23,16 @@ of that runtime; :mod:`course_helper.streams` wraps them for learners.
 Its modules, from the bottom up: :mod:`.base` (the :class:`Runtime` interface), :mod:`.profiles`
 (the modelled device's measured figures), :mod:`.observe` (who watches the queued work),
 :mod:`.backend` (which backend is active), :mod:`.model` and :mod:`.gpu` (the two runtimes) and
-:mod:`.active` (the one in use, and :func:`submit`, the one door every operation goes through).
+:mod:`.active` (the one in use, and :func:`submit`, the one door every operation goes through);
+:mod:`.nvtx_ranges` names the queued work in Nsight Systems when a profiler runs the program
+(decided once, here, at import).
 """
 from .active import get, host_ms, submit, time_label, wants_op
 from .backend import BackendUnavailable, backend_name, device_report, gpu_available, set_backend
 from .base import CpuDeviceArray, GraphsUnsupported, PinnedArray, Runtime
+from . import nvtx_ranges
+
+nvtx_ranges.start()         # a no-op unless a profiler runs the program and nvtx is installed
 
 __all__ = ["get", "host_ms", "submit", "time_label", "wants_op",
            "BackendUnavailable", "backend_name", "device_report", "gpu_available", "set_backend",

@@ -7,23 +7,17 @@ expected content of a plane.
 """
 from __future__ import annotations
 
-import contextlib
-import linecache
-import os
-import sys
-import threading
-import types
-from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import checks, runtime, streams
-from .runtime import observe
-from .timelines import recording
-from .memory import is_device_array, is_pinned
-from .sanitizer import RaceError, Sanitizer, byte_span
-from .streams import synchronize
+from .. import checks, runtime, streams
+from ..memory import is_device_array, is_pinned
+from ..runtime import observe
+from ..sanitizer import byte_span
+from ..streams import synchronize
+from ..timelines import recording
+from .core import ExerciseError, LoopProgram, describe_waits, explain_serial, learner_names, run_checked
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -31,9 +25,11 @@ if TYPE_CHECKING:
 
     from numpy.typing import ArrayLike
 
-    from .streams import Stream
+    from ..runtime.observe import Op
+    from ..streams import Stream
 
-__all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError"]
+__all__ = ["bake_layer", "layer_values", "check_layer_cake", "LayerCakeError", "oven_us", "OVEN_GBPS",
+           "OVERLAP_NEEDED"]
 
 _SOURCE = r"""
 extern "C" __global__ void bake_layer(float* plane, const int n0, const int n1, const int k,
@@ -69,7 +65,7 @@ def oven_us(nbytes: int) -> float:
     return nbytes / (OVEN_GBPS * 1e3)
 
 
-class LayerCakeError(AssertionError):
+class LayerCakeError(ExerciseError):
     """The stack is not what the exercise expects; the message says why and what to try."""
 
 
@@ -204,14 +200,13 @@ def check_layer_cake(stack: ArrayLike, nplanes: int | None = None, loop: Callabl
         raise LayerCakeError(head + ":\n  - " + "\n  - ".join(problems[:6]) + ("\n  ..." if len(problems) > 6 else ""))
     if program and program.host_waits:
         waits = program.host_waits
-        counts = ", ".join(f"{what} x{n}" for what, n in Counter(waits).items())
         raise LayerCakeError(f"all {nplanes} layers are correct, but the host waited inside the loop "
-                             f"{len(waits)} times ({counts}); rule 3: the host never waits in the loop - "
-                             "let the streams wait for events instead (stream.wait_event(event))")
+                             f"{len(waits)} times ({describe_waits(waits)}); rule 3: the host never waits in "
+                             "the loop - let the streams wait for events instead (stream.wait_event(event))")
     pinned = "" if is_pinned(stack) else " (note: the host stack is not pinned, so copies could not overlap)"
     if program is None:
         return f"all {nplanes} layers are correct{pinned}"
-    if not _check_overlap(loop, program, nplanes):
+    if not _check_overlap(loop, program, stack):
         return (f"all {nplanes} layers are correct and the host never waited in the loop (the overlap was not "
                 f"measured: the loop queued its work from another thread, which a trace does not see){pinned}")
     return (f"all {nplanes} layers are correct, the host never waited in the loop, and the copies ran "
@@ -230,11 +225,12 @@ def _planes(ks):
     return f"plane {text} was" if len(ks) == 1 else f"planes {text} were"
 
 
-def _check_overlap(loop, program, nplanes):
+def _check_overlap(loop, program, stack):
     """Run ``loop`` again, traced, and raise :class:`LayerCakeError` when too little of the bakes
     and copies ran at the same time: why, from the order the loop set (``program``). True when
     it passed, False when the trace saw no bake or copy (queued by another thread)."""
     __tracebackhide__ = True
+    nplanes = len(stack)
     with recording.tracing(strategy="layer cake check") as handle:
         loop()
         synchronize()
@@ -248,7 +244,7 @@ def _check_overlap(loop, program, nplanes):
                 f"and the copies {ov.copy_ms:.2f} ms, at the same time for {ov.overlap_ms:.2f} ms: "
                 f"{ov.hidden_fraction:.0%} of the shorter ran under the other; the exercise asks for "
                 f"{OVERLAP_NEEDED:.0%}.")
-    why = program.why_serial()
+    why = _why_serial(program, stack)
     if why is None:
         work = trace.kernels + trace.of_kind("D2H")
         per_plane = 1e3 * (max(e.end_ms for e in work) - min(e.start_ms for e in work)) / nplanes
@@ -264,192 +260,48 @@ def _check_overlap(loop, program, nplanes):
                          f"the copies ran one after the other: {why}. {measured}")
 
 
-class _HostWaits:
-    """Observer (of every thread): host waits followed by more queued work happened inside the loop.
-
-    A host wait is anything after which the host knows device work to be finished: a
-    synchronize of the device, a stream or an event, a blocking copy, ``ch.to_host()``, a
-    ``.done`` polled until it answered True. Each is named by the learner's line that waited."""
-
-    def __init__(self):
-        self.pending, self.inside = [], []
-        self.lock = threading.Lock()
-
-    def host_synced(self, target):
-        line = _caller_line()
-        if line is None:
-            line = ("ch.synchronize()" if target is None else
-                    f"{target.name}.synchronize()" if hasattr(target, "wait_event") else "event.synchronize()")
-        with self.lock:
-            self.pending.append(line)
-
-    def _more_work(self, *args):
-        with self.lock:
-            self.inside += self.pending
-            self.pending = []
-
-    op_queued = event_recorded = event_waited = _more_work
 
 
-def _caller_line():
-    """The source line outside this package that made the current call, e.g.
-    ``stack[k] = ch.to_host(buf)`` (None when its source cannot be read)."""
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep      # its subpackages included
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
-        frame = frame.f_back
-    if frame is None:
+def _plane(op: Op, stack: np.ndarray) -> int | None:
+    """The plane of ``stack`` a copy writes (None for other operations)."""
+    if op.kind != "D2H" or not op.writes:
         return None
-    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno, frame.f_globals).strip()
-    return f"`{line}`" if line else None
+    space, lo, _ = byte_span(op.writes[0])
+    _, first, end = byte_span(stack)
+    return (lo - first) // stack.strides[0] if space == "host" and first <= lo < end else None
 
 
-class _Program(Sanitizer):
-    """The race sanitizer, keeping what the checker needs to say why a loop ran serially: each
-    operation with its vector clock (what is ordered before it) and the waits queued before it,
-    and after which operation each event was last recorded."""
-
-    def __init__(self, names, stack):
-        super().__init__(names, host_sync_fixes=False)       # rule 3: the host never waits in the loop
-        self.stack = stack
-        self.queued = []              # (op, its position on its stream, its clock, the waits before it)
-        self.last_op = {}             # stream -> the last operation queued on it
-        self.after = {}               # id(event) -> (event, the operation its latest record follows)
-        self.pending = {}             # stream -> [(event, operation)] waited since its last operation
-        self.host_waits = []
-
-    def op_queued(self, op):
-        super().op_queued(op)
-        with self.lock:
-            if self.failed:
-                return
-            vc = self.clocks[op.stream]
-            self.queued.append((op, vc[op.stream], dict(vc), self.pending.pop(op.stream, [])))
-            self.last_op[op.stream] = op
-
-    def event_recorded(self, stream, event):
-        super().event_recorded(stream, event)
-        with self.lock:
-            self.after[id(event)] = (event, self.last_op.get(stream))
-
-    def event_waited(self, stream, event):
-        super().event_waited(stream, event)
-        with self.lock:
-            known = self.after.get(id(event))
-            self.pending.setdefault(stream, []).append((event, known[1] if known and known[0] is event else None))
-
-    # -- why the bakes and the copies did not overlap ------------------------------------------
-    def _plane(self, op):
-        """The plane of the stack a copy writes (None for other operations)."""
-        if op.kind != "D2H" or not op.writes:
-            return None
-        space, lo, _ = byte_span(op.writes[0])
-        _, first, end = byte_span(self.stack)
-        return (lo - first) // self.stack.strides[0] if space == "host" and first <= lo < end else None
-
-    def _name_op(self, op):
-        plane = self._plane(op)
+def _why_serial(program: LoopProgram, stack: np.ndarray) -> str | None:
+    """Why no copy could run during a bake, in the learner's names; None when some could."""
+    def name_op(op):
+        plane = _plane(op, stack)
         if plane is not None:
             return f"the copy of plane {plane}"
         return f"the bake of layer {op.level}" if op.kind == "kernel" else f"the {op.kind} `{op.name}`"
 
-    def why_serial(self):
-        """Why no copy could run during a bake, in the learner's names; None when some could."""
-        bakes = [q for q in self.queued if q[0].kind == "kernel"]
-        copies = [q for q in self.queued if self._plane(q[0]) is not None]
-
-        def before(a, b):            # a is ordered before b
-            return b[2].get(a[0].stream, 0) >= a[1]
-        alone = [c for c in copies if all(before(b, c) or before(c, b) for b in bakes)]
-        if not copies or not bakes or len(alone) < len(copies) - 1:
-            return None
-        bake_streams = {id(b[0].stream) for b in bakes}
-        shared = [c for c in alone if id(c[0].stream) in bake_streams]
-        if shared:
-            name = self.stream_name(shared[0][0].stream)
-            return (f"the copies ran on `{name}`, the stream that bakes, and a stream runs its work one "
-                    "item at a time, in the order queued; copy on the IO streams instead")
-        for c in alone:              # the wait that put a later bake after this copy
-            for b in bakes:
-                if b[0] is c[0] or not before(c, b):
-                    continue
-                for event, follows in b[3]:
-                    if follows is not None and follows.stream is c[0].stream:
-                        label = self.label_of(event)
-                        event_name = f"`{label}`" if label else "an event"
-                        nbuf = len({id(q[0].writes[0]) for q in bakes if q[0].writes})
-                        return (f"before {self._name_op(b[0])} your loop makes `{self.stream_name(b[0].stream)}` wait "
-                                f"for {event_name}, recorded after {self._name_op(follows)} on "
-                                f"`{self.stream_name(follows.stream)}`, so each bake waited for the copy before "
-                                "it, and each copy for its bake. A bake needs only the copy out of the buffer it "
-                                f"refills, {nbuf} planes back, done long before if each buffer has its own events")
-                break
-        return ("every copy is ordered before or after every bake by the events your streams wait for, "
-                "so none could run during a bake")
-
-
-def _learner_names(fn, depth=0, found=None):
-    """The loop's own names for the streams, events and arrays it uses: the globals and closure
-    variables its code reads (and those of the functions it calls, a few deep)."""
-    found = {} if found is None else found
-    code = getattr(fn, "__code__", None)
-    if code is None or depth > 3:
-        return found
-    names, codes = set(), [code]
-    while codes:                     # nested code (a comprehension, an inner function) reads names too
-        c = codes.pop()
-        names.update(c.co_names)
-        codes += [k for k in c.co_consts if hasattr(k, "co_names")]
-    values = [(n, fn.__globals__[n]) for n in sorted(names) if n in fn.__globals__]
-    for n, cell in zip(code.co_freevars, fn.__closure__ or ()):
-        try:
-            values.append((n, cell.cell_contents))
-        except ValueError:           # a closure variable not bound yet
-            pass
-    for name, value in values:
-        items = value if isinstance(value, (list, tuple)) else [value]
-        if isinstance(value, types.FunctionType):
-            _learner_names(value, depth + 1, found)
-        elif items and all(isinstance(x, (streams.Stream, streams.Event)) or is_device_array(x) for x in items):
-            found.setdefault(name, value)
-        elif isinstance(value, np.ndarray) and value.ndim == 3:
-            found.setdefault(name, value)
-    return found
+    serial = program.why_serial(lambda op: _plane(op, stack) is not None)
+    if serial is None:
+        return None
+    nbuf = len({id(q[0].writes[0]) for q in program.queued if q[0].kind == "kernel" and q[0].writes})
+    return explain_serial(program, serial, name_op, copies="the copies", kernels_stream="the stream that bakes",
+                          own_stream="copy on the IO streams instead",
+                          consequence=("each bake waited for the copy before it, and each copy for its bake. A bake "
+                                       f"needs only the copy out of the buffer it refills, {nbuf} planes back, done "
+                                       "long before if each buffer has its own events"),
+                          ordered=("every copy is ordered before or after every bake by the events your streams wait "
+                                   "for, so none could run during a bake"))
 
 
 def _run_checked(loop, stack, buffers):
-    """Run the learner's loop into a fresh (NaN) stack under the sanitizer: the :class:`_Program`
-    that watched it, with the host waits in it."""
+    """Run the learner's loop into a fresh (NaN) stack under the sanitizer: the program that
+    watched it, with the host waits in it."""
     __tracebackhide__ = True
     if not callable(loop):
         raise TypeError(f"loop must be a function that queues the whole cake, got {type(loop).__name__}")
     synchronize()                                  # nothing earlier still writes the stack
     observe.notify("host_access", stack, "w", "check_layer_cake")
     stack.fill(np.nan)
-    names = dict(_learner_names(loop), stack=stack)
-    names.setdefault("buffers", list(buffers or []))
-    program = _Program(names, stack)
-    waits = observe.add(_HostWaits(), every_thread=True)   # a loop may queue its body from a thread
-    observe.add(program, every_thread=True)
-    try:
-        try:
-            loop()
-        finally:
-            observe.remove(waits)
-            program.close()
-    except BaseException as exc:
-        with contextlib.suppress(Exception):      # drain what was queued; the loop's error is the news
-            synchronize()
-        if isinstance(exc, RaceError):
-            raise LayerCakeError(f"your loop has a race: it can bake a wrong cake on any run, "
-                                 f"whatever the timing.\n{exc}") from None
-        if isinstance(exc, NotImplementedError):
-            raise LayerCakeError(f"`{getattr(loop, '__name__', 'the loop')}` is not written yet: replace its "
-                                 "`raise NotImplementedError` with the loop, then run this cell again") from None
-        raise
-    synchronize()
-    if program.race is not None:                   # found in work another thread queued
-        raise LayerCakeError(f"your loop has a race: it can bake a wrong cake on any run, "
-                             f"whatever the timing.\n{program.race[0]}")
-    program.host_waits = waits.inside
-    return program
+    names = {"stack": stack}
+    if buffers and "buffers" not in learner_names(loop):      # the loop's own name comes first
+        names["buffers"] = list(buffers)
+    return run_checked(loop, names, LayerCakeError, "bake a wrong cake")

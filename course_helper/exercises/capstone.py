@@ -1,0 +1,426 @@
+"""The capstone (notebook 13): Gray-Scott reaction-diffusion with data moving both ways.
+
+Two fields, ``u`` and ``v``, react and diffuse on a periodic grid (the kernel
+``kernels/gray_scott.cu``, launched by :func:`launch_gray_scott`; NumPy on the CPU backend). The
+feed rate is a field streamed in from the host: every ``feed_every`` steps the run needs the next
+block's feed, frame ``j % nframes`` of a pinned input ring (:attr:`GrayScott.frames`). Every
+``save_every`` steps a snapshot of ``v`` goes to the host. So host-to-device copies, kernels and
+device-to-host copies can all run at once, each on its own engine.
+
+:func:`check_capstone` runs the learner's loop, ``run(gs, snapshots)``, and asks for four things:
+no race (under the sanitizer), snapshots identical to those of the course's one-stream loop
+(:func:`sequential_snapshots`; on the CPU backend that is the NumPy reference,
+:func:`reference_snapshots`, to the bit), no host wait inside the loop, and at least
+:data:`HIDDEN_NEEDED` of each copy direction hidden under the kernels at the capstone's
+balanced point (:data:`BALANCED_POINT`). Its messages name the learner's own streams, events
+and buffers.
+"""
+from __future__ import annotations
+
+import inspect
+import weakref
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import checks, streams
+from ..kernels import RawKernel, source
+from ..memory import InputRing, copy_to_device_async, copy_to_host, device_zeros, is_device_array, pinned_empty
+from ..runtime import observe
+from ..solver import timing_only
+from ..streams import create_streams, synchronize
+from ..timelines import recording
+from .core import ExerciseError, describe_waits, explain_serial, hidden_by_direction, run_checked
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from ..runtime.observe import Op
+    from ..timelines import Trace
+    from .core import LoopProgram
+
+__all__ = ["GrayScott", "launch_gray_scott", "reference_snapshots", "sequential_snapshots", "check_capstone",
+           "CapstoneError", "BALANCED_POINT", "CHECK_POINT", "HIDDEN_NEEDED"]
+
+#: The capstone's balanced point: the device sets the pace (each block's kernels take about twice
+#: as long as one copy of a field, in either direction, on the modelled H200), so overlap can hide
+#: both directions under the kernels. ``benchmarks/capstone_point.py`` measures it on a GPU.
+BALANCED_POINT = dict(n=2048, steps=480, feed_every=24, save_every=24)
+#: The small problem the checker runs under the sanitizer and compares with the reference.
+CHECK_POINT = dict(n=48, steps=72, feed_every=24, save_every=24)
+#: The share of each copy direction that must run under the kernels at the balanced point.
+HIDDEN_NEEDED = 0.85
+
+_BLOCK = (32, 8)          # threads per block along (dimension 1, dimension 0)
+
+
+class CapstoneError(ExerciseError):
+    """The capstone's loop misses a rule; the message says which and what to try."""
+
+
+def _numpy_step(u, v, feed, u_out, v_out, n0, n1, du, dv, kill, dt):
+    """The kernel's update in NumPy, operation for operation, in float32."""
+    four, one = np.float32(4), np.float32(1)
+    lap_u = ((np.roll(u, 1, 0) + np.roll(u, -1, 0)) + (np.roll(u, 1, 1) + np.roll(u, -1, 1))) - four * u
+    lap_v = ((np.roll(v, 1, 0) + np.roll(v, -1, 0)) + (np.roll(v, 1, 1) + np.roll(v, -1, 1))) - four * v
+    uvv = (u * v) * v
+    np.add(u, dt * ((du * lap_u - uvv) + feed * (one - u)), out=u_out)
+    np.add(v, dt * ((dv * lap_v + uvv) - (feed + kill) * v), out=v_out)
+
+
+GRAY_SCOTT = RawKernel(source("gray_scott"), "gray_scott", numpy=_numpy_step, options=("--fmad=false",))
+
+
+class GrayScott:
+    """The Gray-Scott problem of the capstone and every number derived from it.
+
+    Parameters
+    ----------
+    n : int
+        Grid size (``n x n`` cells, periodic).
+    steps : int
+        Time steps of a run.
+    feed_every : int
+        Steps per feed block: block ``j`` (steps ``j * feed_every`` to ``(j + 1) * feed_every - 1``)
+        reads the feed frame ``j % nframes`` of :attr:`frames`.
+    save_every : int
+        A snapshot of ``v`` is saved after every ``save_every``-th step.
+    nframes : int
+        Frames in the input ring: the feed pulses and turns with a period of ``nframes`` blocks.
+    du, dv, kill, dt : float
+        Diffusion rates (grid units), the kill rate and the time step.
+    seed : int
+        Seeds the initial patches of ``v``.
+
+    Examples
+    --------
+    >>> gs = GrayScott(n=64, steps=96)
+    >>> gs.nblocks, gs.nsnapshots, gs.snapshot_steps[:2]
+    (4, 4, [24, 48])
+    """
+
+    def __init__(self, n: int = 256, steps: int = 2400, feed_every: int = 24, save_every: int = 24, nframes: int = 8,
+                 du: float = 0.16, dv: float = 0.08, kill: float = 0.06, dt: float = 1.0, seed: int = 13) -> None:
+        self.n = checks.positive_int("n (grid size)", n, minimum=3, hint="the 5-point stencil needs 3 cells a side")
+        self.steps = checks.positive_int("steps", steps)
+        self.feed_every = checks.positive_int("feed_every", feed_every)
+        self.save_every = checks.positive_int("save_every", save_every)
+        if self.save_every > self.steps:
+            raise ValueError(f"save_every={save_every} is more than the {steps} steps of the run: no snapshot "
+                             "would be saved; save more often or run longer")
+        self.nframes = checks.positive_int("nframes", nframes)
+        self.du, self.dv = checks.positive_float("du", du), checks.positive_float("dv", dv)
+        self.kill, self.dt = checks.positive_float("kill", kill), checks.positive_float("dt", dt)
+        if 4 * max(self.du, self.dv) * self.dt > 1:
+            raise ValueError(f"dt * 4 * max(du, dv) = {4 * max(self.du, self.dv) * self.dt:g} is above 1: the "
+                             "explicit step would blow up; use a smaller dt or smaller diffusion rates")
+        self.seed = int(seed)
+        self._frames = None
+
+    def __repr__(self) -> str:
+        return (f"GrayScott({self.n}x{self.n}, steps={self.steps}, feed_every={self.feed_every}, "
+                f"save_every={self.save_every}, nframes={self.nframes})")
+
+    @classmethod
+    def balanced_point(cls) -> GrayScott:
+        """The problem of :data:`BALANCED_POINT`."""
+        return cls(**BALANCED_POINT)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.n)
+
+    @property
+    def nbytes_field(self) -> int:
+        """Bytes of one field (a feed frame, a snapshot)."""
+        return self.n * self.n * 4
+
+    @property
+    def nblocks(self) -> int:
+        """Feed blocks in a run (the last one may be shorter)."""
+        return -(-self.steps // self.feed_every)
+
+    @property
+    def nsnapshots(self) -> int:
+        return self.steps // self.save_every
+
+    @property
+    def snapshot_steps(self) -> list[int]:
+        """After which step each snapshot is taken (snapshot ``i`` after step ``(i + 1) * save_every``)."""
+        return [(i + 1) * self.save_every for i in range(self.nsnapshots)]
+
+    @property
+    def frames(self) -> InputRing:
+        """The feed frames, in a pinned input ring (made on first use)."""
+        if self._frames is None:
+            checks.host_memory(self.nframes * self.nbytes_field * 3, f"the {self.nframes} feed frames of {self!r}",
+                               advice="use a smaller n or fewer frames")
+            self._frames = InputRing(np.stack([self.feed_frame(p) for p in range(self.nframes)]))
+        return self._frames
+
+    def feed_frame(self, p: int) -> np.ndarray:
+        """Feed frame ``p``: stripes of feed rate turning by half a turn over the ``nframes`` frames."""
+        x = np.arange(self.n) / self.n
+        theta = np.pi * p / self.nframes
+        phase = 2 * np.pi * 2 * (x[None, :] * np.cos(theta) + x[:, None] * np.sin(theta))
+        return (0.037 + 0.008 * np.sin(phase)).astype(np.float32)
+
+    def initial(self) -> tuple[np.ndarray, np.ndarray]:
+        """The fields at step 0 (host arrays): ``u = 1``, ``v = 0`` but for a few square patches,
+        with a little noise."""
+        rng = np.random.default_rng(self.seed)
+        u = np.ones(self.shape, np.float32)
+        v = np.zeros(self.shape, np.float32)
+        size = max(2, self.n // 16)
+        for i, j in rng.integers(0, self.n - size, size=(max(3, self.n // 24), 2)):
+            u[i:i + size, j:j + size] = 0.5
+            v[i:i + size, j:j + size] = 0.25
+        u += rng.uniform(-0.01, 0.01, self.shape).astype(np.float32)
+        v += rng.uniform(-0.01, 0.01, self.shape).astype(np.float32)
+        np.clip(v, 0, 1, out=v)
+        return u, v
+
+    def empty_snapshots(self) -> np.ndarray:
+        """A pinned host stack for the snapshots, filled with NaN (a snapshot never copied shows)."""
+        checks.host_memory(self.nsnapshots * self.nbytes_field, f"the {self.nsnapshots} snapshots of {self!r}",
+                           advice="save less often")
+        out = pinned_empty((self.nsnapshots, *self.shape))
+        observe.notify("host_access", out, "w", "GrayScott.empty_snapshots")
+        out.fill(np.nan)
+        return out
+
+    def scalars(self) -> tuple:
+        """The kernel's arguments after the five arrays."""
+        return (np.int32(self.n), np.int32(self.n), np.float32(self.du), np.float32(self.dv),
+                np.float32(self.kill), np.float32(self.dt))
+
+
+#: Argument sets of launch_gray_scott already checked: ids -> weak references to the objects (the
+#: death of any drops the entry, before its memory can be reused). A loop launches with the same
+#: few buffers every step, so the checks run once per set, as the wave kernel's do.
+_CHECKED = {}
+_CHECKED_MAX = 64
+
+
+def launch_gray_scott(u: Any, v: Any, feed: Any, u_next: Any, v_next: Any, gs: GrayScott, n: int,
+                      stream: streams.Stream | None = None) -> None:
+    """Queue step ``n`` of ``gs``: the fields after step ``n + 1`` into ``u_next``, ``v_next``
+    from ``u``, ``v`` and the feed field ``feed``, on ``stream``. On timelines it is
+    "gray_scott level ``n + 1``".
+
+    Parameters
+    ----------
+    u, v, feed, u_next, v_next : device arrays of shape ``gs.shape``, float32
+        ``u_next`` and ``v_next`` may share memory with none of the others: each thread reads
+        its neighbours' old values while the others write.
+    """
+    key = (id(gs), id(u), id(v), id(feed), id(u_next), id(v_next))
+    known = _CHECKED.get(key)
+    if known is None or known[1] != (gs.n, gs.du, gs.dv, gs.kill, gs.dt):
+        _check_launch(u, v, feed, u_next, v_next, gs)
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        known = _CHECKED[key] = (tuple(weakref.ref(o, lambda _r, k=key: _CHECKED.pop(k, None))
+                                       for o in (gs, u, v, feed, u_next, v_next)),
+                                 (gs.n, gs.du, gs.dv, gs.kill, gs.dt), gs.scalars(),
+                                 (-(-gs.n // _BLOCK[0]), -(-gs.n // _BLOCK[1])))
+    n = checks.positive_int("n (step number)", n, minimum=0)
+    GRAY_SCOTT.queue(known[3], _BLOCK, (u, v, feed, u_next, v_next, *known[2]), streams.resolve(stream),
+                     (u, v, feed, u_next, v_next), (u_next, v_next), n + 1)
+
+
+def _check_launch(u, v, feed, u_next, v_next, gs):
+    checks.instance("gs", gs, GrayScott, "a GrayScott problem")
+    arrays = {"u": u, "v": v, "feed": feed, "u_next": u_next, "v_next": v_next}
+    for label, a in arrays.items():
+        if not is_device_array(a):
+            raise TypeError(f"{label} must be a device array (device_zeros/to_device), got {type(a).__name__}")
+        if tuple(a.shape) != gs.shape or a.dtype != np.float32 or not a.flags.c_contiguous:
+            raise ValueError(f"{label} must be a C-contiguous float32 array of shape {gs.shape}, got {a.dtype} "
+                             f"{tuple(a.shape)}")
+    for out in ("u_next", "v_next"):
+        for other, a in arrays.items():
+            if other != out and _same(arrays[out], a):
+                raise ValueError(f"{out} shares memory with {other}: the kernel reads its neighbours' old values "
+                                 "while it writes, so it needs fields of its own to write (the other pair of a "
+                                 "ping-pong)")
+
+
+def _same(a, b):
+    """Whether two device arrays share memory (the C-contiguous arrays of a launch: by address)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.shares_memory(a, b))
+    return a.data.ptr < b.data.ptr + b.nbytes and b.data.ptr < a.data.ptr + a.nbytes
+
+
+# --------------------------------------------------------------------------
+# References
+# --------------------------------------------------------------------------
+def reference_snapshots(gs: GrayScott) -> np.ndarray:
+    """The snapshots of ``v`` in plain NumPy, no device: the reference the kernel is checked against."""
+    checks.instance("gs", gs, GrayScott, "a GrayScott problem")
+    u, v = gs.initial()
+    nxt = [np.empty_like(u), np.empty_like(v)]
+    out = np.empty((gs.nsnapshots, *gs.shape), np.float32)
+    for n in range(gs.steps):
+        _numpy_step(u, v, gs.frames[n // gs.feed_every], nxt[0], nxt[1], *gs.scalars())
+        (u, v), nxt = nxt, [u, v]
+        if (n + 1) % gs.save_every == 0:
+            out[(n + 1) // gs.save_every - 1] = v
+    return out
+
+
+def sequential_snapshots(gs: GrayScott) -> np.ndarray:
+    """The snapshots of the course's one-stream loop on the active backend: every step on one
+    stream, each feed frame uploaded and each snapshot copied out with the host waiting. A
+    learner's loop must give these to the bit (on the CPU backend they are
+    :func:`reference_snapshots`)."""
+    checks.instance("gs", gs, GrayScott, "a GrayScott problem")
+    (s,) = create_streams(1, name="sequential")
+    u, v = [device_zeros(gs.shape) for _ in range(2)], [device_zeros(gs.shape) for _ in range(2)]
+    feed = device_zeros(gs.shape)
+    host_u, host_v = (pinned_empty(gs.shape) for _ in range(2))
+    host_u[...], host_v[...] = gs.initial()
+    copy_to_device_async(u[0], host_u, s)
+    copy_to_device_async(v[0], host_v, s)
+    out = pinned_empty((gs.nsnapshots, *gs.shape))
+    for n in range(gs.steps):
+        if n % gs.feed_every == 0:
+            gs.frames.copy_to_device_async(feed, n // gs.feed_every, s)
+        launch_gray_scott(u[n % 2], v[n % 2], feed, u[(n + 1) % 2], v[(n + 1) % 2], gs, n, s)
+        if (n + 1) % gs.save_every == 0:
+            copy_to_host(out[(n + 1) // gs.save_every - 1], v[(n + 1) % 2], s, level=n + 1)
+    s.synchronize()
+    return np.array(out)
+
+
+# --------------------------------------------------------------------------
+# The checker
+# --------------------------------------------------------------------------
+def check_capstone(run: Callable[[GrayScott, np.ndarray], None]) -> str:
+    """Check the capstone's loop ``run(gs, snapshots)``; raise :class:`CapstoneError` saying what
+    is wrong, or return a one-line success message.
+
+    ``run`` makes its own streams, events and device buffers, and queues the whole run of
+    ``gs`` into the pinned stack ``snapshots`` (the checker waits for the device afterwards).
+    The checker runs it twice:
+
+    1. on a small problem (:data:`CHECK_POINT`) under the race sanitizer, counting the host's
+       waits: no race, no host wait inside the loop, and every snapshot identical to the
+       course's one-stream loop's (:func:`sequential_snapshots`);
+    2. at the balanced point (:data:`BALANCED_POINT`) on a timeline (CUPTI on a GPU, the model
+       on the CPU backend, which predicts the times without the arithmetic there): at least
+       :data:`HIDDEN_NEEDED` of the host-to-device copies and of the device-to-host copies,
+       each direction on its own, must run under the kernels. A direction that does not is
+       told what ordered its copies and the kernels one after the other.
+    """
+    __tracebackhide__ = True
+    if run is None:
+        raise CapstoneError("`run_capstone` is not written yet: write it, then run this cell again")
+    small = GrayScott(**CHECK_POINT)
+    program = _run_small(run, small)
+    _compare(program.snapshots, small)
+    if program.host_waits:
+        waits = program.host_waits
+        raise CapstoneError(f"all {small.nsnapshots} snapshots are right, but the host waited inside the loop "
+                            f"{len(waits)} times ({describe_waits(waits)}); the rule: the host never waits in the "
+                            "loop - let the streams wait for events instead (stream.wait_event(event))")
+    hidden, trace = _balanced(run)
+    copied = {"H2D": "uploads (host to device)", "D2H": "downloads (device to host)"}
+    for direction, h in hidden.items():
+        if h.copy_ms == 0:
+            raise CapstoneError(f"your loop ran no {copied[direction]} at the balanced point: every block reads its "
+                                "feed frame from gs.frames (gs.frames.copy_to_device_async) and every snapshot "
+                                "goes to snapshots[i] (ch.copy_to_host_async)")
+    short = [d for d, h in hidden.items() if h.fraction < HIDDEN_NEEDED]
+    measured = "; ".join(f"{copied[d]}: busy {h.copy_ms:.2f} ms, {h.fraction:.0%} of it under the kernels"
+                         for d, h in hidden.items())
+    if short:
+        whys = " ".join(f"The {copied[d].split(' ')[0]}: {_why(program, d)}." for d in short)
+        raise CapstoneError(f"all {small.nsnapshots} snapshots are right and the host never waited, but at the "
+                            f"balanced point the {' and the '.join(copied[d] for d in short)} ran under the kernels "
+                            f"less than the {HIDDEN_NEEDED:.0%} asked for. {whys} In this run's trace "
+                            f"({trace.clock}): {measured}.")
+    return (f"all {small.nsnapshots} snapshots are right, no race, the host never waited in the loop, and at the "
+            f"balanced point both directions ran under the kernels ({measured}; {trace.clock})")
+
+
+def _names(run, gs, snapshots):
+    """The learner's names for the problem's input ring and the snapshot stack: their parameters'."""
+    params = list(inspect.signature(run).parameters)
+    names = {}
+    if len(params) >= 2:
+        names[f"{params[0]}.frames"] = gs.frames.frames
+        names[params[1]] = snapshots
+    return names
+
+
+def _run_small(run, gs):
+    """Run the loop on the small problem under the sanitizer: its program (host waits in it)."""
+    __tracebackhide__ = True
+    if not callable(run):
+        raise TypeError(f"run must be your function run_capstone(gs, snapshots), got {type(run).__name__}")
+    snapshots = gs.empty_snapshots()
+    synchronize()
+    program = run_checked(run, _names(run, gs, snapshots), CapstoneError, "give wrong snapshots",
+                          args=(gs, snapshots))
+    program.snapshots = snapshots
+    return program
+
+
+def _compare(snapshots, gs):
+    """Compare the small run's snapshots with the one-stream loop's."""
+    __tracebackhide__ = True
+    observe.notify("host_access", snapshots, "r", "check_capstone")
+    expected = sequential_snapshots(gs)
+    unwritten = [i for i in range(gs.nsnapshots) if np.isnan(snapshots[i]).all()]
+    wrong = [i for i in range(gs.nsnapshots) if i not in unwritten and not np.array_equal(snapshots[i], expected[i])]
+    if not unwritten and not wrong:
+        return
+    problems = []
+    if unwritten:
+        problems.append(f"snapshots {unwritten} were never written: snapshot i is v after step "
+                        f"(i + 1) * gs.save_every, copied into snapshots[i]")
+    for i in wrong[:3]:
+        found = [k for k in range(gs.nsnapshots) if np.array_equal(snapshots[i], expected[k])]
+        problems.append(f"snapshots[{i}] " + (f"holds snapshot {found[0]}" if found else
+                                              "differs from the one-stream loop's (a step, a field or a feed "
+                                              "frame is not the one the loop should use there)"))
+    raise CapstoneError(f"{len(unwritten) + len(wrong)} of {gs.nsnapshots} snapshots are wrong, though the race "
+                        "sanitizer found no race: the order is right and an index is not. " + "; ".join(problems))
+
+
+def _balanced(run) -> tuple[dict, Trace]:
+    """Run the loop at the balanced point on a timeline: the hidden share of each copy direction."""
+    __tracebackhide__ = True
+    gs = GrayScott.balanced_point()
+    snapshots = gs.empty_snapshots()
+    with timing_only():
+        run(gs, snapshots)                        # once untimed: on a GPU the first run sets up
+        synchronize()
+        with recording.tracing(strategy="capstone check") as handle:
+            run(gs, snapshots)
+            synchronize()
+    trace = handle.trace
+    return hidden_by_direction(trace), trace
+
+
+def _why(program: LoopProgram, direction: str) -> str:
+    """Why the copies of ``direction`` could not run during the kernels, in the learner's names."""
+    serial = program.why_serial(lambda op: op.kind == direction)
+    if serial is None:
+        return ("nothing orders them before or after the kernels, but the kernels were idle while they ran, waiting "
+                "for something else: look at your loop's timeline for what `compute` waits for")
+    return explain_serial(program, serial, _name, copies="they", kernels_stream="the stream of the kernels",
+                          own_stream="give them a stream of their own",
+                          consequence=("the kernels waited for each copy and the copies for the kernels: a deeper ring "
+                                       "lets the next copy run while this block computes"),
+                          ordered=("every copy is ordered before or after every kernel by the events your streams "
+                                   "wait for"))
+
+
+def _name(op: Op) -> str:
+    if op.kind == "kernel":
+        return f"the kernel `{op.name}`"
+    return f"the {op.kind} copy" + (f" of level {op.level}" if op.level is not None else "")

@@ -1,0 +1,403 @@
+"""The checker core every exercise shares.
+
+A checker runs the learner's own loop and says what is wrong with it in the learner's words:
+
+* :func:`run_checked` runs the loop under the race sanitizer (a :class:`LoopProgram`), which
+  also remembers each operation's place in the program, and counts the host's waits inside
+  the loop (:class:`HostWaits`), each named by the learner's line that waited;
+* :meth:`LoopProgram.why_serial` finds what ordered every copy before or after every kernel,
+  when nothing could run at the same time;
+* :func:`hidden_by_direction` measures, on a timeline, how much of each copy direction ran
+  under the kernels.
+
+Messages name streams, events and buffers as the loop's own variables do (``io[0]``,
+``baked[1]``, ``feed[2]``): the globals and closure variables its code reads
+(:func:`learner_names`), and the locals of the loop while it runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import linecache
+import os
+import sys
+import threading
+import tokenize
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import streams
+from ..memory import is_device_array
+from ..runtime import observe
+from ..sanitizer import RaceError, Sanitizer
+from ..streams import synchronize
+from ..timelines.timeline import covered_length, intersection_length, merge_intervals
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from ..runtime.observe import Op
+    from ..timelines import Trace
+
+__all__ = ["ExerciseError", "Verdict", "HostWaits", "LoopProgram", "Serial", "explain_serial", "learner_names",
+           "run_checked",
+           "caller_line", "Hidden", "hidden_by_direction", "describe_waits"]
+
+
+class ExerciseError(AssertionError):
+    """A learner's loop misses the exercise's point; the message says why and what to try.
+    ``race``: the :class:`~course_helper.sanitizer.RaceError` behind it, when it is a race."""
+
+    race: RaceError | None = None
+
+
+class Verdict(str):
+    """What a check says: the sentence to print (the string itself) and whether the answer
+    passed (:attr:`passed`). ``print(verdict)`` prints the sentence."""
+
+    passed: bool
+
+    def __new__(cls, message: str, passed: bool) -> Verdict:
+        verdict = super().__new__(cls, message)
+        verdict.passed = bool(passed)
+        return verdict
+
+
+# --------------------------------------------------------------------------
+# Host waits
+# --------------------------------------------------------------------------
+class HostWaits:
+    """Observer (of every thread): host waits followed by more queued work happened inside the loop.
+
+    A host wait is anything after which the host knows device work to be finished: a
+    synchronize of the device, a stream or an event, a blocking copy, ``ch.to_host()``, a
+    ``.done`` polled until it answered True. Each is named by the learner's line that waited.
+    :attr:`judged` keeps, for each wait followed by an operation, ``(line, covered, next)``:
+    the operation the wait waited for (the last one queued on the stream, or before the
+    event's record; ``"device"`` for a wait on the whole device; None when it waited for
+    nothing the loop had queued) and the first operation queued after it."""
+
+    def __init__(self):
+        self.pending, self.inside = [], []
+        self.judged = []
+        self.unjudged = []                 # waits whose next operation is not queued yet
+        self.last_on = {}                  # id(stream) -> the last operation queued on it
+        self.recorded_after = {}           # id(event) -> the operation its latest record follows
+        self.lock = threading.Lock()
+
+    def host_synced(self, target: Any) -> None:
+        line = caller_line()
+        if line is None:
+            line = ("ch.synchronize()" if target is None else
+                    f"{target.name}.synchronize()" if hasattr(target, "wait_event") else "event.synchronize()")
+        with self.lock:
+            covered = ("device" if target is None else self.last_on.get(id(target)) if hasattr(target, "wait_event")
+                       else self.recorded_after.get(id(target)))
+            self.pending.append(line)
+            self.unjudged.append((line, covered))
+
+    def _more_work(self):
+        self.inside += self.pending
+        self.pending = []
+
+    def op_queued(self, op: Op) -> None:
+        with self.lock:
+            self._more_work()
+            self.judged += [(line, covered, op) for line, covered in self.unjudged]
+            self.unjudged = []
+            self.last_on[id(op.stream)] = op
+
+    def event_recorded(self, stream: Any, event: Any) -> None:
+        with self.lock:
+            self._more_work()
+            self.recorded_after[id(event)] = self.last_on.get(id(stream))
+
+    def event_waited(self, stream: Any, event: Any) -> None:
+        with self.lock:
+            self._more_work()
+
+
+def describe_waits(lines: list[str]) -> str:
+    """"`io[b].synchronize()` x6, `ch.synchronize()` x1": the lines that waited, counted."""
+    counts = {}
+    for line in lines:
+        counts[line] = counts.get(line, 0) + 1
+    return ", ".join(f"{line} x{n}" for line, n in counts.items())
+
+
+def caller_line() -> str | None:
+    """The source line outside this package that made the current call, e.g.
+    ``stack[k] = ch.to_host(buf)`` (None when its source cannot be read)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep   # course_helper/
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = _without_comment(linecache.getline(frame.f_code.co_filename, frame.f_lineno, frame.f_globals))
+    return f"`{line}`" if line else None
+
+
+def _without_comment(line: str) -> str:
+    """A source line without its comment and its surrounding blanks."""
+    try:
+        comments = [t for t in tokenize.generate_tokens(io.StringIO(line).readline) if t.type == tokenize.COMMENT]
+    except (tokenize.TokenError, IndentationError, SyntaxError):    # part of a longer statement
+        return line.strip()
+    return (line[:comments[0].start[1]] if comments else line).strip()
+
+
+# --------------------------------------------------------------------------
+# The learner's names
+# --------------------------------------------------------------------------
+def _nameable(value):
+    """Whether a variable holds what messages name: streams, events, device arrays (or lists of
+    them) or a host array."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if items and all(isinstance(x, (streams.Stream, streams.Event)) or is_device_array(x) for x in items):
+        return True
+    return isinstance(value, np.ndarray) and value.ndim >= 1
+
+
+def learner_names(fn: Callable, depth: int = 0, found: dict | None = None) -> dict[str, Any]:
+    """The loop's own names for the streams, events and arrays it uses: the globals and closure
+    variables its code reads (and those of the functions it calls, a few deep)."""
+    found = {} if found is None else found
+    code = getattr(fn, "__code__", None)
+    if code is None or depth > 3:
+        return found
+    names, codes = set(), [code]
+    while codes:                     # nested code (a comprehension, an inner function) reads names too
+        c = codes.pop()
+        names.update(c.co_names)
+        codes += [k for k in c.co_consts if hasattr(k, "co_names")]
+    values = [(n, fn.__globals__[n]) for n in sorted(names) if n in fn.__globals__]
+    for n, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            values.append((n, cell.cell_contents))
+        except ValueError:           # a closure variable not bound yet
+            pass
+    for name, value in values:
+        if isinstance(value, types.FunctionType):
+            learner_names(value, depth + 1, found)
+        elif _nameable(value):
+            found.setdefault(name, value)
+    return found
+
+
+def _root(a):
+    """The array a view was taken from (the array itself when it is no view)."""
+    while getattr(a, "base", None) is not None and hasattr(a.base, "shape"):
+        a = a.base
+    return a
+
+
+# --------------------------------------------------------------------------
+# The program the loop queued
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Serial:
+    """Why no copy could run during a kernel (:meth:`LoopProgram.why_serial`).
+
+    ``how`` is one of ``"same stream"`` (the copies ran on the stream of the kernels:
+    ``copy``), ``"waits"`` (before ``kernel`` its stream waits for ``event``, recorded after
+    the copy ``after``: each kernel waited for a copy) or ``"ordered"`` (every copy is
+    ordered before or after every kernel, the waits that did it not found)."""
+    how: str
+    copy: Op | None = None
+    kernel: Op | None = None
+    event: Any = None
+    after: Op | None = None
+
+
+class LoopProgram(Sanitizer):
+    """The race sanitizer, keeping what a checker needs to say why a loop ran serially: each
+    operation with its vector clock (what is ordered before it) and the waits queued before it,
+    and after which operation each event was last recorded.
+
+    ``loop``: the learner's function; while it runs, its locals name what it made (streams,
+    events and buffers made inside the function are named as the function names them)."""
+
+    def __init__(self, names: dict[str, Any], loop: Callable | None = None):
+        super().__init__(names, host_sync_fixes=False)       # the exercises' rule: the host never waits
+        self.queued = []              # (op, its position on its stream, its clock, the waits before it)
+        self.last_op = {}             # stream -> the last operation queued on it
+        self.after = {}               # id(event) -> (event, the operation its latest record follows)
+        self.pending = {}             # stream -> [(event, operation)] waited since its last operation
+        self.host_waits = []
+        self.code = getattr(loop, "__code__", None)
+        self.frame = None             # the loop's frame while it runs (its locals name things)
+        self.known = set()            # ids of what the frame's locals have named
+
+    # -- names from the running loop's locals -----------------------------------------------
+    def _learn(self, *objs):
+        """Name what the loop's locals hold, when one of ``objs`` has not been met yet."""
+        if self.code is None or all(id(o) in self.known for o in objs):
+            return
+        if self.frame is None:
+            frame = sys._getframe(2)
+            while frame is not None and frame.f_code is not self.code:
+                frame = frame.f_back
+            if frame is None:            # queued from elsewhere (another thread): only the globals name it
+                return
+            self.frame = frame
+        for name, value in list(self.frame.f_locals.items()):
+            if _nameable(value) and not any(id(x) in self.known for x in self._items(value)):
+                self.name(name, value)
+                self.known.update(id(x) for x in self._items(value))
+        self.known.update(id(o) for o in objs)      # met now: not looked up again
+
+    @staticmethod
+    def _items(value):
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+
+    # -- the observer calls -------------------------------------------------------------------
+    def op_queued(self, op: Op) -> None:
+        self._learn(op.stream, *(_root(a) for a in (*op.reads, *op.writes)))
+        super().op_queued(op)
+        with self.lock:
+            if self.failed:
+                return
+            vc = self.clocks[op.stream]
+            self.queued.append((op, vc[op.stream], dict(vc), self.pending.pop(op.stream, [])))
+            self.last_op[op.stream] = op
+
+    def event_recorded(self, stream: Any, event: Any) -> None:
+        self._learn(stream, event)
+        super().event_recorded(stream, event)
+        with self.lock:
+            self.after[id(event)] = (event, self.last_op.get(stream))
+
+    def event_waited(self, stream: Any, event: Any) -> None:
+        self._learn(stream, event)
+        super().event_waited(stream, event)
+        with self.lock:
+            known = self.after.get(id(event))
+            self.pending.setdefault(stream, []).append((event, known[1] if known and known[0] is event else None))
+
+    def close(self) -> None:
+        super().close()
+        self.frame = None
+
+    # -- why the kernels and the copies did not overlap ----------------------------------------
+    def why_serial(self, is_copy: Callable[[Op], bool]) -> Serial | None:
+        """Why no copy (an operation for which ``is_copy`` is true) could run during a kernel:
+        a :class:`Serial`, or None when some could (all copies but one, at least, are ordered
+        neither before nor after some kernel)."""
+        kernels = [q for q in self.queued if q[0].kind == "kernel"]
+        copies = [q for q in self.queued if is_copy(q[0])]
+
+        def before(a, b):            # a is ordered before b
+            return b[2].get(a[0].stream, 0) >= a[1]
+        alone = [c for c in copies if all(before(k, c) or before(c, k) for k in kernels)]
+        if not copies or not kernels or len(alone) < len(copies) - 1:
+            return None
+        kernel_streams = {id(k[0].stream) for k in kernels}
+        shared = [c for c in alone if id(c[0].stream) in kernel_streams]
+        if shared:
+            return Serial("same stream", copy=shared[0][0])
+        for c in alone:              # the wait that put a later kernel after this copy
+            for k in kernels:
+                if k[0] is c[0] or not before(c, k):
+                    continue
+                for event, follows in k[3]:
+                    if follows is not None and follows.stream is c[0].stream:
+                        return Serial("waits", copy=c[0], kernel=k[0], event=event, after=follows)
+                break
+        return Serial("ordered")
+
+
+def explain_serial(program: LoopProgram, serial: Serial, name_op: Callable[[Op], str], *, copies: str,
+                   kernels_stream: str, own_stream: str, consequence: str, ordered: str) -> str:
+    """A :class:`Serial` finding in the learner's names: ``copies`` (what the copies are called),
+    ``kernels_stream`` (what the kernels' stream is to them), ``own_stream`` (the fix when they
+    share it), ``consequence`` (what the waits did), ``ordered`` (the sentence when no wait is
+    to blame); ``name_op`` names an operation."""
+    if serial.how == "same stream":
+        return (f"{copies} ran on `{program.stream_name(serial.copy.stream)}`, {kernels_stream}, and a stream runs "
+                f"its work one item at a time, in the order queued; {own_stream}")
+    if serial.how == "waits":
+        label = program.label_of(serial.event)
+        event = f"`{label}`" if label else "an event"
+        return (f"before {name_op(serial.kernel)} your loop makes `{program.stream_name(serial.kernel.stream)}` wait "
+                f"for {event}, recorded after {name_op(serial.after)} on `{program.stream_name(serial.after.stream)}`, "
+                f"so {consequence}")
+    return ordered
+
+
+def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError], what: str,
+                args: tuple = ()) -> LoopProgram:
+    """Run ``loop(*args)`` under the race sanitizer (a :class:`LoopProgram` naming things with
+    ``names`` and the loop's own names) and count the host's waits inside it; returns the
+    program, its ``host_waits`` filled in.
+
+    A race raises ``error`` saying it can ``what`` (e.g. "bake a wrong cake") on any run; a loop that still
+    raises NotImplementedError is told it is not written yet. Any other error of the loop is
+    the learner's: raised as it is."""
+    __tracebackhide__ = True       # a failure shows the learner's cell, not this file
+    if not callable(loop):
+        raise TypeError(f"loop must be a function that queues the whole run, got {type(loop).__name__}")
+    names = {**learner_names(loop), **names}
+    program = LoopProgram(names, loop)
+    waits = observe.add(HostWaits(), every_thread=True)   # a loop may queue its body from a thread
+    observe.add(program, every_thread=True)
+    try:
+        try:
+            loop(*args)
+        finally:
+            observe.remove(waits)
+            program.close()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):      # drain what was queued; the loop's error is the news
+            synchronize()
+        if isinstance(exc, RaceError):
+            found = error(f"your loop has a race: it can {what} on any run, whatever the timing.\n{exc}")
+            found.race = exc
+            raise found from None
+        if isinstance(exc, NotImplementedError):
+            raise error(f"`{getattr(loop, '__name__', 'the loop')}` is not written yet: replace its "
+                        "`raise NotImplementedError` with the loop, then run this cell again") from None
+        raise
+    synchronize()
+    if program.race is not None:                   # found in work another thread queued
+        found = error(f"your loop has a race: it can {what} on any run, whatever the timing.\n"
+                      f"{program.race[0]}")
+        found.race = program.race[0]
+        raise found
+    program.host_waits = waits.inside
+    program.judged_waits = waits.judged
+    return program
+
+
+# --------------------------------------------------------------------------
+# Copies hidden under the kernels, per direction
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hidden:
+    """How much of one copy direction ran under the kernels, in ms of one timeline.
+
+    ``copy_ms``: time at least one copy of the direction ran; ``under_kernels_ms``: of that,
+    the time a kernel ran too; ``fraction``: their ratio (0.0 when nothing was copied)."""
+    direction: str
+    copy_ms: float
+    under_kernels_ms: float
+    fraction: float
+
+
+def hidden_by_direction(trace: Trace, directions: tuple[str, ...] = ("H2D", "D2H")) -> dict[str, Hidden]:
+    """For each copy direction, the share of its copying time during which a kernel ran too.
+
+    (:meth:`~course_helper.timelines.Trace.overlap` measures the shorter of compute and the
+    device-to-host copies; a loop that copies both ways is asked about each direction alone.)"""
+    kernels = merge_intervals((e.start_ms, e.end_ms) for e in trace.kernels)
+    found = {}
+    for d in directions:
+        copies = merge_intervals((e.start_ms, e.end_ms) for e in trace.of_kind(d))
+        busy = covered_length(copies)
+        both = intersection_length(kernels, copies)
+        found[d] = Hidden(d, busy, both, both / busy if busy > 0 else 0.0)
+    return found
