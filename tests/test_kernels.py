@@ -57,9 +57,9 @@ def test_the_sanitizer_sees_what_it_reads_and_writes(backend, saxpy):
             ch.copy_to_host_async(host, out, io)          # nothing orders the copy after the kernel
     assert "writes out" in str(info.value) and "reads out" in str(info.value)
     with ch.sanitize():                                     # reading the same input on two streams is fine
+        scratch = ch.device_zeros(64)                       # kept until the work that reads it is done
         saxpy(1, 64, (x, x, out, np.float32(1), np.int32(64)), stream=compute, writes=(out,))
-        saxpy(1, 64, (x, x, ch.device_zeros(64), np.float32(1), np.int32(64)), stream=io,
-              writes=())
+        saxpy(1, 64, (x, x, scratch, np.float32(1), np.int32(64)), stream=io, writes=())
         ch.synchronize()
 
 
