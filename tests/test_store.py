@@ -758,3 +758,144 @@ def test_bad_store_metadata_gives_an_error_naming_the_file(tmp_path):
     with pytest.raises(disk.StoreDamaged, match="is damaged") as info:
         disk.open_store(tmp_path / "j.zarr")
     assert str(meta) in str(info.value)
+
+
+# -- a store is checked against itself: what its run wrote, not what its files now say ----------
+def _edit_metadata(store, array, edit):
+    """Apply ``edit`` to ``array``'s metadata (None: the group's) where Zarr keeps it: in the
+    consolidated metadata and in the array's own zarr.json, as a careful editor would."""
+    root = store / "zarr.json"
+    doc = json.loads(root.read_text())
+    edit(doc["consolidated_metadata"]["metadata"][array] if array else doc)
+    root.write_text(json.dumps(doc))
+    if array:
+        own = store / array / "zarr.json"
+        doc = json.loads(own.read_text())
+        edit(doc)
+        own.write_text(json.dumps(doc))
+
+
+def _set_levels(n):
+    def edit(meta):
+        meta["shape"][0] = n
+    return edit
+
+
+def _big_endian(meta):
+    meta["codecs"][0]["configuration"]["endian"] = "big"
+
+
+def _reshape(meta):
+    meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"] = [20, 40, 48], [1, 40, 48]
+
+
+def _two_level_chunks(meta):
+    meta["chunk_grid"]["configuration"]["chunk_shape"][0] = 2
+
+
+def _attribute(name, value):
+    def edit(doc):
+        doc["attributes"][name] = value
+    return edit
+
+
+def _rewrite_level(store):
+    zarr = layout.zarr_module()
+    zarr.open_array(str(store / "level"), mode="r+")[:] = np.arange(20) * 2
+
+
+EDITS = {   # what the issue's audit changed, and the words naming what disagrees
+    "shape and chunks of u": (lambda s: _edit_metadata(s, "u", _reshape), r"'u' has the shape \(20, 40, 48\)"),
+    "byte order of u": (lambda s: _edit_metadata(s, "u", _big_endian), "byte order big"),
+    "fewer levels": (lambda s: [_edit_metadata(s, a, _set_levels(15)) for a in ("u", "level", "time")],
+                     r"'u' has the shape \(15, 48, 40\), but the attributes \(nt=20, every=1, n0=48, n1=40\)"),
+    "more levels": (lambda s: [_edit_metadata(s, a, _set_levels(25)) for a in ("u", "level", "time", "complete")],
+                    r"'u' has the shape \(25, 48, 40\)"),
+    "chunks of u": (lambda s: _edit_metadata(s, "u", _two_level_chunks), r"chunks \(2, 48, 40\), but the run wrote"),
+    "level chunk deleted": (lambda s: (s / "level" / "c" / "0").unlink(), "the coordinate 'level' holds 20 values 0, 0"),
+    "level chunk rewritten": (_rewrite_level, "the coordinate 'level' holds 20 values 0, 2"),
+    "attribute n0": (lambda s: _edit_metadata(s, None, _attribute("n0", 40)), r"give \(20, 40, 40\)"),
+    "attribute every": (lambda s: _edit_metadata(s, None, _attribute("every", 2)), r"give \(10, 48, 40\)"),
+    "attribute nt": (lambda s: _edit_metadata(s, None, _attribute("nt", 10)), r"give \(10, 48, 40\)"),
+    "attribute dt_s": (lambda s: _edit_metadata(s, None, _attribute("dt_s", 0.002)), "the coordinate 'time' holds"),
+    "another attribute": (lambda s: _edit_metadata(s, None, _attribute("cfl", 0.5)),
+                          r"zarr.json is not the one the run wrote"),
+    "a coordinate's own metadata": (lambda s: (s / "x0" / "zarr.json").write_text(
+        (s / "x0" / "zarr.json").read_text().replace('"m"', '"km"')), r"x0/zarr.json is not the one the run wrote"),
+    "checksums deleted": (lambda s: (s / ".checksums").unlink(), "has no checksums file"),
+    "checksums edited": (lambda s: (s / ".checksums").write_bytes(
+        (s / ".checksums").read_bytes().replace(b'"chunk_levels": 1', b'"chunk_levels": 2')),
+                         "checksums file .* is damaged"),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_an_edited_store_is_refused_naming_what_disagrees(tmp_path, edit):
+    change, says = EDITS[edit]
+    store = tmp_path / "e.zarr"
+    ch.solve(ch.WaveProblem(n0=48, n1=40, nt=20), "events", trace=False, store=store)
+    disk.open_store(store)                           # as written, it opens
+    change(store)
+    with pytest.raises(disk.StoreDamaged, match=says) as info:
+        disk.open_store(store)
+    assert str(store) in str(info.value)
+    with pytest.raises(disk.StoreDamaged):           # the viewer opens it the same way
+        ch.plot_slices(store)
+
+
+def test_a_written_store_opens_as_plain_zarr_with_its_checksums_beside(tmp_path):
+    """The checksums file is beside the Zarr data, not in it: Zarr and xarray read the store
+    without the course, and it holds one record per chunk, each set once its chunk is written."""
+    store = tmp_path / "p.zarr"
+    r = ch.solve(_problem(), "staged", trace=False, store=store, batch=4, every=2)
+    record = layout.read_record(store)
+    assert record.chunk_levels == 4 and record.nchunks == 5 and all(record.records)
+    assert {"zarr.json", "u/zarr.json", "level/c/0"} <= set(record.files)
+    assert np.array_equal(layout.zarr_module().open_array(str(store / "u"), mode="r")[:], r.images[:])
+    xr = pytest.importorskip("xarray")
+    assert set(xr.open_zarr(store).data_vars) == {"u", "complete", "peak"}
+
+
+def _swap(a, b):
+    tmp = a.with_name("swap")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+@pytest.mark.parametrize("how", ["swapped", "from another run"])
+def test_a_chunk_file_out_of_its_place_is_not_complete_and_not_read(tmp_path, how):
+    p = _problem(nt=30)
+    store = tmp_path / "s.zarr"
+    ref = ch.solve(p, "events", trace=False, store=store, every=2).images[:]
+    u = store / "u"
+    if how == "swapped":
+        _swap(u / "c.5.0.0", u / "c.9.0.0")
+        moved = (5, 9)
+    else:       # a run of the same shape with the source elsewhere: valid Zarr chunks, another wavefield
+        other = ch.WaveProblem(n0=48, n1=40, nt=30, source=(10, 12))
+        ch.solve(other, "events", trace=False, store=tmp_path / "o.zarr", every=2)
+        (u / "c.7.0.0").write_bytes((tmp_path / "o.zarr" / "u" / "c.7.0.0").read_bytes())
+        moved = (7,)
+    assert np.isfinite(layout.zarr_module().open_array(str(u), mode="r")[moved[0]]).all()  # Zarr's crc32c passes
+    s = disk.open_store(store)
+    assert [int(k) for k in np.flatnonzero(~s.complete)] == list(moved)
+    assert [int(k) for k in np.flatnonzero(s.damaged)] == list(moved) and "damaged" in repr(s)
+    for k in moved:
+        with pytest.raises(disk.StoreDamaged, match=f"c.{k}.0.0 .*levels {2 * k}..{2 * k}.* not the one this run"):
+            s.images[k]
+    with pytest.raises(disk.StoreDamaged):
+        s.images[:]
+    keep = [k for k in range(len(ref)) if k not in moved]
+    assert np.array_equal(s.images[keep[0]], ref[keep[0]]) and np.array_equal(s.images[10:12], ref[10:12])
+
+
+@pytest.mark.parametrize("key, says", [(np.s_[::-1], r"images\[::-1\].*step >= 1"),
+                                       ((5, 70, 70), r"images\[5, 70, 70\].*out of bounds"),
+                                       (40, r"images\[40\].*shape \(40, 48, 40\)")])
+def test_bad_indexing_of_a_store_is_an_index_error_not_damage(tmp_path, key, says):
+    ch.solve(_problem(), "events", trace=False, store=tmp_path / "i.zarr")
+    s = disk.open_store(tmp_path / "i.zarr")
+    with pytest.raises(IndexError, match=says) as info:
+        s.images[key]
+    assert not isinstance(info.value, disk.StoreDamaged) and str(tmp_path / "i.zarr") in str(info.value)

@@ -15,7 +15,8 @@ level through a three-stage pipeline::
   modelled disk.
 * A writer thread waits for that event, encodes the slot as one chunk of the array ``u``
   (one level, or one staging batch) and writes the chunk's file, with its checksum, whole or
-  not at all (:func:`course_helper.files.write_atomically`). Beside it, the peaks thread reads
+  not at all (:func:`course_helper.files.write_atomically`), its record in the store's
+  ``.checksums`` put in place first (:class:`~.layout.Checksums`). Beside it, the peaks thread reads
   each level's largest amplitude from the same slot (for the viewer's colour scale); the slot
   is free again when both are done. The flags thread then marks those levels in ``complete``
   (and their ``peak``) in place, at most every :data:`FLAGS_EVERY_S` seconds.
@@ -210,7 +211,7 @@ class DiskSink:
                                           daemon=True) for i in range(writers)]
         self._peaker = threading.Thread(target=self.peaker, name="disk peaks", daemon=True)
         self._flagger = threading.Thread(target=self.flagger, name="disk flags", daemon=True)
-        self.group, self._state = create_store(self.path, problem, every, chunk, compress)
+        self.group, self._state, self._checksums = create_store(self.path, problem, every, chunk, compress)
         try:
             self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
             self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)
@@ -222,6 +223,7 @@ class DiskSink:
         except BaseException as exc:
             # (a MemoryError for the ring, a Ctrl-C): the threads started stop, the store goes
             self._stop_threads(cancel=False)
+            self._checksums.close()
             self._state.end(f"failed: {in_one_line(exc)}")
             shutil.rmtree(self.path, ignore_errors=True)      # it holds nothing: it must not block a re-run
             raise
@@ -298,6 +300,7 @@ class DiskSink:
                 stopped = exc
             self._stop_threads(cancel=error is not None or stopped is not None)
             flagged = self._write_flags()
+            self._checksums.close()           # the chunks' records are on the disk before the state says how it ended
             self.ring.let_go()
             self._add_lanes()
             failure = next((e for e in (error, stopped, self._error) if e is not None), None)
@@ -431,9 +434,13 @@ class DiskSink:
 
     def _write_chunk(self, first, payload):
         """The chunk's file, whole or absent: its bytes and their checksum (as the array's
-        ``crc32c`` codec appends it), written under a temporary name, fsync'ed, renamed."""
-        key = self.data.metadata.encode_chunk_key((first // self.ring.chunk, 0, 0))
-        files.write_atomically(self.path / DATA / key, (payload, checksum(payload)))
+        ``crc32c`` codec appends it), written under a temporary name, fsync'ed, renamed. The
+        chunk's record (its checksum tied to its place, :class:`~.layout.Checksums`) is put in
+        place first, so that every chunk file has one."""
+        k = first // self.ring.chunk
+        crc = checksum(payload)
+        self._checksums.record(k, crc)
+        files.write_atomically(self.path / DATA / self.data.metadata.encode_chunk_key((k, 0, 0)), (payload, crc))
 
     # -- the flags thread ---------------------------------------------------
     def flagger(self) -> None:
