@@ -471,6 +471,7 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
             entry.loop(run)                               # with a store, each copy hands its slot to the sink
         synchronize()
         if sink is not None:
+            sink.require_every_level(strategy)            # a loop that skipped a level leaves no gap unsaid
             sink.finish()                                 # the timed part ends when all is on disk
         elapsed = rt.host_ms() - t0
         timeline = recorder.finish() if recorder is not None else None

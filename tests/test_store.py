@@ -1,4 +1,5 @@
 """Streaming the saved levels to a Zarr store: same results, bounded memory, nothing torn."""
+import dataclasses
 import errno
 import json
 import os
@@ -408,6 +409,7 @@ def test_on_a_gpu_a_full_ring_hands_out_whichever_slot_frees_first(tmp_path):
     ring, n = sink.ring, len(sink.ring.slots)
     try:
         assert [_slot_of(ring, ring[k]) for k in range(n)] == list(range(n))   # all taken
+        ring.pending = [False] * n               # as if their copies were queued: their writers free them
         threading.Timer(0.2, ring.release, args=(3,)).start()
         threading.Timer(1.0, ring.release, args=(0,)).start()
         assert _slot_of(ring, ring[n]) == 3    # not slot 0, which chunk n would take in turn
@@ -899,3 +901,74 @@ def test_bad_indexing_of_a_store_is_an_index_error_not_damage(tmp_path, key, say
     with pytest.raises(IndexError, match=says) as info:
         s.images[key]
     assert not isinstance(info.value, disk.StoreDamaged) and str(tmp_path / "i.zarr") in str(info.value)
+
+
+# -- a loop that stops feeding the store's ring ends with an error, never a wait -------------
+def _register(name, loop):
+    return ch.strategies.register(ch.strategies.Strategy(name, loop, nscratch=5, min_nscratch=4))
+
+
+def _takes_slots_and_never_copies(run):
+    for k in range(run.nsaved):
+        run.images[k]                                      # a slot, with no copy into it
+
+
+def _never_copies(run):
+    for level in range(2, run.nt):
+        ch.launch_wave2d(run.U[(level - 2) % 5], run.U[(level - 1) % 5], run.U[level % 5], run.V, run.problem,
+                         level - 2, stream=run.compute)
+
+
+def _looks_twice_then_copies(run):
+    ch.strategies.with_events(dataclasses.replace(run, images=_Twice(run.images)))
+
+
+class _Twice:
+    """run.images for a loop that takes each slot twice (e.g. to look at its shape) before copying."""
+    def __init__(self, ring):
+        self.ring = ring
+
+    def __getitem__(self, k):
+        self.ring[k]
+        return self.ring[k]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("clock", ["modelled", "real time (GPU)"])
+def test_a_loop_that_takes_slots_and_never_copies_stops_with_an_error(tmp_path, monkeypatch, clock):
+    if clock != "modelled":             # the path a GPU run takes: the host waits for whichever slot frees
+        real = sink_module.DiskSink.__init__
+
+        def real_time(self, *a, **k):
+            real(self, *a, **k)
+            self._model = None
+        monkeypatch.setattr(sink_module.DiskSink, "__init__", real_time)
+    entry = _register("takes-slots", _takes_slots_and_never_copies)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"took run.images\[\d+\].* queued no copy.*instead of waiting for ever"):
+            ch.solve(_problem(), entry.name, trace=False, store=tmp_path / "s.zarr")
+        assert time.monotonic() - t0 < 30
+    finally:
+        del ch.STRATEGIES[entry.name]
+    assert not (tmp_path / "s.zarr").exists()            # nothing saved: the store is removed
+
+
+def test_a_loop_that_copies_no_level_fails_instead_of_leaving_an_empty_store(tmp_path):
+    entry = _register("no-copies", _never_copies)
+    try:
+        with pytest.raises(RuntimeError, match=r"copied 0 of the 40 saved levels .*k = 0, 1, 2, 3, 4, \.\.\.") as info:
+            ch.solve(_problem(), entry.name, trace=False, store=tmp_path / "s.zarr")
+    finally:
+        del ch.STRATEGIES[entry.name]
+    assert "no level was saved" in "".join(info.value.__notes__)
+    ch.solve(_problem(), "events", trace=False, store=tmp_path / "s.zarr")     # the path is free again
+
+
+def test_a_slot_taken_again_before_its_copy_is_the_same_slot(tmp_path):
+    entry = _register("looks-twice", _looks_twice_then_copies)
+    try:
+        r = ch.solve(_problem(), entry.name, trace=False, store=tmp_path / "s.zarr")
+    finally:
+        del ch.STRATEGIES[entry.name]
+    assert np.array_equal(r.images[:], ch.solve(_problem(), "events", trace=False).images)

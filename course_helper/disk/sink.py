@@ -124,6 +124,7 @@ class Ring:
             f.set()
         self.freed = threading.Condition()   # notified whenever a slot becomes free
         self.first = [None] * nslots       # first level index held by each slot
+        self.pending = [False] * nslots    # handed to the loop, and no copy queued into it yet
         self.modelled = [None] * nslots    # CPU backend: the modelled disk write of each slot's chunk
 
     @property
@@ -149,9 +150,14 @@ class Ring:
 
     def __getitem__(self, key: int | slice) -> Slot:
         first, stop = self._span(key)
-        s = self.sink.take_slot(first // self.chunk)      # the host waits here if the ring is full
-        self.free[s].clear()                              # taken until a writer has written it
-        self.first[s] = first
+        chunk = first // self.chunk
+        # A slot the loop took for this chunk and has not copied into yet is handed out again.
+        s = next((i for i, p in enumerate(self.pending) if p and self.first[i] // self.chunk == chunk), None)
+        if s is None:
+            s = self.sink.take_slot(chunk)                # the host waits here if the ring is full
+            self.free[s].clear()                          # taken until a writer has written it
+            self.first[s] = first
+        self.pending[s] = True
         j = first % self.chunk
         levels = self.slots[s][j] if not isinstance(key, slice) else self.slots[s][j:j + stop - first]
         view = levels.view(Slot)          # once the copy into it is queued, it goes to the sink:
@@ -204,6 +210,7 @@ class DiskSink:
         self._queue = queue.SimpleQueue()
         self._peaks_queue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._handed = np.zeros(self.nsaved, bool)                 # levels whose copy the loop queued
         self._landed = np.zeros(self.nsaved, bool)                 # what the flags thread writes
         self._peak = np.full(self.nsaved, np.nan, np.float32)
         self._dirty, self._stop = threading.Event(), threading.Event()
@@ -232,6 +239,8 @@ class DiskSink:
     def copy_queued(self, s: int, first: int, n: int, stream: Stream) -> None:
         """The copy into slot ``s`` (levels ``first`` to ``first + n - 1``) is queued on
         ``stream``: record an event after it and pass the slot to a writer thread."""
+        self.ring.pending[s] = False
+        self._handed[first:first + n] = True
         self._recorder = recording.current()      # the disk lanes go into the solving thread's timeline
         done = streams.create_events(1)[0]
         done.record(stream)
@@ -246,7 +255,9 @@ class DiskSink:
         self._queue.put((first, n, s, done, modelled))
 
     def take_slot(self, chunk: int) -> int:
-        """A free slot for chunk number ``chunk``; the host waits while the ring is full."""
+        """A free slot for chunk number ``chunk``; the host waits while the ring is full, for as
+        long as a slot can still come free: a slot the loop took but never copied into is never
+        written, so waiting for it raises at once (:meth:`_never_free`)."""
         ring = self.ring
         if self._model is None:
             s = ring.a_free_slot(timeout=0)
@@ -256,9 +267,14 @@ class DiskSink:
                 with streams.host_wait("wait for disk (ring full)"):
                     while (s := ring.a_free_slot(timeout=0.05)) is None:
                         self.raise_error()           # a writer failed: stop instead of waiting forever
+                        waiting = [i for i, f in enumerate(ring.free) if not f.is_set()]
+                        if all(ring.pending[i] for i in waiting):
+                            raise self._never_free(waiting)
             self.raise_error()
             return s
         s = chunk % len(ring.slots)           # modelled: equal writes end in turn, so the oldest slot
+        if ring.pending[s]:
+            raise self._never_free([s])
         modelled = ring.modelled[s]           # is the first free one
         if modelled is not None and not modelled.done:
             # Modelled time: the host clock moves to the end of the slot's modelled write.
@@ -268,6 +284,31 @@ class DiskSink:
             self.raise_error()                # clocks do not move
         self.raise_error()
         return s
+
+    def _never_free(self, slots):
+        """The error for a loop that asks the ring for a slot while the slots it would wait for
+        were taken by the loop and never copied into (they would never come free)."""
+        ring = self.ring
+        taken = ", ".join(f"run.images[{ring.first[i]}]" for i in slots)
+        return RuntimeError(
+            f"the loop asked the store's ring for another slot, but it took {taken} and queued no copy "
+            f"into {'it' if len(slots) == 1 else 'them'}, so the ring ({len(ring.slots)} slots) would never "
+            "free one: with store=PATH each run.images[k] a loop takes is a slot that its copy "
+            "(copy_to_host_async or copy_to_host) hands to the disk. Copy into each run.images[k] the loop "
+            "takes, right after taking it; the run stopped here instead of waiting for ever")
+
+    def require_every_level(self, strategy: str) -> None:
+        """Raise a RuntimeError if the loop of ``strategy`` did not copy every saved level into
+        its slot (called when the loop has returned): the store would end with levels missing
+        and no error."""
+        missing = np.flatnonzero(~self._handed)
+        if missing.size:
+            shown = ", ".join(str(k) for k in missing[:5]) + (", ..." if missing.size > 5 else "")
+            raise RuntimeError(
+                f"the {strategy!r} loop returned having copied {self.nsaved - missing.size} of the {self.nsaved} "
+                f"saved levels into run.images (never run.images[k] for k = {shown}): with store=PATH every "
+                "saved level must be copied into run.images[k] once (copy_to_host_async or copy_to_host), or "
+                "the store would miss it; check the loop's copies")
 
     def raise_error(self) -> None:
         """Raise the first error of a writer, the peaks or the flags thread, if one failed."""
