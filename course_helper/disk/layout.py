@@ -4,7 +4,8 @@ A store written by ``solve(..., store=PATH)`` is a folder holding the Zarr v3 gr
 
 * ``u`` (time, x0, x1), float32, one chunk file per chunk of levels (``u/c.K.0.0``), each
   ending with the CRC32C that Zarr's ``crc32c`` codec appends (after a zstd or blosc frame
-  when compressed); a chunk never written reads as NaN, the fill value;
+  when compressed), or, with ``compress="gpu-zstd"``, one Zarr shard of small zstd chunks per
+  chunk of levels (:mod:`.shards`); a chunk never written reads as NaN, the fill value;
 * ``complete`` (bool) and ``peak`` (float32, the largest |u| of each level), one small file
   each, written whole when the store is created and rewritten in place afterwards (no new
   disk space needed, so a full disk cannot stop them);
@@ -35,9 +36,9 @@ attributes and coordinates carry no checksum at all. The file ``.checksums`` add
   into the record ties those bytes to their place, so a chunk file moved to another place, or
   copied in from another run, fails its record.
 
-The scheme is per chunk, keyed by the chunk's position: a layout that packs chunks into
-larger files (Zarr's shards) keeps the same records, each inner chunk's CRC32C taken from
-where that layout keeps it. :func:`check_layout` holds a store's arrays, attributes and
+The scheme is per chunk file, keyed by the file's position: a shard's record folds in its
+index and the CRC32C of every inner chunk instead (:func:`.shards.shard_tag`), so that it ties
+each inner chunk's bytes to the shard's place too. :func:`check_layout` holds a store's arrays, attributes and
 coordinates against one another and against the header, and :func:`chunk_verified` checks
 a chunk against its record; whatever disagrees raises :class:`StoreDamaged` naming it.
 """
@@ -62,12 +63,13 @@ import numpy as np
 
 from .. import files
 from ..wave import WaveProblem, saved_levels
+from .shards import checksum, file_tag, inner_rows
 
 __all__ = ["DATA", "RUN_STATE", "CHECKSUMS", "CHECKSUMS_MAGIC", "COORDINATES", "PARTIAL", "THREAD_NAMES", "CODECS",
-           "NUMCODECS", "StoreDamaged", "StoreWriteError", "zarr_module", "free_bytes", "check_target", "put_file",
-           "overwrite", "checksum", "durable_store", "RunState", "read_state", "remove_partials",
-           "remove_stale_creations", "flag_bytes", "create_store", "in_one_line", "Checksums", "RunRecord",
-           "chunk_record", "read_record", "chunk_verified", "check_layout"]
+           "NUMCODECS", "SHARDED", "sharded_inner", "StoreDamaged", "StoreWriteError", "zarr_module", "free_bytes",
+           "check_target", "put_file", "overwrite", "checksum", "durable_store", "RunState", "read_state",
+           "remove_partials", "remove_stale_creations", "flag_bytes", "create_store", "in_one_line", "Checksums",
+           "RunRecord", "chunk_record", "read_record", "chunk_verified", "check_layout"]
 
 DATA = "u"                      # the wavefield array inside the store
 RUN_STATE = ".run-state"        # the run's state inside the store (see RunState)
@@ -78,17 +80,22 @@ CHECKSUMS_MAGIC = b"course store checksums 1\n"
 COORDINATES = ("time", "level", "x0", "x1")
 PARTIAL = files.PARTIAL         # the ending of files and folders not yet under their name
 #: the names of the threads the disk package starts (each followed by a number, or alone)
-THREAD_NAMES = ("disk writer", "disk peaks", "disk flags", "disk bandwidth")
-#: compression choices: name -> a function making the Zarr codec list (None: raw bytes)
+THREAD_NAMES = ("disk writer", "disk peaks", "disk flags", "disk bandwidth", "disk compressor")
+#: compression choices: name -> a function making the Zarr codec list (None: raw bytes). "gpu-zstd"
+#: is zstd on the device, each chunk of levels a Zarr shard of small zstd chunks (:mod:`.shards`)
 CODECS: dict[str | None, Callable[[], list | None]] = {
     None: lambda: None,
     "zstd": lambda: [zarr_module().codecs.ZstdCodec(level=1)],
     "blosc": lambda: [zarr_module().codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+    "gpu-zstd": lambda: [zarr_module().codecs.ZstdCodec(level=1)],
 }
+#: the choices whose chunks of levels are Zarr shards of small inner chunks
+SHARDED = ("gpu-zstd",)
 #: the same codecs as numcodecs objects, which encode one chunk's bytes exactly as Zarr's codecs do
 NUMCODECS: dict[str, Callable[[], Any]] = {
     "zstd": lambda: _numcodecs().Zstd(level=1),
     "blosc": lambda: _numcodecs().Blosc(cname="lz4", clevel=5, shuffle=_numcodecs().Blosc.SHUFFLE),
+    "gpu-zstd": lambda: _numcodecs().Zstd(level=1),
 }
 
 
@@ -172,14 +179,6 @@ def _pwrite_all(fd, data):
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], done)
-
-
-def checksum(payload: files.BytesLike) -> bytes:
-    """The 4 bytes Zarr's ``crc32c`` codec appends to a chunk: the CRC32C of ``payload``
-    (computed by google-crc32c, the library that codec uses), little-endian."""
-    view = np.frombuffer(payload, np.uint8)
-    view.flags.writeable = False           # google-crc32c takes read-only buffers (no copy made)
-    return int(google_crc32c.value(view)).to_bytes(4, "little")
 
 
 def durable_store(root: str | os.PathLike, read_only: bool = False) -> Any:
@@ -308,11 +307,12 @@ _RECORD = struct.Struct("<Q")           # one chunk's record
 _SET = 2**32                            # a record's flag bit: its chunk's file was written
 
 
-def chunk_record(k: int, chunk_crc: bytes) -> int:
-    """The record of chunk ``k`` of ``u`` whose own CRC32C (the 4 bytes Zarr's ``crc32c``
-    codec appends, :func:`checksum`) is ``chunk_crc``: the chunk's index folded in, so that
-    the same bytes at another place have another record."""
-    return _SET + int(google_crc32c.value(int(k).to_bytes(8, "little") + bytes(chunk_crc)))
+def chunk_record(k: int, tag: bytes) -> int:
+    """The record of chunk ``k`` of ``u`` whose file has the tag ``tag`` (its own CRC32C, the 4
+    bytes Zarr's ``crc32c`` codec appends, :func:`checksum`; for a shard,
+    :func:`.shards.shard_tag`): the chunk's index folded in, so that the same bytes at another
+    place have another record."""
+    return _SET + int(google_crc32c.value(int(k).to_bytes(8, "little") + bytes(tag)))
 
 
 def _run_files(folder):
@@ -360,9 +360,10 @@ class Checksums:
             raise
         return cls(fd, len(head))
 
-    def record(self, k: int, chunk_crc: bytes) -> None:
-        """Put chunk ``k``'s record in place (call it before the chunk's file appears)."""
-        os.pwrite(self.fd, _RECORD.pack(chunk_record(k, chunk_crc)), self.table + _RECORD.size * k)
+    def record(self, k: int, tag: bytes) -> None:
+        """Put chunk ``k``'s record in place (call it before the chunk's file appears); ``tag``:
+        see :func:`chunk_record`."""
+        os.pwrite(self.fd, _RECORD.pack(chunk_record(k, tag)), self.table + _RECORD.size * k)
 
     def close(self) -> None:
         """Flush the records to the disk and close the file (OSError is kept: a record that did
@@ -409,19 +410,22 @@ def read_record(folder: Path) -> RunRecord:
     return RunRecord(chunk_levels, nchunks, run_files, np.frombuffer(table, "<u8"))
 
 
-def chunk_verified(file: Path, k: int, record: RunRecord) -> bool:
-    """Whether the chunk file ``file`` is what the run wrote as chunk ``k`` of ``u``: its own
-    CRC32C (its last 4 bytes, which Zarr checks against its bytes when reading it) gives the
-    record kept for chunk ``k``."""
+def sharded_inner(array: Any) -> int | None:
+    """Inner chunks per shard of the Zarr array ``array`` (None: it is not sharded)."""
+    if array.shards is None:
+        return None
+    return int(np.prod([s // c for s, c in zip(array.shards, array.chunks)]))
+
+
+def chunk_verified(file: Path, k: int, record: RunRecord, inner: int | None = None) -> bool:
+    """Whether the chunk file ``file`` is what the run wrote as chunk ``k`` of ``u``: its tag
+    (its own CRC32C, the last 4 bytes, which Zarr checks against its bytes when reading it; for
+    a shard of ``inner`` inner chunks, its index and the CRC32C of each inner chunk,
+    :func:`.shards.file_tag`) gives the record kept for chunk ``k``."""
     if not 0 <= k < record.nchunks or not record.records[k]:
         return False
-    try:
-        with open(file, "rb") as f:
-            f.seek(-4, os.SEEK_END)
-            tail = f.read(4)
-    except OSError:
-        return False
-    return len(tail) == 4 and chunk_record(k, tail) == int(record.records[k])
+    tag = file_tag(file, inner)
+    return tag is not None and chunk_record(k, tag) == int(record.records[k])
 
 
 def _disagrees(folder, what):
@@ -450,7 +454,10 @@ def check_layout(group: Any, folder: Path) -> RunRecord:
     said = f"the attributes (nt={nt}, every={every}, n0={n0}, n1={n1})"
     u = group[DATA]
     meta = u.metadata.to_dict()
-    endian = [c.get("configuration", {}).get("endian") for c in meta.get("codecs", ()) if c.get("name") == "bytes"]
+    codecs = meta.get("codecs", ())
+    shard = next((c.get("configuration", {}) for c in codecs if c.get("name") == "sharding_indexed"), None)
+    inner_codecs = shard.get("codecs", ()) if shard is not None else codecs      # a shard's inner chunks' codecs
+    endian = [c.get("configuration", {}).get("endian") for c in inner_codecs if c.get("name") == "bytes"]
     if meta.get("data_type") != "float32" or endian != ["little"]:
         raise _disagrees(folder, f"the array '{DATA}' is stored as {meta.get('data_type')!r} with byte order "
                                  f"{'/'.join(map(str, endian)) or 'unknown'}, but a run writes little-endian float32")
@@ -458,8 +465,9 @@ def check_layout(group: Any, folder: Path) -> RunRecord:
     if tuple(u.shape) != shape:
         raise _disagrees(folder, f"the array '{DATA}' has the shape {tuple(u.shape)}, but {said} give {shape}")
     chunks = (record.chunk_levels, n0, n1)
-    if tuple(u.chunks) != chunks or record.nchunks != -(-len(levels) // record.chunk_levels):
-        raise _disagrees(folder, f"the array '{DATA}' has chunks {tuple(u.chunks)}, but the run wrote chunks "
+    files_of = tuple(u.shards or u.chunks)           # the levels of one chunk file (a shard, if sharded)
+    if files_of != chunks or record.nchunks != -(-len(levels) // record.chunk_levels):
+        raise _disagrees(folder, f"the array '{DATA}' has chunks {files_of}, but the run wrote chunks "
                                  f"of {chunks} ({record.nchunks} of them, in {folder / CHECKSUMS})")
     for name, want, source in (("level", levels, said), ("time", levels * dt, f"{said} and dt_s={dt}")):
         got = group[name][:]
@@ -509,7 +517,11 @@ def create_store(path: str | os.PathLike, problem: WaveProblem, every: int, chun
         state = RunState(tmp)
         group = zarr.open_group(store=durable_store(tmp), mode="a", zarr_format=3)   # a fresh folder
         group.attrs.update(_problem_attrs(problem, every))
-        group.create_array(DATA, shape=(nsaved, *problem.shape), chunks=(chunk, *problem.shape),
+        # One file per chunk of levels: the chunk itself, or a shard of inner chunks of whole rows.
+        files_of = (chunk, *problem.shape)
+        layout = (dict(chunks=(1, inner_rows(*problem.shape), problem.n1), shards=files_of)
+                  if compress in SHARDED else dict(chunks=files_of))
+        group.create_array(DATA, shape=(nsaved, *problem.shape), **layout,
                            dtype="float32", fill_value=np.nan, dimension_names=("time", "x0", "x1"),
                            compressors=[*(CODECS[compress]() or []), zarr.codecs.Crc32cCodec()],
                            config={"write_empty_chunks": True},

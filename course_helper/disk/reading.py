@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .layout import (DATA, StoreDamaged, check_layout, chunk_verified, durable_store, read_state, remove_partials,
-                     remove_stale_creations, zarr_module)
+                     remove_stale_creations, sharded_inner, zarr_module)
 
 __all__ = ["open_store", "StoredRun", "StoredImages"]
 
@@ -68,8 +68,14 @@ class StoredImages:
     shape = property(lambda self: self.array.shape)
     dtype = property(lambda self: self.array.dtype)
     ndim = property(lambda self: self.array.ndim)
-    chunks = property(lambda self: self.array.chunks)
+    chunks = property(lambda self: self.array.chunks)      # Zarr's chunks (a shard's inner chunks, if sharded)
+    shards = property(lambda self: self.array.shards)      # Zarr's shards (None if not sharded)
     nbytes = property(lambda self: self.array.nbytes)
+
+    @property
+    def file_levels(self) -> int:
+        """Levels per chunk file: a chunk's, or a shard's if the array is sharded."""
+        return (self.array.shards or self.array.chunks)[0]
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -94,7 +100,7 @@ class StoredImages:
             return                                      # Zarr says what is wrong with the key
         bad = wanted[self.damaged[wanted]]
         if bad.size:
-            chunk = self.chunks[0]
+            chunk = self.file_levels
             k = int(bad[0]) // chunk
             first, stop = k * chunk, min((k + 1) * chunk, len(self))
             file = self.path / DATA / self.array.metadata.encode_chunk_key((k, 0, 0))
@@ -114,7 +120,7 @@ class StoredImages:
 
     def _damaged(self, key, exc):
         """Find which chunk of those ``key`` reads is damaged, and say so."""
-        chunk = self.chunks[0]
+        chunk = self.file_levels
         try:
             wanted = np.atleast_1d(np.arange(len(self))[key[0] if isinstance(key, tuple) else key])
         except (IndexError, TypeError, ValueError):
@@ -198,14 +204,14 @@ class StoredRun:
         its record (it is not the chunk the run wrote at that place: :func:`~.layout.chunk_verified`)."""
         data = self.images.array
         names = set(os.listdir(self.path / DATA)) if (self.path / DATA).is_dir() else set()
-        chunk = data.chunks[0]
+        chunk, inner = self.images.file_levels, sharded_inner(data)
         present = np.zeros(len(self.levels), bool)
         damaged = np.zeros(len(self.levels), bool)
         for k in range(math.ceil(len(present) / chunk)):
             name = data.metadata.encode_chunk_key((k, 0, 0))
             if name in names:
                 present[k * chunk:(k + 1) * chunk] = True
-                damaged[k * chunk:(k + 1) * chunk] = not chunk_verified(self.path / DATA / name, k, record)
+                damaged[k * chunk:(k + 1) * chunk] = not chunk_verified(self.path / DATA / name, k, record, inner)
         return present, damaged
 
     @property

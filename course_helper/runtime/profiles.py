@@ -115,6 +115,13 @@ def validate(doc: Any, where: str = "profile") -> dict:
     if "graph" in doc:
         for key, value in _section(where, doc, "graph").items():
             _number(where, f"graph.{key}", value, 0, MAX_US)
+    if "compress" in doc:       # measured compression on the device: {codec: {gbps, latency_us}}, or a note
+        for codec, spec in _section(where, doc, "compress").items():
+            if isinstance(spec, str):
+                continue                                  # a note ("note", "provenance"): what was measured, or why not
+            spec = _section(where, doc["compress"], f"compress.{codec}", ("gbps", "latency_us"))
+            _number(where, f"compress.{codec}.gbps", spec["gbps"], *GBPS, above=True)
+            _number(where, f"compress.{codec}.latency_us", spec["latency_us"], 0, MAX_US)
     if "disk" in doc:
         disk = _section(where, doc, "disk", ("gbps", "latency_us"))
         _number(where, "disk.gbps", disk["gbps"], *GBPS, above=True)
