@@ -5,6 +5,7 @@ Run it with::
     python -m course_helper compare --n 256 --nt 640 --repeats 3 --out results/
     python -m course_helper bench --out benchmarks/
     python -m course_helper run --store run.zarr --n 512 --nt 1000 --compress zstd
+    python -m course_helper run --store run.zarr --n 1024 --strategy staged --batch 16 --compress gpu-zstd
     python -m course_helper calibrate --out my_gpu.json      (on a GPU)
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
@@ -138,8 +139,12 @@ def _add_run_parser(sub):
     r.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     r.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
     r.add_argument("--strategy", default="events", help="sequential, streams, events or staged (default events)")
-    r.add_argument("--compress", choices=("zstd", "blosc"), default=None,
-                   help="compress the chunks on the writer threads (default: none)")
+    r.add_argument("--compress", choices=[c for c in disk.CODECS if c is not None], default=None,
+                   help="compress the chunks: zstd or blosc on the writer threads, gpu-zstd on the device before "
+                        "they cross to the host (nvCOMP; pip install -e '.[nvcomp]'; modelled on the CPU backend); "
+                        "default: none")
+    r.add_argument("--batch", type=int, default=None,
+                   help="levels per staging buffer, one chunk of the store (staged only; default about 4 MiB)")
     r.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None)
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -155,15 +160,19 @@ def run_main(args: argparse.Namespace) -> int:
         from tqdm import tqdm
         bar = tqdm(total=nsaved, desc="levels to disk", unit="level", file=sys.stderr, leave=False)
 
-    class Progress:                # counts the levels handed to the disk pipeline
+    class Progress:                # counts the saved levels copied off the scratch buffers
+        seen = set()
+
         def op_issued(self, op):
-            if op.kind == "D2H":
-                bar.update(op.nbytes // problem.nbytes_level)
+            if op.kind in ("D2H", "D2D") and op.level is not None:    # (to the host, a staging or a device slot)
+                levels = set(range(op.level, op.level + op.nbytes // problem.nbytes_level * args.every, args.every))
+                bar.update(len(levels - self.seen))
+                self.seen |= levels
 
     watcher = observe.add(Progress()) if bar is not None else None
     try:
         res = solver.solve(problem, args.strategy, every=args.every, trace=False, store=args.store,
-                           compress=args.compress)
+                           compress=args.compress, batch=args.batch)
     finally:
         if watcher is not None:
             observe.remove(watcher)
@@ -171,10 +180,12 @@ def run_main(args: argparse.Namespace) -> int:
     stored = disk.open_store(args.store)
     raw = len(res.levels) * problem.nbytes_level
     clock, rate = (f" ({res.time_label} time)", " (modelled)") if res.time_label else ("", "")
+    where = res.compression["where"] if args.compress else ""
+    engine = {"device": " on the GPU", "modelled": " on the modelled GPU", "host": " on the host"}.get(where, "")
     print(f"{problem.n0}x{problem.n1} grid, {len(res.levels)} of {problem.nt} levels ({raw / 2**20:,.1f} MiB) "
           f"to {args.store} in {res.elapsed_ms:.0f} ms{clock} with {args.strategy!r} on the "
           f"{backend.backend_name()} backend: {raw / res.elapsed_ms / 1e6:.2f} GB/s{rate}, compression ratio "
-          f"{raw / max(stored.stored_nbytes(), 1):.2f}, {int(stored.complete.sum())} levels complete")
+          f"{raw / max(stored.stored_nbytes(), 1):.2f}{engine}, {int(stored.complete.sum())} levels complete")
     return 0
 
 
@@ -291,7 +302,10 @@ def _disk_bench(args):
                          "repeat's B with the mean of the measurements just before and after it "
                          "(runs[].bound_ms); the point's disk_gbps and bound_ms take the median of all "
                          "measurements, and a compressed run's efficiency is that B / its median time. "
-                         "disk_burst_gbps is a 256 MiB burst, reported only",
+                         "disk_burst_gbps is a 256 MiB burst, reported only. gpu-zstd runs compress each chunk "
+                         "on the device (one nvCOMP call per chunk; the staged run ships chunks of about 64 MiB, "
+                         "runs[].batch levels): runs[].compression says where, and the compression's own GB/s "
+                         "(raw bytes / the time compressing, as the host saw it, or modelled)",
            "points": [bench.disk_point(n, nt, every, args.disk, strategies, repeats=args.repeats, peak_gbps=peak)
                       for n, nt, every in points]}
     for p in doc["points"]:
@@ -299,8 +313,11 @@ def _disk_bench(args):
               f"{p['disk_gbps']:.2f} GB/s sustained ({p['disk_burst_gbps']:.2f} burst), B = {p['bound_ms']:.0f} ms "
               f"({p['bound_by']})")
         for r in p["runs"]:
-            print(f"  {r['strategy']:>8} {str(r['compress']):>5}: {r['median_ms']:8.0f} ms, efficiency "
-                  f"{r['efficiency']:.2f}, ratio {r['ratio']:.2f}, {r['write_gbps']:.2f} GB/s")
+            c = r.get("compression") or {}
+            device = (f", compressed on the {c['where']} at {c['gbps']:.1f} GB/s ({r['batch']} levels a chunk)"
+                      if "gbps" in c else f", compressed on the {c['where']}" if c else "")
+            print(f"  {r['strategy']:>8} {str(r['compress']):>8}: {r['median_ms']:8.0f} ms, efficiency "
+                  f"{r['efficiency']:.2f}, ratio {r['ratio']:.2f}, {r['write_gbps']:.2f} GB/s{device}")
     if args.out:
         print("wrote", bench.write_json(doc, os.path.join(args.out, "disk.json")))
     return 0

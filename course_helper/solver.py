@@ -71,12 +71,16 @@ class Result:
         Why ``nscratch`` has its value: given, fixed by the strategy, or the ring depth
         the default chose from one level's kernel and copy times (:func:`suggest_nscratch`).
     problem : WaveProblem
+    compression : dict or None
+        With ``store``: where its chunks were compressed and how fast
+        (:meth:`course_helper.disk.DiskSink.compression_summary`).
     """
 
     def __init__(self, images: np.ndarray | zarr.Array, levels: np.ndarray, elapsed_ms: float, strategy: str,
                  problem: WaveProblem, every: int, nscratch: int, backend: str, trace: Trace | None,
                  nstaging: int = 0, batch: int = 1, capture_ms: float | None = None,
-                 store: str | os.PathLike | None = None, time_label: str = "", nscratch_reason: str = ""):
+                 store: str | os.PathLike | None = None, time_label: str = "", nscratch_reason: str = "",
+                 compression: dict | None = None):
         self.images = images
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
@@ -92,6 +96,7 @@ class Result:
         self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
         self.store = store               # path of the Zarr store the levels were streamed to, if any
         self.time_label = time_label     # "" on a GPU, e.g. "modelled H200" on the CPU backend
+        self.compression = compression
         self._trace = trace
 
     @property
@@ -404,8 +409,11 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
         ring of slots whatever ``nt`` is, and ``result.images`` reads from the
         store lazily. Not for the graph strategies (their loop is replayed
         without the host, which hands each filled slot to the disk).
-    compress : {None, "zstd", "blosc"}
-        Compress the chunks of ``store`` on the writer threads.
+    compress : {None, "zstd", "blosc", "gpu-zstd"}
+        Compress the chunks of ``store``: on the writer threads (``"zstd"``, ``"blosc"``), or on
+        the device before they cross to the host (``"gpu-zstd"``: nvCOMP on a GPU, modelled on
+        the CPU backend; each chunk a Zarr shard of small zstd chunks that any Zarr reader opens;
+        the staged loop with ``batch`` levels of about 64 MiB per chunk compresses fastest).
 
     Examples
     --------
@@ -500,7 +508,8 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
         images.fill(np.nan)
     return Result(images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
                   backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms, store=store,
-                  time_label=runtime.time_label(), nscratch_reason=run.nscratch_reason)
+                  time_label=runtime.time_label(), nscratch_reason=run.nscratch_reason,
+                  compression=sink.compression_summary() if sink is not None else None)
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ def _problem(nt=40):
 
 
 @pytest.mark.parametrize("strategy", CPU_STRATEGIES)
-@pytest.mark.parametrize("every, compress", [(1, None), (3, "zstd"), (2, "blosc")])
+@pytest.mark.parametrize("every, compress", [(1, None), (3, "zstd"), (2, "blosc"), (2, "gpu-zstd")])
 def test_store_equals_in_memory_result(tmp_path, strategy, every, compress):
     p = _problem()
     ref = ch.solve(p, strategy, every=every, trace=False)
@@ -160,8 +160,9 @@ def _assert_never_torn(path, ref_images):
     return s
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("strategy", ["events", "staged"])
-def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, monkeypatch, strategy):
+def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, monkeypatch, strategy, compress):
     p = _problem(nt=60)
     ref = ch.solve(p, strategy, trace=False)
     real_put, calls = files.write_atomically, []
@@ -175,32 +176,34 @@ def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, mo
 
     monkeypatch.setattr(files, "write_atomically", filling_put)
     with pytest.raises(OSError, match="full") as info:
-        ch.solve(p, strategy, trace=False, store=tmp_path / "d.zarr", batch=_batch(strategy))
+        ch.solve(p, strategy, trace=False, store=tmp_path / "d.zarr", batch=_batch(strategy), compress=compress)
     assert str(tmp_path / "d.zarr") in str(info.value)
     s = _assert_never_torn(tmp_path / "d.zarr", ref.images)
     assert 0 < s.complete.sum() < len(ref.levels)
 
 
 class _CtrlC:
-    """Raises KeyboardInterrupt when the copy of ``level`` is queued, as a Ctrl-C there would."""
+    """Raises KeyboardInterrupt when the copy of ``level`` is queued (to the host, or on the device
+    where the store compresses there), as a Ctrl-C there would."""
 
     def __init__(self, level):
         self.level = level
 
     def op_queued(self, op):
-        if op.kind == "D2H" and op.level == self.level:
+        if op.kind in ("D2H", "D2D") and op.level == self.level:
             raise KeyboardInterrupt
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("strategy", CPU_STRATEGIES)
-def test_ctrl_c_leaves_complete_levels_and_no_torn_one(tmp_path, strategy):
+def test_ctrl_c_leaves_complete_levels_and_no_torn_one(tmp_path, strategy, compress):
     p = _problem(nt=60)
     ref = ch.solve(p, strategy, trace=False)
     stop = 32 if strategy != "staged" else 28        # a staged batch ships from its first level
     observe.add(_CtrlC(stop))
     try:
         with pytest.raises(KeyboardInterrupt):
-            ch.solve(p, strategy, trace=False, store=tmp_path / "c.zarr", batch=_batch(strategy))
+            ch.solve(p, strategy, trace=False, store=tmp_path / "c.zarr", batch=_batch(strategy), compress=compress)
     finally:
         observe.remove(observe.active()[-1])
     s = _assert_never_torn(tmp_path / "c.zarr", ref.images)
@@ -213,16 +216,16 @@ _CHILD = textwrap.dedent("""
     import sys, course_helper as ch
     ch.set_backend("cpu")
     p = ch.WaveProblem(n0=96, n1=96, nt=int(sys.argv[2]))
-    ch.solve(p, sys.argv[3], trace=False, store=sys.argv[1])
+    ch.solve(p, sys.argv[3], trace=False, store=sys.argv[1], compress=sys.argv[4] if len(sys.argv) > 4 else None)
 """)
 
 
-@pytest.mark.parametrize("strategy", ["events", "staged"])
-def test_sigkill_mid_run_leaves_every_level_complete_or_absent(tmp_path, strategy):
+@pytest.mark.parametrize("strategy, compress", [("events", None), ("staged", None), ("staged", "gpu-zstd")])
+def test_sigkill_mid_run_leaves_every_level_complete_or_absent(tmp_path, strategy, compress):
     nt = 1500
     path = tmp_path / "k.zarr"
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(nt), strategy], env=CHILD_ENV,
-                             stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(nt), strategy, *[compress] * bool(compress)],
+                             env=CHILD_ENV, stderr=subprocess.PIPE)
     flags = path / "complete" / "c" / "0"          # the flags: one file, rewritten as chunks land
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None:
@@ -556,14 +559,15 @@ def _assert_only_right_levels(path, ref_images):
 
 
 @pytest.mark.parametrize("strategy", ["staged", "events"])
-@pytest.mark.parametrize("call, deferred", [(5, True), (5, False), (23, True), (40, True)])
+@pytest.mark.parametrize("call, deferred, compress", [(5, True, None), (5, False, None), (23, True, None),
+                                                      (40, True, None), (5, True, "gpu-zstd"), (23, True, "gpu-zstd")])
 def test_a_failed_copy_leaves_no_level_made_by_failed_or_skipped_work(tmp_path, monkeypatch, ctrl_c_at_copy,
-                                                                      strategy, call, deferred):
+                                                                      strategy, call, deferred, compress):
     p = ch.WaveProblem(n0=64, n1=64, nt=60)
     ref = ch.solve(p, strategy, trace=False)
     ctrl_c_at_copy(call, deferred)
     with pytest.raises(KeyboardInterrupt):
-        ch.solve(p, strategy, store=tmp_path / "s.zarr")
+        ch.solve(p, strategy, store=tmp_path / "s.zarr", compress=compress)
     monkeypatch.undo()
     if (tmp_path / "s.zarr").exists():                 # (a store that keeps nothing is removed)
         s = _assert_only_right_levels(tmp_path / "s.zarr", ref.images)
@@ -616,19 +620,23 @@ def _tmpfs(folder, size):
         pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("strategy", ["events", "staged"])
-def test_on_a_full_disk_the_flags_survive_and_the_error_says_what_is_flagged(tmp_path, strategy):
+def test_on_a_full_disk_the_flags_survive_and_the_error_says_what_is_flagged(tmp_path, monkeypatch, strategy,
+                                                                             compress):
     p = ch.WaveProblem(n0=64, n1=64, nt=70)
     ref = ch.solve(p, strategy, trace=False)
     mount = tmp_path / "small"
-    _tmpfs(mount, "1160k")
+    _tmpfs(mount, "1160k" if compress is None else "200k")
+    if compress is not None:      # the check before the run counts uncompressed bytes: let the run start
+        monkeypatch.setattr(layout, "free_bytes", lambda folder: 2**30)
     try:
         with pytest.raises(OSError, match="is full") as info:
-            ch.solve(p, strategy, trace=False, store=mount / "s.zarr", batch=_batch(strategy))
+            ch.solve(p, strategy, trace=False, store=mount / "s.zarr", batch=_batch(strategy), compress=compress)
         assert info.value.errno == errno.ENOSPC
         s = _assert_only_right_levels(mount / "s.zarr", ref.images)
         flagged = layout.zarr_module().open_group(str(mount / "s.zarr"), mode="r")["complete"][:]   # the file itself
-        chunk = s.images.chunks[0]
+        chunk = s.images.file_levels
         intact = [k for k in range(len(ref.levels)) if (mount / "s.zarr" / "u" / f"c.{k // chunk}.0.0").is_file()]
         assert 0 < len(intact) < len(ref.levels)
         assert list(np.flatnonzero(flagged)) == intact                 # every landed level is flagged
@@ -641,11 +649,12 @@ def test_on_a_full_disk_the_flags_survive_and_the_error_says_what_is_flagged(tmp
 _KILL_CHILD = textwrap.dedent("""
     import sys, course_helper as ch
     ch.set_backend("cpu")
-    ch.solve(ch.WaveProblem(n0=96, n1=96, nt=int(sys.argv[2])), sys.argv[3], trace=False, store=sys.argv[1])
+    ch.solve(ch.WaveProblem(n0=96, n1=96, nt=int(sys.argv[2])), sys.argv[3], trace=False, store=sys.argv[1],
+             compress=sys.argv[4] if len(sys.argv) > 4 else None)
 """)
 
 
-def _kill_when(path, strategy, moment, nt=600):
+def _kill_when(path, strategy, moment, nt=600, compress=None):
     """Start a streamed run into ``path`` in a child process and SIGKILL it at ``moment``."""
     problem = ch.WaveProblem(n0=96, n1=96, nt=nt)
     creating = lambda: any(path.parent.glob(f".{path.name}.*.partial"))        # noqa: E731
@@ -655,8 +664,8 @@ def _kill_when(path, strategy, moment, nt=600):
              "first chunk": lambda: len(chunks()) >= 1,
              "chunk being written": lambda: any((path / "u").glob(".c.*.partial")) if path.exists() else False,
              "many chunks": lambda: len(chunks()) >= nt // ch.solver.chunk_levels(problem, strategy) // 2}[moment]
-    child = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(path), str(nt), strategy], env=CHILD_ENV,
-                             stderr=subprocess.PIPE)
+    args = [str(path), str(nt), strategy, *[compress] * bool(compress)]
+    child = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, *args], env=CHILD_ENV, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not until() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.0005)
@@ -665,11 +674,15 @@ def _kill_when(path, strategy, moment, nt=600):
     assert child.returncode == -signal.SIGKILL, err.decode()[-2000:]
 
 
-@pytest.mark.parametrize("strategy", ["events", "staged"])
-@pytest.mark.parametrize("moment", ["creating", "created", "first chunk", "chunk being written", "many chunks"])
-def test_a_store_opens_whenever_its_run_was_killed(tmp_path, strategy, moment):
+KILLS = [(strategy, moment, None) for strategy in ("events", "staged")
+         for moment in ("creating", "created", "first chunk", "chunk being written", "many chunks")]
+
+
+@pytest.mark.parametrize("strategy, moment, compress", KILLS + [("staged", "chunk being written", "gpu-zstd"),
+                                                                ("events", "many chunks", "gpu-zstd")])
+def test_a_store_opens_whenever_its_run_was_killed(tmp_path, strategy, moment, compress):
     path = tmp_path / "k.zarr"
-    _kill_when(path, strategy, moment)
+    _kill_when(path, strategy, moment, compress=compress)
     ref = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=600), strategy, trace=False).images
     if not path.exists():                              # killed before the store appeared whole
         with pytest.raises(FileNotFoundError, match="there is no store"):
@@ -728,10 +741,11 @@ def test_chunks_carry_zarrs_crc32c_checksum(tmp_path):
             assert mine == (tmp_path / f"twin-{compress}.zarr" / f"c.{k}.0.0").read_bytes()
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("damage", ["random bytes", "truncated", "one bit"])
-def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(tmp_path, damage):
+def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(tmp_path, damage, compress):
     p = ch.WaveProblem(n0=32, n1=32, nt=30)
-    ch.solve(p, "staged", trace=False, store=tmp_path / "c.zarr", batch=4, every=2)
+    ch.solve(p, "staged", trace=False, store=tmp_path / "c.zarr", batch=4, every=2, compress=compress)
     chunk = tmp_path / "c.zarr" / "u" / "c.2.0.0"                 # levels 16..22 (indices 8..11)
     data = bytearray(chunk.read_bytes())
     if damage == "random bytes":
@@ -739,18 +753,18 @@ def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(t
     elif damage == "truncated":
         data = data[:25]
     else:
-        data[100] ^= 4
+        data[100] ^= 4                                            # (in a shard: in level index 8's inner chunk)
     chunk.write_bytes(bytes(data))
     s = disk.open_store(tmp_path / "c.zarr")
-    for read in (lambda: s.images[9], lambda: s.images[:], lambda: np.asarray(s.images),
-                 lambda: ch.plot_slices(tmp_path / "c.zarr").show(9)):
+    for read in (lambda: s.images[8], lambda: s.images[:], lambda: np.asarray(s.images),
+                 lambda: ch.plot_slices(tmp_path / "c.zarr").show(8)):
         with pytest.raises(disk.StoreDamaged, match="levels 16..22") as info:
             read()
         assert str(chunk) in str(info.value)
     assert np.isfinite(s.images[7]).all()                         # the other chunks still read
     xr = pytest.importorskip("xarray")
     with pytest.raises(ValueError, match="checksum"):              # xarray reads through Zarr's codec
-        _ = xr.open_zarr(tmp_path / "c.zarr")["u"].isel(time=9).values
+        _ = xr.open_zarr(tmp_path / "c.zarr")["u"].isel(time=8).values
 
 
 def test_bad_store_metadata_gives_an_error_naming_the_file(tmp_path):
@@ -814,7 +828,8 @@ EDITS = {   # what the issue's audit changed, and the words naming what disagree
     "more levels": (lambda s: [_edit_metadata(s, a, _set_levels(25)) for a in ("u", "level", "time", "complete")],
                     r"'u' has the shape \(25, 48, 40\)"),
     "chunks of u": (lambda s: _edit_metadata(s, "u", _two_level_chunks), r"chunks \(2, 48, 40\), but the run wrote"),
-    "level chunk deleted": (lambda s: (s / "level" / "c" / "0").unlink(), "the coordinate 'level' holds 20 values 0, 0"),
+    "level chunk deleted": (lambda s: (s / "level" / "c" / "0").unlink(),
+                            "the coordinate 'level' holds 20 values 0, 0"),
     "level chunk rewritten": (_rewrite_level, "the coordinate 'level' holds 20 values 0, 2"),
     "attribute n0": (lambda s: _edit_metadata(s, None, _attribute("n0", 40)), r"give \(20, 40, 40\)"),
     "attribute every": (lambda s: _edit_metadata(s, None, _attribute("every", 2)), r"give \(10, 48, 40\)"),
@@ -845,6 +860,35 @@ def test_an_edited_store_is_refused_naming_what_disagrees(tmp_path, edit):
         ch.plot_slices(store)
 
 
+def _inner(edit):
+    def change(meta):
+        edit(meta["codecs"][0]["configuration"])          # the sharding codec's configuration
+    return change
+
+
+SHARDED_EDITS = {   # a gpu-zstd store's u is sharded: its byte order and chunks sit in the sharding codec
+    "byte order of the inner chunks": (
+        lambda s: _edit_metadata(s, "u", _inner(lambda c: c["codecs"][0]["configuration"].update(endian="big"))),
+        "byte order big"),
+    "levels per shard": (lambda s: _edit_metadata(s, "u", _two_level_chunks), r"chunks \(2, 48, 40\), but the run wrote"),
+    "inner chunk shape": (lambda s: _edit_metadata(s, "u", _inner(lambda c: c.update(chunk_shape=[1, 24, 40]))),
+                          r"u/zarr.json is not the one the run wrote"),
+    "fewer levels": EDITS["fewer levels"],
+}
+
+
+@pytest.mark.parametrize("edit", SHARDED_EDITS)
+def test_an_edited_sharded_store_is_refused_naming_what_disagrees(tmp_path, edit):
+    change, says = SHARDED_EDITS[edit]
+    store = tmp_path / "e.zarr"
+    ch.solve(ch.WaveProblem(n0=48, n1=40, nt=20), "events", trace=False, store=store, compress="gpu-zstd")
+    disk.open_store(store)
+    change(store)
+    with pytest.raises(disk.StoreDamaged, match=says) as info:
+        disk.open_store(store)
+    assert str(store) in str(info.value)
+
+
 def test_a_written_store_opens_as_plain_zarr_with_its_checksums_beside(tmp_path):
     """The checksums file is beside the Zarr data, not in it: Zarr and xarray read the store
     without the course, and it holds one record per chunk, each set once its chunk is written."""
@@ -865,18 +909,19 @@ def _swap(a, b):
     tmp.rename(b)
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("how", ["swapped", "from another run"])
-def test_a_chunk_file_out_of_its_place_is_not_complete_and_not_read(tmp_path, how):
+def test_a_chunk_file_out_of_its_place_is_not_complete_and_not_read(tmp_path, how, compress):
     p = _problem(nt=30)
     store = tmp_path / "s.zarr"
-    ref = ch.solve(p, "events", trace=False, store=store, every=2).images[:]
+    ref = ch.solve(p, "events", trace=False, store=store, every=2, compress=compress).images[:]
     u = store / "u"
     if how == "swapped":
         _swap(u / "c.5.0.0", u / "c.9.0.0")
         moved = (5, 9)
     else:       # a run of the same shape with the source elsewhere: valid Zarr chunks, another wavefield
         other = ch.WaveProblem(n0=48, n1=40, nt=30, source=(10, 12))
-        ch.solve(other, "events", trace=False, store=tmp_path / "o.zarr", every=2)
+        ch.solve(other, "events", trace=False, store=tmp_path / "o.zarr", every=2, compress=compress)
         (u / "c.7.0.0").write_bytes((tmp_path / "o.zarr" / "u" / "c.7.0.0").read_bytes())
         moved = (7,)
     assert np.isfinite(layout.zarr_module().open_array(str(u), mode="r")[moved[0]]).all()  # Zarr's crc32c passes

@@ -10,12 +10,12 @@ chunks), :mod:`.compression` (where the chunks are compressed; nvCOMP on the GPU
 :mod:`.sink` (writing a run: the ring of slots, the compression stage and the writer threads),
 :mod:`.reading` (reading a run back), :mod:`.measuring` (the disk's and a codec's speed).
 """
-from .compression import CompressionFallback, engine_for
+from .compression import CompressionFallback, device_batch, engine_for
 from .layout import CODECS, SHARDED, THREAD_NAMES, StoreDamaged, StoreWriteError, check_target
 from .measuring import codec_speed, measure_disk_bandwidth
 from .reading import StoredImages, StoredRun, open_store
 from .sink import DEFAULT_WRITERS, DiskSink, Ring, ring_slots
 
 __all__ = ["CODECS", "DEFAULT_WRITERS", "SHARDED", "THREAD_NAMES", "CompressionFallback", "DiskSink", "Ring",
-           "StoreDamaged", "StoredImages", "StoredRun", "StoreWriteError", "check_target", "codec_speed", "engine_for",
-           "measure_disk_bandwidth", "open_store", "ring_slots"]
+           "StoreDamaged", "StoredImages", "StoredRun", "StoreWriteError", "check_target", "codec_speed",
+           "device_batch", "engine_for", "measure_disk_bandwidth", "open_store", "ring_slots"]

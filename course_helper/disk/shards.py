@@ -151,7 +151,7 @@ def file_tag(path: str | os.PathLike, inner: int | None = None) -> bytes | None:
                 return None
             f.seek(size - index_bytes)
             index = f.read(index_bytes)
-            table = np.frombuffer(index[:-4], "<u8").reshape(inner, 2)
+            table = np.frombuffer(index[:-4], "<u8").reshape(inner, 2).tolist()    # Python ints: no overflow
             crcs = []
             for offset, nbytes in table:
                 if offset == EMPTY:
