@@ -866,11 +866,14 @@ def _inner(edit):
     return change
 
 
+def _big_endian_inner(config):
+    config["codecs"][0]["configuration"]["endian"] = "big"
+
+
 SHARDED_EDITS = {   # a gpu-zstd store's u is sharded: its byte order and chunks sit in the sharding codec
-    "byte order of the inner chunks": (
-        lambda s: _edit_metadata(s, "u", _inner(lambda c: c["codecs"][0]["configuration"].update(endian="big"))),
-        "byte order big"),
-    "levels per shard": (lambda s: _edit_metadata(s, "u", _two_level_chunks), r"chunks \(2, 48, 40\), but the run wrote"),
+    "byte order of the inner chunks": (lambda s: _edit_metadata(s, "u", _inner(_big_endian_inner)), "byte order big"),
+    "levels per shard": (lambda s: _edit_metadata(s, "u", _two_level_chunks),
+                         r"chunks \(2, 48, 40\), but the run wrote"),
     "inner chunk shape": (lambda s: _edit_metadata(s, "u", _inner(lambda c: c.update(chunk_shape=[1, 24, 40]))),
                           r"u/zarr.json is not the one the run wrote"),
     "fewer levels": EDITS["fewer levels"],

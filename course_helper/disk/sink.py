@@ -80,7 +80,7 @@ from .compression import CompressionFallback, NvcompCompressor, engine_for
 from .layout import (DATA, NUMCODECS, SHARDED, StoreWriteError, check_target, create_store, flag_bytes,
                      in_one_line, overwrite)
 from .reading import StoredImages, open_store
-from .shards import compress_on_host, inner_chunks, raw_file, shard_file
+from .shards import ChunkFile, compress_on_host, inner_chunks, raw_file, shard_file
 
 __all__ = ["DEFAULT_WRITERS", "FLAGS_EVERY_S", "ring_slots", "Slot", "DeviceSlot", "Ring", "DiskSink"]
 
@@ -602,7 +602,8 @@ class DiskSink:
         block = self.ring.slots[s][:n]
         if self.ring.on_device:
             block = block.view(np.ndarray)
-            return self._encode(block)._replace(peaks=_peaks(block))
+            parts, tag, nbytes, _ = self._encode(block)
+            return ChunkFile(parts, tag, nbytes, _peaks(block))
         if n < self.ring.chunk and not self.sharded:
             block = np.concatenate([block, np.full((self.ring.chunk - n, *block.shape[1:]), np.nan, np.float32)])
         return self._encode(block)
