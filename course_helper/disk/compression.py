@@ -147,6 +147,11 @@ class NvcompCompressor:
         self.packed = cupy.empty(entries * self.cap, cupy.uint8)   # the same bytes, packed
         self.host = [pinned_empty(entries * self.cap, np.uint8) for _ in range(nslots)]   # compressed bytes
         self.flat = flat
+        # One inner chunk of zeros compressed now, so that an nvCOMP this code cannot drive fails
+        # here (and the host compresses instead) rather than in the middle of a run.
+        with self.stream:
+            device[0, 0, :rows].fill(0)
+        self._encode(0, 1)
         self.intervals = []                  # (first level index, n, t0, t1, t2, compressed bytes)
         self.queue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self.run, name="disk compressor", daemon=True)
@@ -185,20 +190,10 @@ class NvcompCompressor:
         done.synchronize()                                   # the copy into the slot has landed
         t0 = runtime.host_ms()
         count = n * self.per_level
-        start = s * self.chunk * self.level_bytes
-        inputs = self.nvcomp.as_arrays(self.flat, [start + i * self.inner_bytes for i in range(count)],
-                                       [self.inner_bytes] * count, cuda_stream=stream.ptr)
-        outputs = self.nvcomp.as_arrays(self.out, [i * self.cap for i in range(count)], [self.cap] * count,
-                                        cuda_stream=stream.ptr)
-        self.codec.encode(inputs, out=outputs)
         with stream:
             levels = self.device[s, :n]
             peaks_d = cupy.maximum(levels.max(axis=(1, 2)), -levels.min(axis=(1, 2)))
-        sizes = outputs.buffer_sizes
-        sizes = np.asarray(sizes() if callable(sizes) else sizes, np.uint64)   # waits for the compression
-        if len(sizes) != count or (sizes > self.cap).any() or not sizes.all():
-            raise RuntimeError(f"nvCOMP reported compressed sizes {sizes[:4].tolist()}... for {count} inner chunks "
-                               f"of {self.inner_bytes} bytes (each at most {self.cap}): not sizes of zstd frames")
+        sizes = self._encode(s * self.chunk * self.level_bytes, count)
         t1 = runtime.host_ms()
         to = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
         total = int(sizes.sum())
@@ -214,6 +209,22 @@ class NvcompCompressor:
         view = memoryview(host)
         pieces = [view[int(o):int(o) + int(z)] for o, z in zip(to, sizes)]
         return shard_file(pieces, self.chunk, self.per_level, peaks)
+
+    def _encode(self, start, count):
+        """Compress ``count`` inner chunks of the ring, from its byte ``start`` on, into the output
+        buffers in one nvCOMP call; returns their compressed sizes (waiting for them)."""
+        stream = self.stream
+        inputs = self.nvcomp.as_arrays(self.flat, [start + i * self.inner_bytes for i in range(count)],
+                                       [self.inner_bytes] * count, cuda_stream=stream.ptr)
+        outputs = self.nvcomp.as_arrays(self.out, [i * self.cap for i in range(count)], [self.cap] * count,
+                                        cuda_stream=stream.ptr)
+        self.codec.encode(inputs, out=outputs)
+        sizes = outputs.buffer_sizes
+        sizes = np.asarray(sizes() if callable(sizes) else sizes, np.uint64)   # waits for the compression
+        if len(sizes) != count or (sizes > self.cap).any() or not sizes.all():
+            raise RuntimeError(f"nvCOMP reported compressed sizes {sizes[:4].tolist()}... for {count} inner chunks "
+                               f"of {self.inner_bytes} bytes (each at most {self.cap}): not sizes of zstd frames")
+        return sizes
 
     def let_go(self) -> None:
         """Drop the device and pinned buffers (the run is over)."""
