@@ -163,3 +163,15 @@ def test_the_readme_two_gpu_table_is_the_committed_halo_benchmark():
     assert table in (ROOT / "docs" / "two-gpus.md").read_text()
     one = next(p for p in doc["weak"] if p["ranks"] == 1 and p["n1"] == 2048)["strategies"]["blocking"]["ms"]
     assert f"| 2048² | {one:.1f} |" in table
+
+
+def test_the_launch_line_puts_an_absolute_folder_on_the_jupyter_config_path():
+    """Kernels and terminals inherit JUPYTER_CONFIG_PATH: a relative folder would load the
+    jupyter-config/ of whatever folder a later Jupyter runs in. Everywhere the course names it,
+    it is the course's own folder, made absolute by the shell ("$PWD/jupyter-config")."""
+    places = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+              *sorted((ROOT / "jupyter-config").glob("*.py"))]
+    named = [(p.name, m.group(1)) for p in places
+             for m in re.finditer(r'JUPYTER_CONFIG_PATH=("[^"]*"|[^\s`"]+)', p.read_text())]
+    assert len([n for n in named if n[0] == "README.md"]) == 2 and len(named) >= 5, named
+    assert all(value == '"$PWD/jupyter-config"' for _, value in named), named
