@@ -267,6 +267,10 @@ def bench_main(args: argparse.Namespace) -> int:
         if any("strategies" in p for p in doc["points"]):
             bench.plot_bench(doc, os.path.join(args.out, "bench.png"))
             print("wrote", os.path.join(args.out, "bench.png"))
+    if all("skipped" in p for p in doc["points"]):
+        print("ERROR: every point was skipped (see why above), so nothing was measured; choose points that fit "
+              "this machine with --points", file=sys.stderr)
+        return 1
     agree = all(r["identical_to_sequential"] is not False for p in doc["points"] if "strategies" in p
                 for r in p["strategies"].values())
     if not agree:
@@ -461,9 +465,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "calibrate":
             return calibrate_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_with_notes(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(f"interrupted (Ctrl-C){': ' + _with_notes(exc) if _with_notes(exc) else ''}", file=sys.stderr)
+        return 130                               # 128 + SIGINT, as a shell reports a Ctrl-C
     return 2
+
+
+def _with_notes(exc: BaseException) -> str:
+    """An error's message and its notes (what a store keeps, ...), in one line (an OSError's own
+    words, which name the file, without its errno and file name repeated around them)."""
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return "; ".join(" ".join(str(part).split()) for part in (text, *getattr(exc, "__notes__", ())) if str(part))
 
 
 def compare_entry() -> NoReturn:

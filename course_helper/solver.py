@@ -175,15 +175,16 @@ def suggest_nscratch(problem: WaveProblem | None = None, every: int = 1, strateg
     return nscratch, reason
 
 
-def _default_nscratch(problem, every, name, entry):
-    """``(nscratch, reason)`` for ``nscratch=None`` (see :func:`suggest_nscratch`)."""
+def _default_nscratch(problem, every, name, entry, held=True):
+    """``(nscratch, reason)`` for ``nscratch=None`` (see :func:`suggest_nscratch`); ``held``:
+    the output stack is kept in host memory (not for a run streamed to a store or timed only)."""
     if not entry.ring:
         why = "the staging ring holds the copies" if entry.staged else "the strategy has no ring"
         return entry.nscratch, f"{entry.nscratch}, fixed by the {name!r} strategy ({why})"
     kernel_ms, copy_ms, source = level_times(problem)
     want = ring_depth(kernel_ms, copy_ms)
     n = top = min(max(want, entry.nscratch), MAX_RING)
-    while n > entry.nscratch and not _fits(problem, every, n):
+    while n > entry.nscratch and not _fits(problem, every, n, held):
         n -= 1
     why = (f"{n}, chosen: COPY_LAG {COPY_LAG} + floor(copy {copy_ms:.3g} ms / kernel {kernel_ms:.3g} ms) + 1 "
            f"= {want} ({source})")
@@ -199,10 +200,10 @@ def _default_nscratch(problem, every, name, entry):
     return n, why
 
 
-def _fits(problem, every, nscratch):
+def _fits(problem, every, nscratch, held=True):
     """Whether a ring of ``nscratch`` passes :func:`_check_memory`, the check ``prepare`` makes."""
     try:
-        _check_memory(problem, every, _plan(problem, every, nscratch, 0, 1))
+        _check_memory(problem, every, _plan(problem, every, nscratch, 0, 1), host=held)
     except MemoryError:
         return False
     return True
@@ -264,9 +265,9 @@ def _ring_size(name, value, minimum, default, hint):
     return value
 
 
-def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=None):
+def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=None, held=True):
     """Checked ``(every, nscratch, nstaging, batch, why)`` (``why``: the reason for ``nscratch``);
-    raises before anything is allocated."""
+    raises before anything is allocated. ``held``: the output stack is kept in host memory."""
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     checks.one_of("strategy", strategy, tuple(STRATEGIES))
     unsafe = checks.flag("unsafe", unsafe)
@@ -290,7 +291,7 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
     else:
         nstaging, batch = 0, 1
     if nscratch is None:
-        nscratch, why = _default_nscratch(problem, every, strategy, entry)
+        nscratch, why = _default_nscratch(problem, every, strategy, entry, held)
         return every, nscratch, nstaging, batch, why
     if entry.max_nscratch == entry.min_nscratch:
         if nscratch != entry.nscratch:
@@ -338,8 +339,9 @@ def prepare(problem: WaveProblem | None = None, strategy: str = "events", every:
     ``solve(..., store=PATH)`` puts its ring of disk-bound slots there.
     """
     problem = WaveProblem() if problem is None else problem
-    every, nscratch, nstaging, batch, why = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
     output = checks.flag("output", output)
+    every, nscratch, nstaging, batch, why = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch,
+                                                      held=output)
     _check_memory(problem, every, _plan(problem, every, nscratch, nstaging, batch), host=output)
     entry = STRATEGIES[strategy]
 
