@@ -24,8 +24,9 @@ import numpy as np
 
 from .runtime import backend, observe, profiles
 from .measure import bench, calibrate, compare
-from . import checks, runtime, solver, wave
+from . import runtime, solver, wave
 from . import distributed as halo
+from .distributed.launch import check_job
 from . import disk
 from .strategies import STRATEGIES
 from .files import write_atomically
@@ -377,14 +378,18 @@ def halo_main(args: argparse.Namespace) -> int:
     """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks."""
     if args.backend:
         os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
-    problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
-    checks.positive_int("every", args.every)
-    if args.trace and not args.out:
-        raise ValueError("--trace writes trace.json into the --out folder; give --out")
-    if args.out:
-        _check_out(args.out)
     world = halo.world()
-    halo.decompose(problem.n0, world.Get_size())
+    try:
+        problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+        check_job(problem, world.Get_size(), args.every)
+        if args.trace and not args.out:
+            raise ValueError("--trace writes trace.json into the --out folder; give --out")
+        if args.out:
+            _check_out(args.out)
+    except (ValueError, TypeError, OSError):
+        if world.Get_rank():
+            return 2          # every rank finds the same mistake: rank 0 alone says it, on a line of its own
+        raise
     # Rank 0 speaks for the job: the other ranks' lines (the backend's banner) would repeat
     # it, run together with it on the shared stdout. Their errors still go to stderr.
     try:

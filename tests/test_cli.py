@@ -155,3 +155,26 @@ def test_bench_fails_when_every_point_was_skipped(monkeypatch, capsys):
                  "--strategies", "events", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "skipped 64^2x40" in err and "every point was skipped" in err
+
+
+@pytest.mark.parametrize("args, says", [(["--n", "20"], "8 ranks cannot share 16 interior rows"),
+                                        (["--n", "64", "--nt", "10", "--every", "50"], "every=50 is not below nt=10")])
+def test_a_halo_job_no_rank_can_run_is_refused_once_on_a_line_of_its_own(args, says):
+    pytest.importorskip("mpi4py", reason="python -m pip install -e '.[distributed]' brings mpi4py and MPICH")
+    from course_helper.distributed.launch import find_mpiexec, ranks_env
+    p = subprocess.run([find_mpiexec(), "-n", "8", sys.executable, "-m", "course_helper", "halo", *args],
+                       capture_output=True, text=True, timeout=240, env=ranks_env("cpu"))
+    assert p.returncode == 2, p.stdout + p.stderr
+    errors = [line for line in p.stderr.splitlines() if "error" in line.lower() or "abort" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and says in errors[0], p.stderr
+    assert errors[0].count("error") == 1
+
+
+def test_a_bad_mpiexec_setting_is_named(monkeypatch, tmp_path):
+    from course_helper.distributed.launch import find_mpiexec
+    for bad in ("no-such-mpiexec", str(tmp_path)):          # a name found nowhere, a folder
+        monkeypatch.setenv("COURSE_HELPER_MPIEXEC", bad)
+        with pytest.raises(FileNotFoundError, match=rf"\$COURSE_HELPER_MPIEXEC='{bad}' is not an mpiexec"):
+            find_mpiexec()
+        with pytest.raises(FileNotFoundError, match="COURSE_HELPER_MPIEXEC"):
+            ch.distributed.launch_halo(2, n=32, nt=10)
