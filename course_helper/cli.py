@@ -25,8 +25,9 @@ import numpy as np
 
 from .runtime import backend, observe, profiles
 from .measure import bench, calibrate, compare
-from . import checks, runtime, solver, wave
+from . import runtime, solver, wave
 from . import distributed as halo
+from .distributed.launch import check_job
 from . import disk
 from .strategies import STRATEGIES
 from .files import write_atomically
@@ -278,6 +279,10 @@ def bench_main(args: argparse.Namespace) -> int:
         if any("strategies" in p for p in doc["points"]):
             bench.plot_bench(doc, os.path.join(args.out, "bench.png"))
             print("wrote", os.path.join(args.out, "bench.png"))
+    if all("skipped" in p for p in doc["points"]):
+        print("ERROR: every point was skipped (see why above), so nothing was measured; choose points that fit "
+              "this machine with --points", file=sys.stderr)
+        return 1
     agree = all(r["identical_to_sequential"] is not False for p in doc["points"] if "strategies" in p
                 for r in p["strategies"].values())
     if not agree:
@@ -390,14 +395,18 @@ def halo_main(args: argparse.Namespace) -> int:
     """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks."""
     if args.backend:
         os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
-    problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
-    checks.positive_int("every", args.every)
-    if args.trace and not args.out:
-        raise ValueError("--trace writes trace.json into the --out folder; give --out")
-    if args.out:
-        _check_out(args.out)
     world = halo.world()
-    halo.decompose(problem.n0, world.Get_size())
+    try:
+        problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+        check_job(problem, world.Get_size(), args.every)
+        if args.trace and not args.out:
+            raise ValueError("--trace writes trace.json into the --out folder; give --out")
+        if args.out:
+            _check_out(args.out)
+    except (ValueError, TypeError, OSError):
+        if world.Get_rank():
+            return 2          # every rank finds the same mistake: rank 0 alone says it, on a line of its own
+        raise
     # Rank 0 speaks for the job: the other ranks' lines (the backend's banner) would repeat
     # it, run together with it on the shared stdout. Their errors still go to stderr.
     try:
@@ -478,9 +487,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "calibrate":
             return calibrate_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_with_notes(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(f"interrupted (Ctrl-C){': ' + _with_notes(exc) if _with_notes(exc) else ''}", file=sys.stderr)
+        return 130                               # 128 + SIGINT, as a shell reports a Ctrl-C
     return 2
+
+
+def _with_notes(exc: BaseException) -> str:
+    """An error's message and its notes (what a store keeps, ...), in one line (an OSError's own
+    words, which name the file, without its errno and file name repeated around them)."""
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return "; ".join(" ".join(str(part).split()) for part in (text, *getattr(exc, "__notes__", ())) if str(part))
 
 
 def compare_entry() -> NoReturn:

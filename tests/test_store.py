@@ -1020,3 +1020,54 @@ def test_a_slot_taken_again_before_its_copy_is_the_same_slot(tmp_path):
     finally:
         del ch.STRATEGIES[entry.name]
     assert np.array_equal(r.images[:], ch.solve(_problem(), "events", trace=False).images)
+
+
+# -- each refusal says what was wrong and what to do, naming the user's path -------------------
+def test_an_empty_store_path_is_refused_as_empty(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="the store's path is empty"):
+        ch.solve(_problem(), "events", store="")
+    with pytest.raises(TypeError, match=r"open_store takes the path .* got None \(NoneType\)"):
+        disk.open_store(None)
+    with pytest.raises(ValueError, match="empty path"):
+        disk.open_store("")
+
+
+def test_a_dangling_link_or_a_too_long_name_is_refused_before_anything_is_made(tmp_path):
+    link = tmp_path / "link.zarr"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError, match=r"link.zarr is a symbolic link \(to .*nowhere\)"):
+        ch.solve(_problem(), "events", store=link)
+    long = tmp_path / ("r" * 250)
+    with pytest.raises(OSError, match="is too long: 250 bytes") as info:
+        ch.solve(_problem(), "events", store=long)
+    assert info.value.errno == errno.ENAMETOOLONG and ".partial" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.zarr"] and link.is_symlink()
+
+
+def test_a_small_shortfall_of_disk_space_is_said_in_units_that_show_it(tmp_path, monkeypatch):
+    p = ch.WaveProblem(n0=16, n1=16, nt=30)                  # 30 levels of 1 KiB
+    monkeypatch.setattr(layout, "free_bytes", lambda folder: 10 * 2**10)
+    with pytest.raises(OSError, match="needs 30 KiB but only 10 KiB are free"):
+        ch.solve(p, "events", store=tmp_path / "s.zarr")
+
+
+def test_a_file_system_error_while_creating_the_store_names_the_store_not_its_temporary_folder(tmp_path,
+                                                                                              monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(layout.Checksums, "create", full)
+    with pytest.raises(OSError, match=r"cannot create the store .*s.zarr: No space left on device; the disk is full") \
+            as info:
+        ch.solve(_problem(), "events", store=tmp_path / "s.zarr")
+    assert info.value.errno == errno.ENOSPC and ".partial" not in str(info.value)
+    assert not list(tmp_path.iterdir())                       # nothing left behind
+
+
+def test_a_run_state_that_is_not_a_file_is_reported_as_damage(tmp_path):
+    store = tmp_path / "r.zarr"
+    ch.solve(_problem(), "events", trace=False, store=store)
+    (store / ".run-state").unlink()
+    (store / ".run-state").mkdir()
+    with pytest.raises(disk.StoreDamaged, match=r"the run's state .*\.run-state .* is not a file"):
+        disk.open_store(store)

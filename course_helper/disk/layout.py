@@ -51,6 +51,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import struct
 import uuid
 import warnings
@@ -61,7 +62,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from .. import files
+from .. import checks, files
 from ..wave import WaveProblem, saved_levels
 from .shards import checksum, file_tag, inner_rows
 
@@ -134,12 +135,21 @@ def free_bytes(folder: str | os.PathLike) -> int:
     return shutil.disk_usage(folder).free
 
 
+#: Bytes a store's temporary name adds to its name while it is created (see create_store).
+_CREATION_NAME = len(f"..{2**22}-{uuid.uuid4().hex}{PARTIAL}")
+
+
 def check_target(path: str | os.PathLike, need_bytes: int, compress: str | None = None) -> None:
     """Raise a clear error naming ``path`` when a store of ``need_bytes`` cannot be written there
     (or ``compress`` is not one of :data:`CODECS`)."""
     if compress not in CODECS:
         raise ValueError(f"compress must be one of {tuple(CODECS)}, got {compress!r}")
+    if not os.fspath(path):
+        raise ValueError("the store's path is empty; give the path of a new store, e.g. store=\"run.zarr\"")
     path = Path(path)
+    if path.is_symlink():
+        raise FileExistsError(f"the store {path} is a symbolic link (to {os.readlink(path)}); a store is "
+                              "created at a new path, never through a link: choose a new path or remove the link")
     if path.exists():
         raise FileExistsError(f"the store {path} already exists; choose a new path or remove it first "
                               "(a store is never overwritten)")
@@ -148,13 +158,22 @@ def check_target(path: str | os.PathLike, need_bytes: int, compress: str | None 
         raise FileNotFoundError(f"cannot create the store {path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(f"cannot create the store {path}: the folder {parent} is not writable")
+    try:
+        most = os.pathconf(parent, "PC_NAME_MAX") - _CREATION_NAME
+    except (OSError, ValueError):
+        most = 255 - _CREATION_NAME
+    if len(os.fsencode(path.name)) > most:
+        raise OSError(errno.ENAMETOOLONG,
+                      f"the store's name {path.name!r} is too long: {len(os.fsencode(path.name))} bytes, where "
+                      f"this folder takes names of at most {most} bytes for a store (it is built under a longer "
+                      "temporary name first); choose a shorter name", str(path))
     free = free_bytes(parent)
     if need_bytes > free:
         compressed = (f" (counted uncompressed: how well {compress} will compress is not known before the "
                       "run)") if compress is not None else ""
         raise OSError(errno.ENOSPC,
-                      f"the store {path} needs {need_bytes / 2**20:,.0f} MiB{compressed} but only "
-                      f"{free / 2**20:,.0f} MiB are free there; save fewer levels (a larger every), use a "
+                      f"the store {path} needs {checks.byte_size(need_bytes)}{compressed} but only "
+                      f"{checks.byte_size(free)} are free there; save fewer levels (a larger every), use a "
                       "smaller grid, or write to another disk", str(path))
 def put_file(path: Path, data: files.BytesLike | tuple[files.BytesLike, ...]) -> None:
     """Write the file ``path`` of a store whole or not at all (its folder made if need be):
@@ -250,6 +269,9 @@ def read_state(folder: Path) -> tuple[str, str]:
     except FileNotFoundError:
         return "finished", ""
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StoreDamaged(f"the run's state {folder / RUN_STATE} of the store {folder} is not a file, so "
+                               "how its run ended cannot be read; remove it, and the store opens as a finished one")
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -279,8 +301,16 @@ def remove_stale_creations(path: Path) -> None:
         pid = tmp.name[len(path.name) + 2:].partition("-")[0]
         if not (tmp.is_dir() and pid.isdigit()) or _alive(int(pid)):
             continue
-        if not (tmp / RUN_STATE).is_file() or read_state(tmp)[0] == "interrupted":
+        if not (tmp / RUN_STATE).is_file() or _state_or_none(tmp) == "interrupted":
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _state_or_none(folder):
+    """:func:`read_state`'s state, or None where it cannot be read."""
+    try:
+        return read_state(folder)[0]
+    except (StoreDamaged, OSError):
+        return None
 
 
 def _alive(pid):
@@ -561,4 +591,7 @@ def create_store(path: str | os.PathLike, problem: WaveProblem, every: int, chun
         if state is not None:
             state.end(f"failed: {in_one_line(exc)}")
         shutil.rmtree(tmp, ignore_errors=True)         # (the store, if it was renamed already)
+        if isinstance(exc, OSError) and exc.errno is not None:
+            # A file system's error, met on the temporary folder: said of the store asked for.
+            raise files.cannot_write(path, exc, "create the store") from exc
         raise

@@ -166,6 +166,12 @@ class StoredRun:
 
     def __init__(self, path: str | os.PathLike) -> None:
         zarr = zarr_module()
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"open_store takes the path of a store written by solve(..., store=PATH) (a str or "
+                            f"pathlib.Path), got {path!r} ({type(path).__name__})")
+        if not os.fspath(path):
+            raise ValueError("open_store was given an empty path; give the path of a store written by "
+                             "solve(..., store=PATH)")
         path = Path(path)
         if not path.exists():
             remove_stale_creations(path)

@@ -37,7 +37,7 @@ from ..runtime.backend import backend_name, device_report
 from .compare import nscratch_for, baseline_first, time_strategies
 from ..graphs import capture_graph, graphs_supported
 from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
-from ..solver import available_strategies, chunk_levels, plan_memory, solve, suggest_nscratch
+from ..solver import STRATEGIES, available_strategies, chunk_levels, plan_memory, solve, suggest_nscratch
 from ..wave import saved_levels
 from ..streams import create_events, create_streams, elapsed_ms, synchronize
 from ..files import write_atomically
@@ -173,7 +173,12 @@ def _check_point(n, nt, every, strategies, nscratch):
     returns the output bytes."""
     problem = WaveProblem(n0=n, n1=n, nt=nt)
     for name in strategies:
-        plan_memory(problem, name, every, nscratch_for(name, nscratch))
+        depth, least = nscratch_for(name, nscratch), STRATEGIES[name].min_nscratch
+        if depth is not None and depth < least:        # the benchmark times safe runs only
+            raise ValueError(f"nscratch={depth} is unsafe for the {name!r} strategy (it races: "
+                             f"the level being copied shares a buffer with the one being computed); the "
+                             f"benchmark times safe runs only: use ring depths of at least {least}")
+        plan_memory(problem, name, every, depth)
     return plan_memory(problem, "sequential", every)["host"]
 
 
@@ -187,7 +192,7 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
     output_bytes = _check_point(n, nt, every, order, nscratch)      # refuses bad input before measuring
     point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
              "output_bytes": output_bytes, "nscratch": nscratch}
-    reason = _fits(output_bytes, order)
+    reason = _fits(output_bytes, order) if runtime.get().computes_data else None   # times only: no stacks held
     if reason is not None:
         point["skipped"] = reason
         return point

@@ -66,6 +66,7 @@ here, is the CUDA-like facade the rest of the package calls (streams, events, wa
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import threading
 import weakref
@@ -127,7 +128,9 @@ class ModelRuntime(Runtime):
         self.profile = profile
         self.device_label = f"modelled {profile['device']['short_name']}" \
             if "short_name" in profile["device"] else f"modelled {profile['device']['name']}"
-        self.arithmetic = True            # False: model the times only, skip the NumPy work
+        # True where the calling context predicts times only (see times_only): a context
+        # variable, so that it belongs to the thread (and the block) that set it.
+        self._times_only = contextvars.ContextVar(f"times only on {self.device_label}", default=False)
         # Copies one link (direction) runs at a time: 1 on the H200, where two copies queued
         # together in one direction run one after the other; 0 (or absent): any number, sharing
         # the link's bandwidth.
@@ -145,18 +148,24 @@ class ModelRuntime(Runtime):
 
     @property
     def computes_data(self) -> bool:
-        return self.arithmetic
+        """Whether work queued now, from this thread, computes its data (False inside
+        :meth:`times_only`)."""
+        return not self._times_only.get()
 
     @contextlib.contextmanager
     def times_only(self, on: bool = True) -> Iterator[None]:
-        """Inside the block (when ``on``), predict times only: the NumPy work is skipped, so
-        results are left unwritten (a sweep of large grids is predicted in seconds)."""
-        before = self.arithmetic
-        self.arithmetic = not on and before
+        """Inside the block (when ``on``), predict times only: the NumPy work of what is queued
+        is skipped, so results are left unwritten (a sweep of large grids is predicted in
+        seconds). ``on=False``: compute inside the block, even within an outer one.
+
+        The block belongs to the thread that entered it (a context variable): work queued by
+        other threads computes unless they are inside a block of their own, and leaving the
+        block restores what its thread had before, whatever other threads do meanwhile."""
+        token = self._times_only.set(bool(on))
         try:
             yield
         finally:
-            self.arithmetic = before
+            self._times_only.reset(token)
 
     # -- the host clock ---------------------------------------------------------
     def host_ms(self) -> float:
@@ -294,14 +303,14 @@ class ModelRuntime(Runtime):
         if "copy" in cost:
             self._call("copy_d2d" if cost["copy"] == "D2D" and "copy_d2d" in self.profile["host_us"]
                        else "copy")
-            begin = _begin_copy(cost["dst"], cost["src"]) if self.arithmetic else None
+            begin = _begin_copy(cost["dst"], cost["src"]) if self.computes_data else None
         else:
             self._call("launch")
             if "kernel" in cost and self._replaying is None:
                 # One kernel per turn of a strategy's loop: the loop's own Python between the
                 # helper's calls (slots, indexing) is charged here, once per turn.
                 self.host.spend(self.profile["host_us"].get("loop_turn", 0.0) * 1e-3)
-            begin = _begin_op(op.writes, numpy if "fill" not in cost else _zero) if self.arithmetic else None
+            begin = _begin_op(op.writes, numpy if "fill" not in cost else _zero) if self.computes_data else None
         task = self._queue(stream, op.name, begin=begin, **kw)
         if cost.get("pageable") and self._replaying is None:
             # Staged through the driver's own pinned buffer: the call returns when the copy is done.
