@@ -98,6 +98,20 @@ def same_layout(dst: Any, src: Any) -> None:
                              "contiguous block - copy whole rows/planes, or make a contiguous buffer first")
 
 
+def byte_size(n: float) -> str:
+    """``n`` bytes in the unit that shows them best: ``"12 B"``, ``"312 KiB"``, ``"1.5 MiB"``,
+    ``"2 GiB"`` (never "0 MiB" for a few KiB).
+
+    >>> byte_size(300), byte_size(3 * 2**10), byte_size(1.5 * 2**20), byte_size(2**31)
+    ('300 B', '3 KiB', '1.5 MiB', '2 GiB')
+    """
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:,.{1 if value < 10 and value != int(value) else 0}f} {unit}"
+    return f"{n:,.0f} B"
+
+
 def host_memory_available() -> int | None:
     """Bytes of host memory available now (None when the operating system does not say)."""
     try:

@@ -5,6 +5,7 @@ Run it with::
     python -m course_helper compare --n 256 --nt 640 --repeats 3 --out results/
     python -m course_helper bench --out benchmarks/
     python -m course_helper run --store run.zarr --n 512 --nt 1000 --compress zstd
+    python -m course_helper run --store run.zarr --n 1024 --strategy staged --batch 16 --compress gpu-zstd
     python -m course_helper calibrate --out my_gpu.json      (on a GPU)
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
@@ -25,8 +26,9 @@ import numpy as np
 
 from .runtime import backend, observe, profiles
 from .measure import bench, calibrate, compare
-from . import checks, runtime, solver, wave
+from . import runtime, solver, wave
 from . import distributed as halo
+from .distributed.launch import check_job
 from . import disk
 from .strategies import STRATEGIES
 from .files import write_atomically
@@ -152,8 +154,12 @@ def _add_run_parser(sub):
     r.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     r.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
     r.add_argument("--strategy", default="events", help="sequential, streams, events or staged (default events)")
-    r.add_argument("--compress", choices=("zstd", "blosc"), default=None,
-                   help="compress the chunks on the writer threads (default: none)")
+    r.add_argument("--compress", choices=[c for c in disk.CODECS if c is not None], default=None,
+                   help="compress the chunks: zstd or blosc on the writer threads, gpu-zstd on the device before "
+                        "they cross to the host (nvCOMP; pip install -e '.[nvcomp]'; modelled on the CPU backend); "
+                        "default: none")
+    r.add_argument("--batch", type=int, default=None,
+                   help="levels per staging buffer, one chunk of the store (staged only; default about 4 MiB)")
     r.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -172,15 +178,19 @@ def run_main(args: argparse.Namespace) -> int:
         from tqdm import tqdm
         bar = tqdm(total=nsaved, desc="levels to disk", unit="level", file=sys.stderr, leave=False)
 
-    class Progress:                # counts the levels handed to the disk pipeline
+    class Progress:                # counts the saved levels copied off the scratch buffers
+        seen = set()
+
         def op_issued(self, op):
-            if op.kind == "D2H":
-                bar.update(op.nbytes // problem.nbytes_level)
+            if op.kind in ("D2H", "D2D") and op.level is not None:    # (to the host, a staging or a device slot)
+                levels = set(range(op.level, op.level + op.nbytes // problem.nbytes_level * args.every, args.every))
+                bar.update(len(levels - self.seen))
+                self.seen |= levels
 
     watcher = observe.add(Progress()) if bar is not None else None
     try:
         res = solver.solve(problem, args.strategy, every=args.every, trace=False, store=args.store,
-                           compress=args.compress)
+                           compress=args.compress, batch=args.batch)
     finally:
         if watcher is not None:
             observe.remove(watcher)
@@ -188,10 +198,12 @@ def run_main(args: argparse.Namespace) -> int:
     stored = disk.open_store(args.store)
     raw = len(res.levels) * problem.nbytes_level
     clock, rate = (f" ({res.time_label} time)", " (modelled)") if res.time_label else ("", "")
+    where = res.compression["where"] if args.compress else ""
+    engine = {"device": " on the GPU", "modelled": " on the modelled GPU", "host": " on the host"}.get(where, "")
     print(f"{problem.n0}x{problem.n1} grid, {len(res.levels)} of {problem.nt} levels ({raw / 2**20:,.1f} MiB) "
           f"to {args.store} in {res.elapsed_ms:.0f} ms{clock} with {args.strategy!r} on the "
           f"{backend.backend_name()} backend: {raw / res.elapsed_ms / 1e6:.2f} GB/s{rate}, compression ratio "
-          f"{raw / max(stored.stored_nbytes(), 1):.2f}, {int(stored.complete.sum())} levels complete")
+          f"{raw / max(stored.stored_nbytes(), 1):.2f}{engine}, {int(stored.complete.sum())} levels complete")
     return 0
 
 
@@ -285,6 +297,10 @@ def bench_main(args: argparse.Namespace) -> int:
         if any("strategies" in p for p in doc["points"]):
             bench.plot_bench(doc, os.path.join(args.out, "bench.png"))
             print("wrote", os.path.join(args.out, "bench.png"))
+    if all("skipped" in p for p in doc["points"]):
+        print("ERROR: every point was skipped (see why above), so nothing was measured; choose points that fit "
+              "this machine with --points", file=sys.stderr)
+        return 1
     agree = all(r["identical_to_sequential"] is not False for p in doc["points"] if "strategies" in p
                 for r in p["strategies"].values())
     if not agree:
@@ -309,7 +325,10 @@ def _disk_bench(args):
                          "repeat's B with the mean of the measurements just before and after it "
                          "(runs[].bound_ms); the point's disk_gbps and bound_ms take the median of all "
                          "measurements, and a compressed run's efficiency is that B / its median time. "
-                         "disk_burst_gbps is a 256 MiB burst, reported only",
+                         "disk_burst_gbps is a 256 MiB burst, reported only. gpu-zstd runs compress each chunk "
+                         "on the device (one nvCOMP call per chunk; the staged run ships chunks of about 64 MiB, "
+                         "runs[].batch levels): runs[].compression says where, and the compression's own GB/s "
+                         "(raw bytes / the time compressing, as the host saw it, or modelled)",
            "points": [bench.disk_point(n, nt, every, args.disk, strategies, repeats=args.repeats, peak_gbps=peak)
                       for n, nt, every in points]}
     for p in doc["points"]:
@@ -317,8 +336,11 @@ def _disk_bench(args):
               f"{p['disk_gbps']:.2f} GB/s sustained ({p['disk_burst_gbps']:.2f} burst), B = {p['bound_ms']:.0f} ms "
               f"({p['bound_by']})")
         for r in p["runs"]:
-            print(f"  {r['strategy']:>8} {str(r['compress']):>5}: {r['median_ms']:8.0f} ms, efficiency "
-                  f"{r['efficiency']:.2f}, ratio {r['ratio']:.2f}, {r['write_gbps']:.2f} GB/s")
+            c = r.get("compression") or {}
+            device = (f", compressed on the {c['where']} at {c['gbps']:.1f} GB/s ({r['batch']} levels a chunk)"
+                      if "gbps" in c else f", compressed on the {c['where']}" if c else "")
+            print(f"  {r['strategy']:>8} {str(r['compress']):>8}: {r['median_ms']:8.0f} ms, efficiency "
+                  f"{r['efficiency']:.2f}, ratio {r['ratio']:.2f}, {r['write_gbps']:.2f} GB/s{device}")
     if args.out:
         print("wrote", bench.write_json(doc, os.path.join(args.out, "disk.json")))
     return 0
@@ -391,14 +413,18 @@ def halo_main(args: argparse.Namespace) -> int:
     """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks."""
     if args.backend:
         os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
-    problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
-    checks.positive_int("every", args.every)
-    if args.trace and not args.out:
-        raise ValueError("--trace writes trace.json into the --out folder; give --out")
-    if args.out:
-        _check_out(args.out)
     world = halo.world()
-    halo.decompose(problem.n0, world.Get_size())
+    try:
+        problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+        check_job(problem, world.Get_size(), args.every)
+        if args.trace and not args.out:
+            raise ValueError("--trace writes trace.json into the --out folder; give --out")
+        if args.out:
+            _check_out(args.out)
+    except (ValueError, TypeError, OSError):
+        if world.Get_rank():
+            return 2          # every rank finds the same mistake: rank 0 alone says it, on a line of its own
+        raise
     # Rank 0 speaks for the job: the other ranks' lines (the backend's banner) would repeat
     # it, run together with it on the shared stdout. Their errors still go to stderr.
     try:
@@ -479,9 +505,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "calibrate":
             return calibrate_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_with_notes(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(f"interrupted (Ctrl-C){': ' + _with_notes(exc) if _with_notes(exc) else ''}", file=sys.stderr)
+        return 130                               # 128 + SIGINT, as a shell reports a Ctrl-C
     return 2
+
+
+def _with_notes(exc: BaseException) -> str:
+    """An error's message and its notes (what a store keeps, ...), in one line (an OSError's own
+    words, which name the file, without its errno and file name repeated around them)."""
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return "; ".join(" ".join(str(part).split()) for part in (text, *getattr(exc, "__notes__", ())) if str(part))
 
 
 def compare_entry() -> NoReturn:

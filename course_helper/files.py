@@ -18,7 +18,7 @@ from typing import IO, Any, Union
 
 import numpy as np
 
-__all__ = ["write_atomically", "PARTIAL", "temporary_name", "sync_folder"]
+__all__ = ["write_atomically", "PARTIAL", "temporary_name", "sync_folder", "cannot_write"]
 
 #: What a file's bytes may be given as: an object with the buffer protocol.
 BytesLike = Union[bytes, bytearray, memoryview, np.ndarray]
@@ -36,10 +36,12 @@ _WRITE_ADVICE = {
 }
 
 
-def _cannot_write(path, exc):
-    """The same kind of OSError, saying which file and what to do."""
+def cannot_write(path: str | os.PathLike, exc: OSError, what: str = "") -> OSError:
+    """``exc``, an error of the file system met while writing ``path``, as the same kind of
+    OSError with the same errno, saying which file (``what``, e.g. "create the store", in
+    place of "write") and what to do. Its message names ``path``, never a temporary name."""
     advice = _WRITE_ADVICE.get(exc.errno, "check the path, or write to another folder")
-    err = type(exc)(f"cannot write {path}: {exc.strerror or exc}; {advice}")
+    err = type(exc)(f"cannot {what or 'write'} {path}: {exc.strerror or exc}; {advice}")
     err.errno = exc.errno
     return err
 
@@ -83,7 +85,7 @@ def write_atomically(path: str | os.PathLike, content: BytesLike | tuple[BytesLi
     except OSError as exc:
         if exc.errno is None:
             raise
-        raise _cannot_write(path, exc) from exc
+        raise cannot_write(path, exc) from exc
     return path
 
 

@@ -249,6 +249,9 @@ def copy_to_host_async(dst: np.ndarray, src: Any, stream: streams.Stream | None 
     stream = streams.resolve(stream)
     ptr = _usual_host_target(dst, src, stream)   # the loops' copy, every level: checked in a few operations
     if ptr is None:
+        if _kept_on_device(dst):
+            dst.take(src, stream, level)         # a store's slot on the device: the copy stays there
+            return
         _require_host("dst", dst)
         _require_device("src", src)
         checks.same_layout(dst, src)
@@ -380,6 +383,11 @@ def copy_to_host(dst: np.ndarray, src: Any, stream: streams.Stream | None = None
     This is the blocking copy of the sequential strategy: the host does not
     return until the data has arrived.
     """
+    if _kept_on_device(dst):                     # a store's slot on the device: the copy stays there
+        stream = streams.resolve(stream)
+        dst.take(src, stream, level)
+        stream.wait_for_host("blocking copy")
+        return
     _require_host("dst", dst)
     _require_device("src", src)
     checks.same_layout(dst, src)
@@ -388,6 +396,13 @@ def copy_to_host(dst: np.ndarray, src: Any, stream: streams.Stream | None = None
     stream = queue_copy("D2H", dst, src, streams.resolve(stream), level, pageable=None)
     _hand_on(dst, stream)
     stream.wait_for_host("blocking copy")
+
+
+def _kept_on_device(dst):
+    """Whether ``dst`` is a slot on the device that takes a copy meant for the host: a store's ring
+    slot when its chunks are compressed on the device (:class:`course_helper.disk.sink.DeviceSlot`),
+    whose ``take(src, stream, level)`` queues the copy on the device and hands the slot on."""
+    return getattr(type(dst), "on_device", False) is True
 
 
 def _hand_on(dst, stream):

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .timelines.timeline import Trace
 
 __all__ = ["prepare", "solve", "timing_only", "Result", "STRATEGIES", "plan_memory",
-           "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch"]
+           "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch", "not_computed"]
 
 #: Most buffers one ring may have: each gets its own IO stream and events (a ring needs
 #: COPY_LAG + floor(copy time / kernel time) + 1 buffers: see strategies.ring_depth).
@@ -53,9 +53,12 @@ class Result:
 
     Attributes
     ----------
-    images : numpy.ndarray or zarr.Array
+    images : numpy.ndarray or StoredImages
         Host array (nsaved, n0, n1): one slice per saved level (with
-        ``store``: the store's array, read lazily).
+        ``store``: the store's array, read lazily). A run inside :func:`timing_only` on the
+        CPU backend computed no levels: a read-only array of NaN that takes no memory.
+    computed : bool
+        False for such a run (its images were not computed).
     levels : numpy.ndarray
         The time level of each slice.
     times_ms : numpy.ndarray
@@ -71,13 +74,18 @@ class Result:
         Why ``nscratch`` has its value: given, fixed by the strategy, or the ring depth
         the default chose from one level's kernel and copy times (:func:`suggest_nscratch`).
     problem : WaveProblem
+    compression : dict or None
+        With ``store``: where its chunks were compressed and how fast
+        (:meth:`course_helper.disk.DiskSink.compression_summary`).
     """
 
     def __init__(self, images: np.ndarray | zarr.Array, levels: np.ndarray, elapsed_ms: float, strategy: str,
                  problem: WaveProblem, every: int, nscratch: int, backend: str, trace: Trace | None,
                  nstaging: int = 0, batch: int = 1, capture_ms: float | None = None,
-                 store: str | os.PathLike | None = None, time_label: str = "", nscratch_reason: str = ""):
+                 store: str | os.PathLike | None = None, time_label: str = "", nscratch_reason: str = "",
+                 computed: bool = True, compression: dict | None = None):
         self.images = images
+        self.computed = computed
         self.levels = levels
         self.times_ms = levels * problem.dt * 1e3
         self.elapsed_ms = elapsed_ms
@@ -92,6 +100,7 @@ class Result:
         self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
         self.store = store               # path of the Zarr store the levels were streamed to, if any
         self.time_label = time_label     # "" on a GPU, e.g. "modelled H200" on the CPU backend
+        self.compression = compression
         self._trace = trace
 
     @property
@@ -112,8 +121,16 @@ class Result:
 
     def __repr__(self):
         clock = f" {self.time_label}" if self.time_label else ""
+        computed = "" if self.computed else ", timed only (images not computed)"
         return (f"<Result {self.strategy!r} on {self.backend}: {len(self.levels)} levels of "
-                f"{self.problem.n0}x{self.problem.n1}, nscratch {self.nscratch}, {self.elapsed_ms:.1f} ms{clock}>")
+                f"{self.problem.n0}x{self.problem.n1}, nscratch {self.nscratch}, {self.elapsed_ms:.1f} ms{clock}"
+                f"{computed}>")
+
+
+def not_computed(shape: tuple[int, ...]) -> np.ndarray:
+    """The images of a run whose arithmetic was skipped (:func:`timing_only`): NaN everywhere,
+    read-only, and no memory (one value seen at every index)."""
+    return np.broadcast_to(np.float32(np.nan), shape)
 
 
 def stack_difference(images: np.ndarray | zarr.Array, other: ArrayLike) -> float:
@@ -162,15 +179,16 @@ def suggest_nscratch(problem: WaveProblem | None = None, every: int = 1, strateg
     return nscratch, reason
 
 
-def _default_nscratch(problem, every, name, entry):
-    """``(nscratch, reason)`` for ``nscratch=None`` (see :func:`suggest_nscratch`)."""
+def _default_nscratch(problem, every, name, entry, held=True):
+    """``(nscratch, reason)`` for ``nscratch=None`` (see :func:`suggest_nscratch`); ``held``:
+    the output stack is kept in host memory (not for a run streamed to a store or timed only)."""
     if not entry.ring:
         why = "the staging ring holds the copies" if entry.staged else "the strategy has no ring"
         return entry.nscratch, f"{entry.nscratch}, fixed by the {name!r} strategy ({why})"
     kernel_ms, copy_ms, source = level_times(problem)
     want = ring_depth(kernel_ms, copy_ms)
     n = top = min(max(want, entry.nscratch), MAX_RING)
-    while n > entry.nscratch and not _fits(problem, every, n):
+    while n > entry.nscratch and not _fits(problem, every, n, held):
         n -= 1
     why = (f"{n}, chosen: COPY_LAG {COPY_LAG} + floor(copy {copy_ms:.3g} ms / kernel {kernel_ms:.3g} ms) + 1 "
            f"= {want} ({source})")
@@ -186,10 +204,10 @@ def _default_nscratch(problem, every, name, entry):
     return n, why
 
 
-def _fits(problem, every, nscratch):
+def _fits(problem, every, nscratch, held=True):
     """Whether a ring of ``nscratch`` passes :func:`_check_memory`, the check ``prepare`` makes."""
     try:
-        _check_memory(problem, every, _plan(problem, every, nscratch, 0, 1))
+        _check_memory(problem, every, _plan(problem, every, nscratch, 0, 1), host=held)
     except MemoryError:
         return False
     return True
@@ -251,9 +269,9 @@ def _ring_size(name, value, minimum, default, hint):
     return value
 
 
-def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=None):
+def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=None, held=True):
     """Checked ``(every, nscratch, nstaging, batch, why)`` (``why``: the reason for ``nscratch``);
-    raises before anything is allocated."""
+    raises before anything is allocated. ``held``: the output stack is kept in host memory."""
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     checks.one_of("strategy", strategy, tuple(STRATEGIES))
     unsafe = checks.flag("unsafe", unsafe)
@@ -277,7 +295,7 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
     else:
         nstaging, batch = 0, 1
     if nscratch is None:
-        nscratch, why = _default_nscratch(problem, every, strategy, entry)
+        nscratch, why = _default_nscratch(problem, every, strategy, entry, held)
         return every, nscratch, nstaging, batch, why
     if entry.max_nscratch == entry.min_nscratch:
         if nscratch != entry.nscratch:
@@ -309,7 +327,9 @@ def prepare(problem: WaveProblem | None = None, strategy: str = "events", every:
     the velocity model are on the device, the output ``images`` on the host
     (pinned for the strategies that use streams) and filled with NaN, so that a
     level that is never written cannot pass for a quiet wavefield. The device is
-    synchronised before it returns.
+    synchronised before it returns. Inside :func:`timing_only` on the CPU backend the run
+    is only timed (``run.computes`` is False): its loop computes nothing, and ``images``
+    stays NaN.
 
     Run a loop on it, then close its streams (``with`` does both)::
 
@@ -323,22 +343,21 @@ def prepare(problem: WaveProblem | None = None, strategy: str = "events", every:
     ``solve(..., store=PATH)`` puts its ring of disk-bound slots there.
     """
     problem = WaveProblem() if problem is None else problem
-    every, nscratch, nstaging, batch, why = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch)
     output = checks.flag("output", output)
+    every, nscratch, nstaging, batch, why = _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch,
+                                                      held=output)
     _check_memory(problem, every, _plan(problem, every, nscratch, nstaging, batch), host=output)
     entry = STRATEGIES[strategy]
 
     # Allocation (outside any timed loop).
     images = None
     if output:
-        shape = (len(saved_levels(problem.nt, every)), *problem.shape)
-        images = pinned_empty(shape) if entry.streams else np.empty(shape, np.float32)
-        if runtime.get().computes_data:          # (a model predicting times only writes no data)
-            images.fill(np.nan)
+        images = _output_stack(problem, every, entry)
+        images.fill(np.nan)
     run = Run(problem, every, nscratch, U=[device_zeros(problem.shape) for _ in range(nscratch)],
               V=to_device(problem.velocity), images=images,
               staging=[device_zeros((batch, *problem.shape)) for _ in range(nstaging)], batch=batch,
-              strategy=strategy, nscratch_reason=why)
+              strategy=strategy, nscratch_reason=why, computes=runtime.get().computes_data)
     if entry.streams:
         nio = nstaging if entry.staged else nscratch   # one IO stream per buffer copied from
         run.compute = create_streams(1, name="compute")[0]
@@ -351,6 +370,12 @@ def prepare(problem: WaveProblem | None = None, strategy: str = "events", every:
     _warm_up()
     synchronize()   # the zeroed buffers are ready before any stream touches them
     return run
+
+
+def _output_stack(problem, every, entry):
+    """The host output of a run, uninitialised: pinned for the strategies that use streams."""
+    shape = (len(saved_levels(problem.nt, every)), *problem.shape)
+    return pinned_empty(shape) if entry.streams else np.empty(shape, np.float32)
 
 
 def _watch_for_races(run):
@@ -404,8 +429,11 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
         ring of slots whatever ``nt`` is, and ``result.images`` reads from the
         store lazily. Not for the graph strategies (their loop is replayed
         without the host, which hands each filled slot to the disk).
-    compress : {None, "zstd", "blosc"}
-        Compress the chunks of ``store`` on the writer threads.
+    compress : {None, "zstd", "blosc", "gpu-zstd"}
+        Compress the chunks of ``store``: on the writer threads (``"zstd"``, ``"blosc"``), or on
+        the device before they cross to the host (``"gpu-zstd"``: nvCOMP on a GPU, modelled on
+        the CPU backend; each chunk a Zarr shard of small zstd chunks that any Zarr reader opens;
+        the staged loop with ``batch`` levels of about 64 MiB per chunk compresses fastest).
 
     Examples
     --------
@@ -433,11 +461,17 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
     if store is not None:          # path, free space and codec, before anything is allocated
         need = plan_memory(problem, strategy, every, nscratch, unsafe=unsafe, nstaging=nstaging, batch=batch)
         disk.check_target(store, need["host"], compress)
+    rt = runtime.get()
+    computes = rt.computes_data
     run = prepare(problem, strategy, every, nscratch, unsafe=unsafe, nstaging=nstaging, batch=batch,
-                  output=store is None)
+                  output=store is None and computes)
     entry = STRATEGIES[run.strategy]
     backend = backend_name()
-    rt = runtime.get()
+    if store is None and not computes:
+        # Timed only: the copies are queued into an output stack of their own (the sanitizer
+        # follows them there) but write nothing, so its pages are never touched and take no
+        # memory; the Result holds NaN instead (not_computed).
+        run.images = _output_stack(run.problem, run.every, entry)
     sink = None
     if store is not None:          # a small ring of host slots that writer threads empty to disk
         try:
@@ -471,6 +505,7 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
             entry.loop(run)                               # with a store, each copy hands its slot to the sink
         synchronize()
         if sink is not None:
+            sink.require_every_level(strategy)            # a loop that skipped a level leaves no gap unsaid
             sink.finish()                                 # the timed part ends when all is on disk
         elapsed = rt.host_ms() - t0
         timeline = recorder.finish() if recorder is not None else None
@@ -494,12 +529,14 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
     finally:
         sanitizer.stop(watcher)
         run.close()
-    images = sink.open_result() if sink is not None else run.images
-    if sink is None and not rt.computes_data:      # timing_only(): nothing was computed, say so
-        images.fill(np.nan)
+    if sink is not None:
+        images = sink.open_result()
+    else:
+        images = run.images if computes else not_computed(run.images.shape)   # timing_only(): say so
     return Result(images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
                   backend, timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms, store=store,
-                  time_label=runtime.time_label(), nscratch_reason=run.nscratch_reason)
+                  time_label=runtime.time_label(), nscratch_reason=run.nscratch_reason, computed=computes,
+                  compression=sink.compression_summary() if sink is not None else None)
 
 
 @contextlib.contextmanager
@@ -507,10 +544,16 @@ def timing_only() -> Iterator[None]:
     """Inside the block, runs are for their times and timelines only.
 
     On the CPU backend the modelled GPU then skips the NumPy arithmetic: times, timelines and
-    overlap figures are exactly those of a full run, but the images are not computed (they hold NaN), so a
-    sweep of large grids takes seconds instead of minutes. On a GPU the block changes nothing
-    (the device computes anyway, and skipping its work would change the times being measured).
-    Use it for sweeps whose images you do not look at.
+    overlap figures are exactly those of a full run, but the images are not computed (they read
+    NaN and take no memory: ``result.computed`` is False), so a sweep of large grids takes seconds
+    instead of minutes. On a GPU the block changes nothing (the device computes anyway, and
+    skipping its work would change the times being measured). Use it for sweeps whose images
+    you do not look at; :func:`~course_helper.measure.compare.compare_strategies` inside it says
+    "not computed" where it would compare images, and a store is refused.
+
+    The block belongs to the thread that entered it: runs in other threads, and runs started
+    outside it, compute (a run of :func:`prepare` computes, or not, as where it was prepared,
+    when its loop runs inside ``with run:``).
 
     >>> with timing_only():                                                   # doctest: +SKIP
     ...     r = solve(WaveProblem(n0=3072, n1=3072, nt=320), "events", every=16)

@@ -66,6 +66,10 @@ class Run:
     ``level_of(k)`` goes to ``images[k]``. The streams and events exist only
     for strategies that use streams: one IO stream per buffer copied from
     (scratch buffers, or staging buffers for a staged strategy).
+
+    A run prepared inside ``timing_only()`` on the CPU backend has ``computes`` False: its
+    loop's work is timed, not computed, and ``images`` stays NaN. ``with run:`` runs the
+    loop as the run was prepared, inside a ``timing_only()`` block or not.
     """
     problem: WaveProblem
     every: int
@@ -82,6 +86,7 @@ class Run:
     filled: list[Event] = field(default_factory=list)  # filled[s]: staging buffer s holds its batch (staged)
     strategy: str = ""                            # the name of the strategy it was prepared for
     nscratch_reason: str = ""                     # why nscratch has its value (see suggest_nscratch)
+    computes: bool = True                         # False: prepared inside timing_only(), timed only
 
     @property
     def nt(self) -> int:
@@ -117,13 +122,19 @@ class Run:
             s.runtime.close_stream(s.raw)
 
     def __enter__(self):
+        # The loop computes, or is only timed, as the run was prepared (see timing_only()).
+        self._mode = runtime.get().times_only(not self.computes)
+        self._mode.__enter__()
         return self
 
     def __exit__(self, *exc):
         try:
             synchronize()                 # the loop's queued work is done, and images complete
         finally:
-            self.close()
+            try:
+                self.close()
+            finally:
+                self._mode.__exit__(None, None, None)
 
 
 def sequential(run: "Run") -> None:

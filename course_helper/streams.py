@@ -230,7 +230,9 @@ class Event:
         return _polled(self, self.runtime.event_done(self.raw))
 
     def __repr__(self):
-        state = "done" if self.runtime.event_done(self.raw) else "pending"   # a look, not a host wait
+        # What the helper knows, no query: looking at an event (a debugger, a message) must not
+        # cost the host a device query, which a modelled run would count in its time.
+        state = "recorded" if self.recorded else "never recorded"
         return f"<Event timing={self.timing} {state} on {self.backend}>"
 
 

@@ -2,7 +2,7 @@
 
 The README's launch line puts this folder on JUPYTER_CONFIG_PATH:
 
-    JUPYTER_CONFIG_PATH=jupyter-config jupyter lab notebooks/01_setup_and_device.ipynb
+    JUPYTER_CONFIG_PATH="$PWD/jupyter-config" jupyter lab notebooks/01_setup_and_device.ipynb
 
 It adds to your own Jupyter configuration: your settings (~/.jupyter) still apply, and
 JupyterLab settings you change yourself win over the defaults set here.

@@ -1,6 +1,7 @@
 import argparse
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import pytest
 import course_helper as ch
 from course_helper import cli
 from course_helper.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_compare_end_to_end_on_the_cpu_backend(tmp_path, capsys):
@@ -162,3 +165,63 @@ def test_compare_table_explains_its_columns(cpu, capsys):
     assert rows == list(cli.LADDER) == ["sequential", "sequential-pinned", "streams", "events"], out
     assert "hidden" in out.split("\n", 2)[1] and "hidden = overlap / the shorter of the two" in out
     assert "max diff = largest absolute difference" in out
+
+
+def test_ctrl_c_ends_the_command_line_with_one_line_and_status_130(tmp_path):
+    """A Ctrl-C is the user's own doing: one line saying so (and what the store keeps), exit
+    status 130 as a shell reports it, no traceback."""
+    import signal
+    import time
+    store = tmp_path / "s.zarr"
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    child = subprocess.Popen([sys.executable, "-m", "course_helper", "run", "--store", str(store), "--n", "96",
+                              "--nt", "100000", "--no-progress"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(store.glob("u/c.*")) and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 130, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("course_helper: ")]
+    assert len(lines) == 1 and lines[0].startswith("interrupted (Ctrl-C)"), err[-3000:]
+    assert "Traceback" not in err and f"complete and flagged in 'complete' of the store {store}" in lines[0]
+
+
+def test_bench_with_an_unsafe_ring_depth_says_what_the_benchmark_takes(capsys):
+    assert main(["bench", "--backend", "cpu", "--points", "64x40x1", "--nscratch", "3", "--strategies", "events",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "use ring depths of at least 4" in err and "unsafe=True" not in err
+
+
+def test_bench_fails_when_every_point_was_skipped(monkeypatch, capsys):
+    monkeypatch.setattr(ch.checks, "host_memory_available", lambda: 10_000)
+    assert main(["bench", "--backend", "cpu", "--compute", "--points", "64x40x1", "--repeats", "1",
+                 "--strategies", "events", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "skipped 64^2x40" in err and "every point was skipped" in err
+
+
+@pytest.mark.parametrize("args, says", [(["--n", "20"], "8 ranks cannot share 16 interior rows"),
+                                        (["--n", "64", "--nt", "10", "--every", "50"], "every=50 is not below nt=10")])
+def test_a_halo_job_no_rank_can_run_is_refused_once_on_a_line_of_its_own(args, says):
+    pytest.importorskip("mpi4py", reason="python -m pip install -e '.[distributed]' brings mpi4py and MPICH")
+    from course_helper.distributed.launch import find_mpiexec, ranks_env
+    p = subprocess.run([find_mpiexec(), "-n", "8", sys.executable, "-m", "course_helper", "halo", *args],
+                       capture_output=True, text=True, timeout=240, env=ranks_env("cpu"))
+    assert p.returncode == 2, p.stdout + p.stderr
+    errors = [line for line in p.stderr.splitlines() if "error" in line.lower() or "abort" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and says in errors[0], p.stderr
+    assert errors[0].count("error") == 1
+
+
+def test_a_bad_mpiexec_setting_is_named(monkeypatch, tmp_path):
+    from course_helper.distributed.launch import find_mpiexec
+    for bad in ("no-such-mpiexec", str(tmp_path)):          # a name found nowhere, a folder
+        monkeypatch.setenv("COURSE_HELPER_MPIEXEC", bad)
+        with pytest.raises(FileNotFoundError, match=rf"\$COURSE_HELPER_MPIEXEC='{bad}' is not an mpiexec"):
+            find_mpiexec()
+        with pytest.raises(FileNotFoundError, match="COURSE_HELPER_MPIEXEC"):
+            ch.distributed.launch_halo(2, n=32, nt=10)

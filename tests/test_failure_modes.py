@@ -301,10 +301,11 @@ def test_threads_do_not_pile_up_over_many_solves(cpu):
 
 
 # --- a failing streamed run leaves nothing behind ---------------------------------------
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("strategy", ["events", "staged"])
 @pytest.mark.parametrize("fault", ["deferred", "in the loop"])
 def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monkeypatch, ctrl_c_at_copy,
-                                                             fault_at_launch, strategy, fault):
+                                                             fault_at_launch, strategy, fault, compress):
     import weakref
     from course_helper.disk import sink
     slots = []
@@ -323,7 +324,7 @@ def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monke
         expected = RuntimeError
     with pytest.raises(expected) as info:
         ch.solve(ch.WaveProblem(48, 48, nt=60), strategy, store=tmp_path / "s.zarr", batch=2 if strategy == "staged"
-                 else None)
+                 else None, compress=compress)
     assert not course_threads()                          # disk writers, peaks and flags threads stopped
     assert any("levels are complete and flagged" in note and "to run again" in note
                for note in info.value.__notes__)          # what the store keeps, and how to run again
@@ -338,8 +339,8 @@ def test_a_failing_streamed_run_leaks_no_thread_and_no_ring(cpu, tmp_path, monke
 
 def test_sanitize_works_on_a_streamed_run(cpu, tmp_path):
     p = ch.WaveProblem(40, 40, nt=30)
-    for strategy in ("events", "staged"):
-        r = ch.solve(p, strategy, sanitize=True, store=tmp_path / f"{strategy}.zarr")
+    for strategy, compress in (("events", None), ("staged", None), ("events", "gpu-zstd"), ("staged", "gpu-zstd")):
+        r = ch.solve(p, strategy, sanitize=True, store=tmp_path / f"{strategy}-{compress}.zarr", compress=compress)
         assert np.array_equal(r.images[:], ch.solve(p, strategy, trace=False).images)
     with pytest.raises(ch.RaceError, match="ring slot|U\\["):     # a race is still caught with a store
         ch.solve(p, "events", nscratch=3, unsafe=True, sanitize=True, store=tmp_path / "race.zarr")

@@ -317,6 +317,23 @@ def test_a_profile_is_chosen_by_set_backend_and_checked(cpu, tmp_path):
         ch.set_backend("cpu", profile="tpu9000")
 
 
+def test_a_profiles_device_name_is_printed_escaped_never_obeyed(cpu, tmp_path, capsys):
+    doc = json.loads(open(pathlib.Path(ch.__file__).parent / "profiles" / "h200.json").read())
+    doc["device"]["name"] = "\x1b[2J\x1b[31mEvil\x07 GPU\n"
+    doc["device"]["short_name"] = "\x1b]0;title\x07H200"
+    path = tmp_path / "escape\x1b[0m.json"
+    path.write_text(json.dumps(doc))
+    try:
+        ch.set_backend("cpu", profile=str(path))
+        ch.solve(ch.WaveProblem(32, 32, nt=10), "events", trace=False)
+        shown = [runtime.time_label(), ch.device_report(print_it=True)["times"], capsys.readouterr().out]
+    finally:
+        ch.set_backend("cpu", profile="h200")
+    assert not any(c in text for text in shown for c in "\x1b\x07")
+    assert shown[0] == "modelled \\x1b]0;title\\x07H200"
+    assert "modelled on \\x1b[2J\\x1b[31mEvil\\x07 GPU\\n (profile " in shown[1]
+
+
 def test_times_are_labelled_modelled(cpu, tmp_path):
     r = ch.solve(ch.WaveProblem(32, 32, nt=20), "events")
     assert r.time_label == "modelled H200" and "modelled H200" in repr(r)

@@ -1,4 +1,5 @@
 """Keeps the repository itself honest: dependency lists agree, notebooks are canonical."""
+import json
 import pathlib
 import re
 import tomllib
@@ -203,3 +204,24 @@ def test_every_link_into_the_glossary_reaches_one_of_its_words():
              + re.findall(r"\]\(#([^)\s]+)\)", text if name == "glossary.md" else "")]
     assert len(links) >= 10, "the notebooks link their words to the glossary"
     assert not [link for link in links if link[1] not in words], "links to no word of the glossary"
+
+
+def test_the_launch_line_puts_an_absolute_folder_on_the_jupyter_config_path():
+    """Kernels and terminals inherit JUPYTER_CONFIG_PATH: a relative folder would load the
+    jupyter-config/ of whatever folder a later Jupyter runs in. Everywhere the course names it,
+    it is the course's own folder, made absolute by the shell ("$PWD/jupyter-config")."""
+    places = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+              *sorted((ROOT / "jupyter-config").glob("*.py"))]
+    named = [(p.name, m.group(1)) for p in places
+             for m in re.finditer(r'JUPYTER_CONFIG_PATH=("[^"]*"|[^\s`"]+)', p.read_text())]
+    assert len([n for n in named if n[0] == "README.md"]) == 2 and len(named) >= 5, named
+    assert all(value == '"$PWD/jupyter-config"' for _, value in named), named
+
+
+def test_the_cpu_backend_page_quotes_the_profiles_disk_section():
+    """docs/cpu-backend.md says what the H200 profile's disk section holds (the model runs on it)."""
+    disk = json.loads((ROOT / "course_helper" / "profiles" / "h200.json").read_text())["disk"]
+    text = (ROOT / "docs" / "cpu-backend.md").read_text().split("## The disk in the model", 1)[1]
+    gbps, ms = re.search(r"([\d.]+) GB/s and ([\d.]+) ms per small fsync'ed\s+file", text).groups()
+    assert float(gbps) == round(disk["gbps"], 2) and float(ms) == round(disk["latency_us"] / 1e3, 2)
+    assert "same run as the rest of the profile" in text and "calibrate.measure_disk" in disk["provenance"]

@@ -137,6 +137,25 @@ def test_default_stays_within_device_memory(cpu, monkeypatch):
         ch.prepare(p, "events", every=16, nscratch=fits + 1)
 
 
+def test_a_run_that_holds_no_output_stack_does_not_count_one_against_its_ring(cpu, monkeypatch, tmp_path):
+    """A run streamed to a store (or timed only) keeps no output stack in host memory, so the
+    default ring is not cut short for one: where the stack and the ring do not fit together, an
+    in-memory run's default ring is shallower, a store run's is the whole depth."""
+    p = ch.WaveProblem(n0=512, n1=512, nt=64)                  # 64 saved levels of 1 MiB
+    monkeypatch.setattr(solver, "level_times", lambda p: strategies.LevelTimes(0.1, 1.6, "test"))
+    want = ring_depth(0.1, 1.6)                                 # 20
+    room = (want + 1 + 32) * p.nbytes_level / ch.checks.HOST_MEMORY_SHARE   # the ring and half the stack
+    monkeypatch.setattr(ch.checks, "host_memory_available", lambda: room)
+    n, why = solver.suggest_nscratch(p, 1, "events")
+    assert n < want and "fit in device memory" in why
+    with ch.prepare(p, "events", output=False) as run:
+        assert run.nscratch == want and "fit" not in run.nscratch_reason
+    r = ch.solve(p, "events", trace=False, store=tmp_path / "s.zarr")
+    assert r.nscratch == want and "fit" not in r.nscratch_reason
+    with ch.timing_only():
+        assert ch.solve(p, "events", trace=False).nscratch == want
+
+
 def test_explicit_nscratch_is_kept_and_said(cpu, small):
     r = ch.solve(small, "events", nscratch=7, trace=False)
     assert r.nscratch == 7 and r.nscratch_reason == "7, as given" and "nscratch 7" in repr(r)

@@ -1,4 +1,5 @@
 """Streaming the saved levels to a Zarr store: same results, bounded memory, nothing torn."""
+import dataclasses
 import errno
 import json
 import os
@@ -35,7 +36,7 @@ def _problem(nt=40):
 
 
 @pytest.mark.parametrize("strategy", CPU_STRATEGIES)
-@pytest.mark.parametrize("every, compress", [(1, None), (3, "zstd"), (2, "blosc")])
+@pytest.mark.parametrize("every, compress", [(1, None), (3, "zstd"), (2, "blosc"), (2, "gpu-zstd")])
 def test_store_equals_in_memory_result(tmp_path, strategy, every, compress):
     p = _problem()
     ref = ch.solve(p, strategy, every=every, trace=False)
@@ -159,8 +160,9 @@ def _assert_never_torn(path, ref_images):
     return s
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("strategy", ["events", "staged"])
-def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, monkeypatch, strategy):
+def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, monkeypatch, strategy, compress):
     p = _problem(nt=60)
     ref = ch.solve(p, strategy, trace=False)
     real_put, calls = files.write_atomically, []
@@ -174,32 +176,34 @@ def test_disk_full_mid_run_names_the_store_and_leaves_no_torn_level(tmp_path, mo
 
     monkeypatch.setattr(files, "write_atomically", filling_put)
     with pytest.raises(OSError, match="full") as info:
-        ch.solve(p, strategy, trace=False, store=tmp_path / "d.zarr", batch=_batch(strategy))
+        ch.solve(p, strategy, trace=False, store=tmp_path / "d.zarr", batch=_batch(strategy), compress=compress)
     assert str(tmp_path / "d.zarr") in str(info.value)
     s = _assert_never_torn(tmp_path / "d.zarr", ref.images)
     assert 0 < s.complete.sum() < len(ref.levels)
 
 
 class _CtrlC:
-    """Raises KeyboardInterrupt when the copy of ``level`` is queued, as a Ctrl-C there would."""
+    """Raises KeyboardInterrupt when the copy of ``level`` is queued (to the host, or on the device
+    where the store compresses there), as a Ctrl-C there would."""
 
     def __init__(self, level):
         self.level = level
 
     def op_queued(self, op):
-        if op.kind == "D2H" and op.level == self.level:
+        if op.kind in ("D2H", "D2D") and op.level == self.level:
             raise KeyboardInterrupt
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("strategy", CPU_STRATEGIES)
-def test_ctrl_c_leaves_complete_levels_and_no_torn_one(tmp_path, strategy):
+def test_ctrl_c_leaves_complete_levels_and_no_torn_one(tmp_path, strategy, compress):
     p = _problem(nt=60)
     ref = ch.solve(p, strategy, trace=False)
     stop = 32 if strategy != "staged" else 28        # a staged batch ships from its first level
     observe.add(_CtrlC(stop))
     try:
         with pytest.raises(KeyboardInterrupt):
-            ch.solve(p, strategy, trace=False, store=tmp_path / "c.zarr", batch=_batch(strategy))
+            ch.solve(p, strategy, trace=False, store=tmp_path / "c.zarr", batch=_batch(strategy), compress=compress)
     finally:
         observe.remove(observe.active()[-1])
     s = _assert_never_torn(tmp_path / "c.zarr", ref.images)
@@ -212,16 +216,16 @@ _CHILD = textwrap.dedent("""
     import sys, course_helper as ch
     ch.set_backend("cpu")
     p = ch.WaveProblem(n0=96, n1=96, nt=int(sys.argv[2]))
-    ch.solve(p, sys.argv[3], trace=False, store=sys.argv[1])
+    ch.solve(p, sys.argv[3], trace=False, store=sys.argv[1], compress=sys.argv[4] if len(sys.argv) > 4 else None)
 """)
 
 
-@pytest.mark.parametrize("strategy", ["events", "staged"])
-def test_sigkill_mid_run_leaves_every_level_complete_or_absent(tmp_path, strategy):
+@pytest.mark.parametrize("strategy, compress", [("events", None), ("staged", None), ("staged", "gpu-zstd")])
+def test_sigkill_mid_run_leaves_every_level_complete_or_absent(tmp_path, strategy, compress):
     nt = 1500
     path = tmp_path / "k.zarr"
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(nt), strategy], env=CHILD_ENV,
-                             stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(nt), strategy, *[compress] * bool(compress)],
+                             env=CHILD_ENV, stderr=subprocess.PIPE)
     flags = path / "complete" / "c" / "0"          # the flags: one file, rewritten as chunks land
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None:
@@ -408,6 +412,7 @@ def test_on_a_gpu_a_full_ring_hands_out_whichever_slot_frees_first(tmp_path):
     ring, n = sink.ring, len(sink.ring.slots)
     try:
         assert [_slot_of(ring, ring[k]) for k in range(n)] == list(range(n))   # all taken
+        ring.pending = [False] * n               # as if their copies were queued: their writers free them
         threading.Timer(0.2, ring.release, args=(3,)).start()
         threading.Timer(1.0, ring.release, args=(0,)).start()
         assert _slot_of(ring, ring[n]) == 3    # not slot 0, which chunk n would take in turn
@@ -554,14 +559,15 @@ def _assert_only_right_levels(path, ref_images):
 
 
 @pytest.mark.parametrize("strategy", ["staged", "events"])
-@pytest.mark.parametrize("call, deferred", [(5, True), (5, False), (23, True), (40, True)])
+@pytest.mark.parametrize("call, deferred, compress", [(5, True, None), (5, False, None), (23, True, None),
+                                                      (40, True, None), (5, True, "gpu-zstd"), (23, True, "gpu-zstd")])
 def test_a_failed_copy_leaves_no_level_made_by_failed_or_skipped_work(tmp_path, monkeypatch, ctrl_c_at_copy,
-                                                                      strategy, call, deferred):
+                                                                      strategy, call, deferred, compress):
     p = ch.WaveProblem(n0=64, n1=64, nt=60)
     ref = ch.solve(p, strategy, trace=False)
     ctrl_c_at_copy(call, deferred)
     with pytest.raises(KeyboardInterrupt):
-        ch.solve(p, strategy, store=tmp_path / "s.zarr")
+        ch.solve(p, strategy, store=tmp_path / "s.zarr", compress=compress)
     monkeypatch.undo()
     if (tmp_path / "s.zarr").exists():                 # (a store that keeps nothing is removed)
         s = _assert_only_right_levels(tmp_path / "s.zarr", ref.images)
@@ -614,19 +620,23 @@ def _tmpfs(folder, size):
         pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("strategy", ["events", "staged"])
-def test_on_a_full_disk_the_flags_survive_and_the_error_says_what_is_flagged(tmp_path, strategy):
+def test_on_a_full_disk_the_flags_survive_and_the_error_says_what_is_flagged(tmp_path, monkeypatch, strategy,
+                                                                             compress):
     p = ch.WaveProblem(n0=64, n1=64, nt=70)
     ref = ch.solve(p, strategy, trace=False)
     mount = tmp_path / "small"
-    _tmpfs(mount, "1160k")
+    _tmpfs(mount, "1160k" if compress is None else "200k")
+    if compress is not None:      # the check before the run counts uncompressed bytes: let the run start
+        monkeypatch.setattr(layout, "free_bytes", lambda folder: 2**30)
     try:
         with pytest.raises(OSError, match="is full") as info:
-            ch.solve(p, strategy, trace=False, store=mount / "s.zarr", batch=_batch(strategy))
+            ch.solve(p, strategy, trace=False, store=mount / "s.zarr", batch=_batch(strategy), compress=compress)
         assert info.value.errno == errno.ENOSPC
         s = _assert_only_right_levels(mount / "s.zarr", ref.images)
         flagged = layout.zarr_module().open_group(str(mount / "s.zarr"), mode="r")["complete"][:]   # the file itself
-        chunk = s.images.chunks[0]
+        chunk = s.images.file_levels
         intact = [k for k in range(len(ref.levels)) if (mount / "s.zarr" / "u" / f"c.{k // chunk}.0.0").is_file()]
         assert 0 < len(intact) < len(ref.levels)
         assert list(np.flatnonzero(flagged)) == intact                 # every landed level is flagged
@@ -639,11 +649,12 @@ def test_on_a_full_disk_the_flags_survive_and_the_error_says_what_is_flagged(tmp
 _KILL_CHILD = textwrap.dedent("""
     import sys, course_helper as ch
     ch.set_backend("cpu")
-    ch.solve(ch.WaveProblem(n0=96, n1=96, nt=int(sys.argv[2])), sys.argv[3], trace=False, store=sys.argv[1])
+    ch.solve(ch.WaveProblem(n0=96, n1=96, nt=int(sys.argv[2])), sys.argv[3], trace=False, store=sys.argv[1],
+             compress=sys.argv[4] if len(sys.argv) > 4 else None)
 """)
 
 
-def _kill_when(path, strategy, moment, nt=600):
+def _kill_when(path, strategy, moment, nt=600, compress=None):
     """Start a streamed run into ``path`` in a child process and SIGKILL it at ``moment``."""
     problem = ch.WaveProblem(n0=96, n1=96, nt=nt)
     creating = lambda: any(path.parent.glob(f".{path.name}.*.partial"))        # noqa: E731
@@ -653,8 +664,8 @@ def _kill_when(path, strategy, moment, nt=600):
              "first chunk": lambda: len(chunks()) >= 1,
              "chunk being written": lambda: any((path / "u").glob(".c.*.partial")) if path.exists() else False,
              "many chunks": lambda: len(chunks()) >= nt // ch.solver.chunk_levels(problem, strategy) // 2}[moment]
-    child = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(path), str(nt), strategy], env=CHILD_ENV,
-                             stderr=subprocess.PIPE)
+    args = [str(path), str(nt), strategy, *[compress] * bool(compress)]
+    child = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, *args], env=CHILD_ENV, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not until() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.0005)
@@ -663,11 +674,15 @@ def _kill_when(path, strategy, moment, nt=600):
     assert child.returncode == -signal.SIGKILL, err.decode()[-2000:]
 
 
-@pytest.mark.parametrize("strategy", ["events", "staged"])
-@pytest.mark.parametrize("moment", ["creating", "created", "first chunk", "chunk being written", "many chunks"])
-def test_a_store_opens_whenever_its_run_was_killed(tmp_path, strategy, moment):
+KILLS = [(strategy, moment, None) for strategy in ("events", "staged")
+         for moment in ("creating", "created", "first chunk", "chunk being written", "many chunks")]
+
+
+@pytest.mark.parametrize("strategy, moment, compress", KILLS + [("staged", "chunk being written", "gpu-zstd"),
+                                                                ("events", "many chunks", "gpu-zstd")])
+def test_a_store_opens_whenever_its_run_was_killed(tmp_path, strategy, moment, compress):
     path = tmp_path / "k.zarr"
-    _kill_when(path, strategy, moment)
+    _kill_when(path, strategy, moment, compress=compress)
     ref = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=600), strategy, trace=False).images
     if not path.exists():                              # killed before the store appeared whole
         with pytest.raises(FileNotFoundError, match="there is no store"):
@@ -726,10 +741,11 @@ def test_chunks_carry_zarrs_crc32c_checksum(tmp_path):
             assert mine == (tmp_path / f"twin-{compress}.zarr" / f"c.{k}.0.0").read_bytes()
 
 
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
 @pytest.mark.parametrize("damage", ["random bytes", "truncated", "one bit"])
-def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(tmp_path, damage):
+def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(tmp_path, damage, compress):
     p = ch.WaveProblem(n0=32, n1=32, nt=30)
-    ch.solve(p, "staged", trace=False, store=tmp_path / "c.zarr", batch=4, every=2)
+    ch.solve(p, "staged", trace=False, store=tmp_path / "c.zarr", batch=4, every=2, compress=compress)
     chunk = tmp_path / "c.zarr" / "u" / "c.2.0.0"                 # levels 16..22 (indices 8..11)
     data = bytearray(chunk.read_bytes())
     if damage == "random bytes":
@@ -737,18 +753,18 @@ def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(t
     elif damage == "truncated":
         data = data[:25]
     else:
-        data[100] ^= 4
+        data[100] ^= 4                                            # (in a shard: in level index 8's inner chunk)
     chunk.write_bytes(bytes(data))
     s = disk.open_store(tmp_path / "c.zarr")
-    for read in (lambda: s.images[9], lambda: s.images[:], lambda: np.asarray(s.images),
-                 lambda: ch.plot_slices(tmp_path / "c.zarr").show(9)):
+    for read in (lambda: s.images[8], lambda: s.images[:], lambda: np.asarray(s.images),
+                 lambda: ch.plot_slices(tmp_path / "c.zarr").show(8)):
         with pytest.raises(disk.StoreDamaged, match="levels 16..22") as info:
             read()
         assert str(chunk) in str(info.value)
     assert np.isfinite(s.images[7]).all()                         # the other chunks still read
     xr = pytest.importorskip("xarray")
     with pytest.raises(ValueError, match="checksum"):              # xarray reads through Zarr's codec
-        _ = xr.open_zarr(tmp_path / "c.zarr")["u"].isel(time=9).values
+        _ = xr.open_zarr(tmp_path / "c.zarr")["u"].isel(time=8).values
 
 
 def test_bad_store_metadata_gives_an_error_naming_the_file(tmp_path):
@@ -758,3 +774,300 @@ def test_bad_store_metadata_gives_an_error_naming_the_file(tmp_path):
     with pytest.raises(disk.StoreDamaged, match="is damaged") as info:
         disk.open_store(tmp_path / "j.zarr")
     assert str(meta) in str(info.value)
+
+
+# -- a store is checked against itself: what its run wrote, not what its files now say ----------
+def _edit_metadata(store, array, edit):
+    """Apply ``edit`` to ``array``'s metadata (None: the group's) where Zarr keeps it: in the
+    consolidated metadata and in the array's own zarr.json, as a careful editor would."""
+    root = store / "zarr.json"
+    doc = json.loads(root.read_text())
+    edit(doc["consolidated_metadata"]["metadata"][array] if array else doc)
+    root.write_text(json.dumps(doc))
+    if array:
+        own = store / array / "zarr.json"
+        doc = json.loads(own.read_text())
+        edit(doc)
+        own.write_text(json.dumps(doc))
+
+
+def _set_levels(n):
+    def edit(meta):
+        meta["shape"][0] = n
+    return edit
+
+
+def _big_endian(meta):
+    meta["codecs"][0]["configuration"]["endian"] = "big"
+
+
+def _reshape(meta):
+    meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"] = [20, 40, 48], [1, 40, 48]
+
+
+def _two_level_chunks(meta):
+    meta["chunk_grid"]["configuration"]["chunk_shape"][0] = 2
+
+
+def _attribute(name, value):
+    def edit(doc):
+        doc["attributes"][name] = value
+    return edit
+
+
+def _rewrite_level(store):
+    zarr = layout.zarr_module()
+    zarr.open_array(str(store / "level"), mode="r+")[:] = np.arange(20) * 2
+
+
+EDITS = {   # what the issue's audit changed, and the words naming what disagrees
+    "shape and chunks of u": (lambda s: _edit_metadata(s, "u", _reshape), r"'u' has the shape \(20, 40, 48\)"),
+    "byte order of u": (lambda s: _edit_metadata(s, "u", _big_endian), "byte order big"),
+    "fewer levels": (lambda s: [_edit_metadata(s, a, _set_levels(15)) for a in ("u", "level", "time")],
+                     r"'u' has the shape \(15, 48, 40\), but the attributes \(nt=20, every=1, n0=48, n1=40\)"),
+    "more levels": (lambda s: [_edit_metadata(s, a, _set_levels(25)) for a in ("u", "level", "time", "complete")],
+                    r"'u' has the shape \(25, 48, 40\)"),
+    "chunks of u": (lambda s: _edit_metadata(s, "u", _two_level_chunks), r"chunks \(2, 48, 40\), but the run wrote"),
+    "level chunk deleted": (lambda s: (s / "level" / "c" / "0").unlink(),
+                            "the coordinate 'level' holds 20 values 0, 0"),
+    "level chunk rewritten": (_rewrite_level, "the coordinate 'level' holds 20 values 0, 2"),
+    "attribute n0": (lambda s: _edit_metadata(s, None, _attribute("n0", 40)), r"give \(20, 40, 40\)"),
+    "attribute every": (lambda s: _edit_metadata(s, None, _attribute("every", 2)), r"give \(10, 48, 40\)"),
+    "attribute nt": (lambda s: _edit_metadata(s, None, _attribute("nt", 10)), r"give \(10, 48, 40\)"),
+    "attribute dt_s": (lambda s: _edit_metadata(s, None, _attribute("dt_s", 0.002)), "the coordinate 'time' holds"),
+    "another attribute": (lambda s: _edit_metadata(s, None, _attribute("cfl", 0.5)),
+                          r"zarr.json is not the one the run wrote"),
+    "a coordinate's own metadata": (lambda s: (s / "x0" / "zarr.json").write_text(
+        (s / "x0" / "zarr.json").read_text().replace('"m"', '"km"')), r"x0/zarr.json is not the one the run wrote"),
+    "checksums deleted": (lambda s: (s / ".checksums").unlink(), "has no checksums file"),
+    "checksums edited": (lambda s: (s / ".checksums").write_bytes(
+        (s / ".checksums").read_bytes().replace(b'"chunk_levels": 1', b'"chunk_levels": 2')),
+                         "checksums file .* is damaged"),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_an_edited_store_is_refused_naming_what_disagrees(tmp_path, edit):
+    change, says = EDITS[edit]
+    store = tmp_path / "e.zarr"
+    ch.solve(ch.WaveProblem(n0=48, n1=40, nt=20), "events", trace=False, store=store)
+    disk.open_store(store)                           # as written, it opens
+    change(store)
+    with pytest.raises(disk.StoreDamaged, match=says) as info:
+        disk.open_store(store)
+    assert str(store) in str(info.value)
+    with pytest.raises(disk.StoreDamaged):           # the viewer opens it the same way
+        ch.plot_slices(store)
+
+
+def _inner(edit):
+    def change(meta):
+        edit(meta["codecs"][0]["configuration"])          # the sharding codec's configuration
+    return change
+
+
+def _big_endian_inner(config):
+    config["codecs"][0]["configuration"]["endian"] = "big"
+
+
+SHARDED_EDITS = {   # a gpu-zstd store's u is sharded: its byte order and chunks sit in the sharding codec
+    "byte order of the inner chunks": (lambda s: _edit_metadata(s, "u", _inner(_big_endian_inner)), "byte order big"),
+    "levels per shard": (lambda s: _edit_metadata(s, "u", _two_level_chunks),
+                         r"chunks \(2, 48, 40\), but the run wrote"),
+    "inner chunk shape": (lambda s: _edit_metadata(s, "u", _inner(lambda c: c.update(chunk_shape=[1, 24, 40]))),
+                          r"u/zarr.json is not the one the run wrote"),
+    "fewer levels": EDITS["fewer levels"],
+}
+
+
+@pytest.mark.parametrize("edit", SHARDED_EDITS)
+def test_an_edited_sharded_store_is_refused_naming_what_disagrees(tmp_path, edit):
+    change, says = SHARDED_EDITS[edit]
+    store = tmp_path / "e.zarr"
+    ch.solve(ch.WaveProblem(n0=48, n1=40, nt=20), "events", trace=False, store=store, compress="gpu-zstd")
+    disk.open_store(store)
+    change(store)
+    with pytest.raises(disk.StoreDamaged, match=says) as info:
+        disk.open_store(store)
+    assert str(store) in str(info.value)
+
+
+def test_a_written_store_opens_as_plain_zarr_with_its_checksums_beside(tmp_path):
+    """The checksums file is beside the Zarr data, not in it: Zarr and xarray read the store
+    without the course, and it holds one record per chunk, each set once its chunk is written."""
+    store = tmp_path / "p.zarr"
+    r = ch.solve(_problem(), "staged", trace=False, store=store, batch=4, every=2)
+    record = layout.read_record(store)
+    assert record.chunk_levels == 4 and record.nchunks == 5 and all(record.records)
+    assert {"zarr.json", "u/zarr.json", "level/c/0"} <= set(record.files)
+    assert np.array_equal(layout.zarr_module().open_array(str(store / "u"), mode="r")[:], r.images[:])
+    xr = pytest.importorskip("xarray")
+    assert set(xr.open_zarr(store).data_vars) == {"u", "complete", "peak"}
+
+
+def _swap(a, b):
+    tmp = a.with_name("swap")
+    a.rename(tmp)
+    b.rename(a)
+    tmp.rename(b)
+
+
+@pytest.mark.parametrize("compress", [None, "gpu-zstd"])
+@pytest.mark.parametrize("how", ["swapped", "from another run"])
+def test_a_chunk_file_out_of_its_place_is_not_complete_and_not_read(tmp_path, how, compress):
+    p = _problem(nt=30)
+    store = tmp_path / "s.zarr"
+    ref = ch.solve(p, "events", trace=False, store=store, every=2, compress=compress).images[:]
+    u = store / "u"
+    if how == "swapped":
+        _swap(u / "c.5.0.0", u / "c.9.0.0")
+        moved = (5, 9)
+    else:       # a run of the same shape with the source elsewhere: valid Zarr chunks, another wavefield
+        other = ch.WaveProblem(n0=48, n1=40, nt=30, source=(10, 12))
+        ch.solve(other, "events", trace=False, store=tmp_path / "o.zarr", every=2, compress=compress)
+        (u / "c.7.0.0").write_bytes((tmp_path / "o.zarr" / "u" / "c.7.0.0").read_bytes())
+        moved = (7,)
+    assert np.isfinite(layout.zarr_module().open_array(str(u), mode="r")[moved[0]]).all()  # Zarr's crc32c passes
+    s = disk.open_store(store)
+    assert [int(k) for k in np.flatnonzero(~s.complete)] == list(moved)
+    assert [int(k) for k in np.flatnonzero(s.damaged)] == list(moved) and "damaged" in repr(s)
+    for k in moved:
+        with pytest.raises(disk.StoreDamaged, match=f"c.{k}.0.0 .*levels {2 * k}..{2 * k}.* not the one this run"):
+            s.images[k]
+    with pytest.raises(disk.StoreDamaged):
+        s.images[:]
+    keep = [k for k in range(len(ref)) if k not in moved]
+    assert np.array_equal(s.images[keep[0]], ref[keep[0]]) and np.array_equal(s.images[10:12], ref[10:12])
+
+
+@pytest.mark.parametrize("key, says", [(np.s_[::-1], r"images\[::-1\].*step >= 1"),
+                                       ((5, 70, 70), r"images\[5, 70, 70\].*out of bounds"),
+                                       (40, r"images\[40\].*shape \(40, 48, 40\)")])
+def test_bad_indexing_of_a_store_is_an_index_error_not_damage(tmp_path, key, says):
+    ch.solve(_problem(), "events", trace=False, store=tmp_path / "i.zarr")
+    s = disk.open_store(tmp_path / "i.zarr")
+    with pytest.raises(IndexError, match=says) as info:
+        s.images[key]
+    assert not isinstance(info.value, disk.StoreDamaged) and str(tmp_path / "i.zarr") in str(info.value)
+
+
+# -- a loop that stops feeding the store's ring ends with an error, never a wait -------------
+def _register(name, loop):
+    return ch.strategies.register(ch.strategies.Strategy(name, loop, nscratch=5, min_nscratch=4))
+
+
+def _takes_slots_and_never_copies(run):
+    for k in range(run.nsaved):
+        run.images[k]                                      # a slot, with no copy into it
+
+
+def _never_copies(run):
+    for level in range(2, run.nt):
+        ch.launch_wave2d(run.U[(level - 2) % 5], run.U[(level - 1) % 5], run.U[level % 5], run.V, run.problem,
+                         level - 2, stream=run.compute)
+
+
+def _looks_twice_then_copies(run):
+    ch.strategies.with_events(dataclasses.replace(run, images=_Twice(run.images)))
+
+
+class _Twice:
+    """run.images for a loop that takes each slot twice (e.g. to look at its shape) before copying."""
+    def __init__(self, ring):
+        self.ring = ring
+
+    def __getitem__(self, k):
+        self.ring[k]
+        return self.ring[k]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("clock", ["modelled", "real time (GPU)"])
+def test_a_loop_that_takes_slots_and_never_copies_stops_with_an_error(tmp_path, monkeypatch, clock):
+    if clock != "modelled":             # the path a GPU run takes: the host waits for whichever slot frees
+        real = sink_module.DiskSink.__init__
+
+        def real_time(self, *a, **k):
+            real(self, *a, **k)
+            self._model = None
+        monkeypatch.setattr(sink_module.DiskSink, "__init__", real_time)
+    entry = _register("takes-slots", _takes_slots_and_never_copies)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"took run.images\[\d+\].* queued no copy.*instead of waiting for ever"):
+            ch.solve(_problem(), entry.name, trace=False, store=tmp_path / "s.zarr")
+        assert time.monotonic() - t0 < 30
+    finally:
+        del ch.STRATEGIES[entry.name]
+    assert not (tmp_path / "s.zarr").exists()            # nothing saved: the store is removed
+
+
+def test_a_loop_that_copies_no_level_fails_instead_of_leaving_an_empty_store(tmp_path):
+    entry = _register("no-copies", _never_copies)
+    try:
+        with pytest.raises(RuntimeError, match=r"copied 0 of the 40 saved levels .*k = 0, 1, 2, 3, 4, \.\.\.") as info:
+            ch.solve(_problem(), entry.name, trace=False, store=tmp_path / "s.zarr")
+    finally:
+        del ch.STRATEGIES[entry.name]
+    assert "no level was saved" in "".join(info.value.__notes__)
+    ch.solve(_problem(), "events", trace=False, store=tmp_path / "s.zarr")     # the path is free again
+
+
+def test_a_slot_taken_again_before_its_copy_is_the_same_slot(tmp_path):
+    entry = _register("looks-twice", _looks_twice_then_copies)
+    try:
+        r = ch.solve(_problem(), entry.name, trace=False, store=tmp_path / "s.zarr")
+    finally:
+        del ch.STRATEGIES[entry.name]
+    assert np.array_equal(r.images[:], ch.solve(_problem(), "events", trace=False).images)
+
+
+# -- each refusal says what was wrong and what to do, naming the user's path -------------------
+def test_an_empty_store_path_is_refused_as_empty(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="the store's path is empty"):
+        ch.solve(_problem(), "events", store="")
+    with pytest.raises(TypeError, match=r"open_store takes the path .* got None \(NoneType\)"):
+        disk.open_store(None)
+    with pytest.raises(ValueError, match="empty path"):
+        disk.open_store("")
+
+
+def test_a_dangling_link_or_a_too_long_name_is_refused_before_anything_is_made(tmp_path):
+    link = tmp_path / "link.zarr"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError, match=r"link.zarr is a symbolic link \(to .*nowhere\)"):
+        ch.solve(_problem(), "events", store=link)
+    long = tmp_path / ("r" * 250)
+    with pytest.raises(OSError, match="is too long: 250 bytes") as info:
+        ch.solve(_problem(), "events", store=long)
+    assert info.value.errno == errno.ENAMETOOLONG and ".partial" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.zarr"] and link.is_symlink()
+
+
+def test_a_small_shortfall_of_disk_space_is_said_in_units_that_show_it(tmp_path, monkeypatch):
+    p = ch.WaveProblem(n0=16, n1=16, nt=30)                  # 30 levels of 1 KiB
+    monkeypatch.setattr(layout, "free_bytes", lambda folder: 10 * 2**10)
+    with pytest.raises(OSError, match="needs 30 KiB but only 10 KiB are free"):
+        ch.solve(p, "events", store=tmp_path / "s.zarr")
+
+
+def test_a_file_system_error_while_creating_the_store_names_the_store_not_its_temporary_folder(tmp_path,
+                                                                                              monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(layout.Checksums, "create", full)
+    with pytest.raises(OSError, match=r"cannot create the store .*s.zarr: No space left on device; the disk is full") \
+            as info:
+        ch.solve(_problem(), "events", store=tmp_path / "s.zarr")
+    assert info.value.errno == errno.ENOSPC and ".partial" not in str(info.value)
+    assert not list(tmp_path.iterdir())                       # nothing left behind
+
+
+def test_a_run_state_that_is_not_a_file_is_reported_as_damage(tmp_path):
+    store = tmp_path / "r.zarr"
+    ch.solve(_problem(), "events", trace=False, store=store)
+    (store / ".run-state").unlink()
+    (store / ".run-state").mkdir()
+    with pytest.raises(disk.StoreDamaged, match=r"the run's state .*\.run-state .* is not a file"):
+        disk.open_store(store)

@@ -322,3 +322,18 @@ def test_streams_and_events_have_one_completion_query_done_as_cupy_spells_it(bac
     for obj in (s, ev):
         assert isinstance(type(obj).done, property)
         assert not hasattr(obj, "query") and not hasattr(obj, "is_done")
+
+
+def test_looking_at_an_event_costs_the_host_nothing(backend):
+    """repr(event) says what the helper knows, with no device query: on the CPU backend it
+    leaves the modelled host clock where it was (a query costs the host its profiled time)."""
+    (s,) = ch.create_streams(1)
+    (e,) = ch.create_events(1)
+    assert "never recorded" in repr(e)
+    e.record(s)
+    before = ch.runtime.host_ms()
+    text = [repr(e) for _ in range(100)][-1]
+    if ch.backend_name() == "cpu":
+        assert ch.runtime.host_ms() == before
+    assert text == f"<Event timing=False recorded on {ch.backend_name()}>"
+    s.synchronize()

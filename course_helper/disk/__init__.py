@@ -5,13 +5,17 @@
 a codec are.
 
 Modules: :mod:`.layout` (the store's files: its arrays, run state, checksums, the errors it
-raises), :mod:`.sink` (writing a run: the ring of host slots and the writer threads),
+raises), :mod:`.shards` (a chunk's file: raw, host-compressed, or a Zarr shard of small zstd
+chunks), :mod:`.compression` (where the chunks are compressed; nvCOMP on the GPU),
+:mod:`.sink` (writing a run: the ring of slots, the compression stage and the writer threads),
 :mod:`.reading` (reading a run back), :mod:`.measuring` (the disk's and a codec's speed).
 """
-from .layout import CODECS, THREAD_NAMES, StoreDamaged, StoreWriteError, check_target
+from .compression import CompressionFallback, device_batch, engine_for
+from .layout import CODECS, SHARDED, THREAD_NAMES, StoreDamaged, StoreWriteError, check_target
 from .measuring import codec_speed, measure_disk_bandwidth
 from .reading import StoredImages, StoredRun, open_store
 from .sink import DEFAULT_WRITERS, DiskSink, Ring, ring_slots
 
-__all__ = ["CODECS", "DEFAULT_WRITERS", "THREAD_NAMES", "DiskSink", "Ring", "StoreDamaged", "StoredImages", "StoredRun",
-           "StoreWriteError", "check_target", "codec_speed", "measure_disk_bandwidth", "open_store", "ring_slots"]
+__all__ = ["CODECS", "DEFAULT_WRITERS", "SHARDED", "THREAD_NAMES", "CompressionFallback", "DiskSink", "Ring",
+           "StoreDamaged", "StoredImages", "StoredRun", "StoreWriteError", "check_target", "codec_speed",
+           "device_batch", "engine_for", "measure_disk_bandwidth", "open_store", "ring_slots"]

@@ -2,7 +2,11 @@
 
 A chunk of ``u`` whose bytes fail their checksum raises :class:`~.layout.StoreDamaged` naming
 its file and levels, instead of being read as data (any Zarr reader, xarray included, checks
-the same checksum); bad metadata raises StoreDamaged naming the file. A store whose run was
+the same checksum), and so does a chunk file that fails the record of its place (moved, or
+copied in from another run: the store's ``.checksums``, which only the course reads); bad
+metadata, or a store that disagrees with itself (its arrays, attributes, coordinates and the
+record of what its run wrote: :func:`~.layout.check_layout`), raises StoreDamaged naming what
+disagrees, when the store is opened. A store whose run was
 killed opens too: the temporary files of the chunks being written are removed, and every level
 whose chunk file is there counts as complete (a chunk file appears only whole, after its data
 were produced without error), so nothing intact is lost to the flags thread's lag.
@@ -18,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .layout import DATA, StoreDamaged, durable_store, read_state, remove_partials, remove_stale_creations, zarr_module
+from .layout import (DATA, StoreDamaged, check_layout, chunk_verified, durable_store, read_state, remove_partials,
+                     remove_stale_creations, sharded_inner, zarr_module)
 
 __all__ = ["open_store", "StoredRun", "StoredImages"]
 
@@ -38,6 +43,16 @@ def _damaged(path, what, exc):
     return StoreDamaged(f"cannot read {what} of the store {path}: {type(exc).__name__}: {exc}")
 
 
+def _key_text(key):
+    """An index as it was written between brackets, e.g. ``::-1`` or ``5, 70, 70``."""
+    def one(k):
+        if isinstance(k, slice):
+            text = lambda v: "" if v is None else str(v)      # noqa: E731
+            return f"{text(k.start)}:{text(k.stop)}" + (f":{k.step}" if k.step is not None else "")
+        return "..." if k is Ellipsis else repr(k)
+    return ", ".join(one(k) for k in key) if isinstance(key, tuple) else one(key)
+
+
 class StoredImages:
     """A store's wavefield ``(nsaved, n0, n1)``, read lazily: indexing reads only the chunks it
     needs (a Zarr array underneath). A chunk whose bytes fail their checksum (or cannot be
@@ -48,21 +63,51 @@ class StoredImages:
         self.array = array                   # the zarr.Array
         self.path = Path(path)
         self.levels = levels
+        self.damaged = np.zeros(len(levels), bool)   # levels whose chunk file fails its record (StoredRun)
 
     shape = property(lambda self: self.array.shape)
     dtype = property(lambda self: self.array.dtype)
     ndim = property(lambda self: self.array.ndim)
-    chunks = property(lambda self: self.array.chunks)
+    chunks = property(lambda self: self.array.chunks)      # Zarr's chunks (a shard's inner chunks, if sharded)
+    shards = property(lambda self: self.array.shards)      # Zarr's shards (None if not sharded)
     nbytes = property(lambda self: self.array.nbytes)
+
+    @property
+    def file_levels(self) -> int:
+        """Levels per chunk file: a chunk's, or a shard's if the array is sharded."""
+        return (self.array.shards or self.array.chunks)[0]
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def __getitem__(self, key: Any) -> np.ndarray:
+        if self.damaged.any():
+            self._refuse_damaged(key)
         try:
             return self.array[key]
+        except IndexError as exc:        # Zarr's word for a selection it cannot make: the key, not the store
+            raise IndexError(f"cannot read images[{_key_text(key)}] of the store {self.path} (shape {self.shape}): "
+                             f"{exc}. Index with integers and slices of step 1 inside the shape, or read the "
+                             "levels you need into memory first (e.g. images[:]) and index that array") from None
         except Exception as exc:  # noqa: BLE001 - told apart below, by reading chunk by chunk
             raise self._damaged(key, exc) from exc
+
+    def _refuse_damaged(self, key):
+        """Raise StoreDamaged if ``key`` reads a level whose chunk file fails its record."""
+        try:
+            wanted = np.atleast_1d(np.arange(len(self))[key[0] if isinstance(key, tuple) else key])
+        except (IndexError, TypeError, ValueError):
+            return                                      # Zarr says what is wrong with the key
+        bad = wanted[self.damaged[wanted]]
+        if bad.size:
+            chunk = self.file_levels
+            k = int(bad[0]) // chunk
+            first, stop = k * chunk, min((k + 1) * chunk, len(self))
+            file = self.path / DATA / self.array.metadata.encode_chunk_key((k, 0, 0))
+            raise StoreDamaged(f"the chunk file {file} (levels {self.levels[first]}..{self.levels[stop - 1]}) is not "
+                               "the one this run wrote there (it fails the record of its place in the store's "
+                               f"checksums: moved from another place, or copied from another run), and is not read "
+                               "as data; these levels are lost: run the solve again to get them")
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         return np.asarray(self[:], dtype)
@@ -75,7 +120,7 @@ class StoredImages:
 
     def _damaged(self, key, exc):
         """Find which chunk of those ``key`` reads is damaged, and say so."""
-        chunk = self.chunks[0]
+        chunk = self.file_levels
         try:
             wanted = np.atleast_1d(np.arange(len(self))[key[0] if isinstance(key, tuple) else key])
         except (IndexError, TypeError, ValueError):
@@ -108,6 +153,10 @@ class StoredRun:
         file appears only whole, after its data were produced without error and fsync'ed).
     missing : numpy.ndarray of bool
         Levels flagged complete whose chunk file has gone (deleted after the run).
+    damaged : numpy.ndarray of bool
+        Levels whose chunk file is there but is not the one the run wrote at that place (it fails
+        its record in the store's checksums: moved, or copied in from another run); reading them
+        raises :class:`StoreDamaged`, and they are not complete.
     state : str
         "finished", "failed" (``reason`` says why), "interrupted" (killed before it ended) or
         "writing" (a live process is writing it now).
@@ -117,6 +166,12 @@ class StoredRun:
 
     def __init__(self, path: str | os.PathLike) -> None:
         zarr = zarr_module()
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"open_store takes the path of a store written by solve(..., store=PATH) (a str or "
+                            f"pathlib.Path), got {path!r} ({type(path).__name__})")
+        if not os.fspath(path):
+            raise ValueError("open_store was given an empty path; give the path of a store written by "
+                             "solve(..., store=PATH)")
         path = Path(path)
         if not path.exists():
             remove_stale_creations(path)
@@ -131,29 +186,39 @@ class StoredRun:
         def read(what, get):
             try:
                 return get()
+            except StoreDamaged:
+                raise
             except Exception as exc:  # noqa: BLE001 - reported with the file's name
                 raise _damaged(path, what, exc) from exc
 
         self.group = read("the metadata", lambda: zarr.open_group(store=durable_store(path, read_only=True),
                                                                    mode="r"))
+        record = read("the metadata", lambda: check_layout(self.group, path))     # the store against itself
         self.levels = read("the array 'level'", lambda: self.group["level"][:])
         self.images = StoredImages(read("the array 'u'", lambda: self.group[DATA]), path, self.levels)
         self.times_ms = read("the array 'time'", lambda: self.group["time"][:]) * 1e3
         flagged = read("the array 'complete'", lambda: self.group["complete"][:])
         self.attrs = dict(self.group.attrs)
-        present = self._chunk_files_present()
+        present, self.damaged = self._chunk_files(record)
+        self.images.damaged = self.damaged
         self.missing = flagged & ~present
-        self.complete = present if self.state == "interrupted" else flagged & present
+        intact = present & ~self.damaged
+        self.complete = intact if self.state == "interrupted" else flagged & intact
 
-    def _chunk_files_present(self):
-        """Per level: whether its chunk file is there."""
+    def _chunk_files(self, record):
+        """Per level: whether its chunk file is there, and whether a file that is there fails
+        its record (it is not the chunk the run wrote at that place: :func:`~.layout.chunk_verified`)."""
         data = self.images.array
         names = set(os.listdir(self.path / DATA)) if (self.path / DATA).is_dir() else set()
-        chunk = data.chunks[0]
+        chunk, inner = self.images.file_levels, sharded_inner(data)
         present = np.zeros(len(self.levels), bool)
+        damaged = np.zeros(len(self.levels), bool)
         for k in range(math.ceil(len(present) / chunk)):
-            present[k * chunk:(k + 1) * chunk] = data.metadata.encode_chunk_key((k, 0, 0)) in names
-        return present
+            name = data.metadata.encode_chunk_key((k, 0, 0))
+            if name in names:
+                present[k * chunk:(k + 1) * chunk] = True
+                damaged[k * chunk:(k + 1) * chunk] = not chunk_verified(self.path / DATA / name, k, record, inner)
+        return present, damaged
 
     @property
     def interrupted(self) -> bool:
@@ -176,6 +241,8 @@ class StoredRun:
                "failed": f", interrupted: the run failed ({self.reason})"}[self.state]
         if self.missing.any():
             how += f", {int(self.missing.sum())} flagged levels have lost their chunk files"
+        if self.damaged.any():
+            how += f", {int(self.damaged.sum())} levels are in chunk files that are not the run's (damaged)"
         return (f"<StoredRun {str(self.path)!r}: {int(self.complete.sum())}/{len(self.complete)} levels "
                 f"complete, {self.images.shape[1]}x{self.images.shape[2]}{how}>")
 

@@ -15,11 +15,21 @@ level through a three-stage pipeline::
   modelled disk.
 * A writer thread waits for that event, encodes the slot as one chunk of the array ``u``
   (one level, or one staging batch) and writes the chunk's file, with its checksum, whole or
-  not at all (:func:`course_helper.files.write_atomically`). Beside it, the peaks thread reads
+  not at all (:func:`course_helper.files.write_atomically`), its record in the store's
+  ``.checksums`` put in place first (:class:`~.layout.Checksums`). Beside it, the peaks thread reads
   each level's largest amplitude from the same slot (for the viewer's colour scale); the slot
   is free again when both are done. The flags thread then marks those levels in ``complete``
   (and their ``peak``) in place, at most every :data:`FLAGS_EVERY_S` seconds.
 * Host memory is the ring, whatever ``nt`` is: :func:`ring_slots` slots of one chunk.
+
+Compression on the device (``compress="gpu-zstd"``, :mod:`.compression`). The ring's slots are
+then on the device: the loop's copy "to the host" lands in a device slot (a :class:`DeviceSlot`,
+a device-to-device copy on the loop's own stream), a compression stage compresses the chunk
+there on a stream of its own (nvCOMP on a GPU, the modelled compression engine on the CPU
+backend), and only the compressed bytes cross to a pinned host slot; the writer writes them as
+one Zarr shard (:mod:`.shards`). A slot is free again once its shard is on the disk. Where the
+device cannot compress (no nvCOMP, a profile without the figures) the ring stays on the host
+and the writer threads compress the same shards.
 
 Ring size. In steady state the pipeline runs at its slowest stage: a slot is held by a writer
 for one chunk's write time and by a copy for one copy time. ``writers + 2`` slots (one being
@@ -48,26 +58,32 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import queue
 import shutil
 import signal
 import threading
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .. import checks, files, runtime, streams
-from ..memory import pinned_empty
+from ..memory import copy_on_device_async, device_empty, pinned_empty
 from ..runtime import observe
 from ..streams import Stream
 from ..timelines import recording
 from ..wave import WaveProblem, saved_levels
-from .layout import (DATA, NUMCODECS, StoreWriteError, check_target, checksum, create_store, flag_bytes,
+from .compression import CompressionFallback, NvcompCompressor, engine_for
+from .layout import (DATA, NUMCODECS, SHARDED, StoreWriteError, check_target, create_store, flag_bytes,
                      in_one_line, overwrite)
 from .reading import StoredImages, open_store
+from .shards import ChunkFile, compress_on_host, inner_chunks, raw_file, shard_file
 
-__all__ = ["DEFAULT_WRITERS", "FLAGS_EVERY_S", "ring_slots", "Slot", "Ring", "DiskSink"]
+__all__ = ["DEFAULT_WRITERS", "FLAGS_EVERY_S", "ring_slots", "Slot", "DeviceSlot", "Ring", "DiskSink"]
 
 DEFAULT_WRITERS = 4             # enough chunks in flight that one writer's own work leaves the disk busy
 FLAGS_EVERY_S = 0.1             # the flags thread writes ``complete`` and ``peak`` at most this often
@@ -78,13 +94,17 @@ def ring_slots(writers: int = DEFAULT_WRITERS) -> int:
     return writers + 2
 
 
-def _encoder(compress):
-    """The function turning one chunk (a C-ordered float32 block) into the bytes of its file,
-    as the store's codecs encode it: raw little-endian bytes, or a zstd or blosc frame."""
+def _encoder(compress, shape, chunk):
+    """The function turning one chunk's levels (a C-ordered float32 block) into its file
+    (a :class:`~.shards.ChunkFile`), as the store's codecs encode it: raw little-endian bytes,
+    a zstd or blosc frame, or a shard of zstd inner chunks."""
     if compress is None:
-        return lambda block: memoryview(block).cast("B")       # no copy: the slot itself is written
+        return lambda block: raw_file(memoryview(block).cast("B"))     # no copy: the slot itself is written
     codec = NUMCODECS[compress]()
-    return codec.encode
+    if compress in SHARDED:
+        rows, per_level = inner_chunks(shape)
+        return lambda block: shard_file(compress_on_host(block, rows, codec), chunk, per_level)
+    return lambda block: raw_file(codec.encode(block))
 
 
 def _peaks(block):
@@ -97,6 +117,24 @@ class Slot(np.ndarray):
     that also carries ``copy_queued(stream)``. The copy functions of :mod:`course_helper.memory`
     call it once the copy into the view is queued on ``stream``, handing the slot to the sink.
     Arrays made from a Slot (slices, results) carry nothing."""
+
+
+class DeviceSlot:
+    """The view of a ring slot on the device that a loop receives from ``ring[k]`` when the store
+    compresses on the device. The loop copies into it as into a host array
+    (``copy_to_host_async``, ``copy_to_host``): the copy stays on the device, a device-to-device
+    copy on the loop's stream (:meth:`take`), and hands the slot to the sink."""
+
+    on_device = True          # what course_helper.memory's copies look for
+
+    def __init__(self, array: Any, hand_on: Callable[[Stream], None]) -> None:
+        self.array, self.shape, self.dtype = array, array.shape, array.dtype
+        self._hand_on = hand_on
+
+    def take(self, src: Any, stream: Stream, level: int | None) -> None:
+        """Queue the copy of the device array ``src`` into this slot on ``stream``, then hand the slot on."""
+        copy_on_device_async(self.array, src, stream, level=level)
+        self._hand_on(stream)
 
 
 class Ring:
@@ -113,17 +151,22 @@ class Ring:
     """
 
     def __init__(self, sink: DiskSink, nsaved: int, chunk: int, shape: tuple[int, int], nslots: int,
-                 pinned: bool) -> None:
+                 pinned: bool, device: Any = None) -> None:
         self.sink = sink
         self.chunk = chunk
         self.shape = (nsaved, *shape)
-        make = pinned_empty if pinned else (lambda s: np.empty(s, np.float32))
-        self.slots = [make((chunk, *shape)) for _ in range(nslots)]
+        self.on_device = device is not None       # the slots are on the device (compression there)
+        if self.on_device:
+            self.slots = [device[s] for s in range(nslots)]     # views of one device buffer (nslots, chunk, ...)
+        else:
+            make = pinned_empty if pinned else (lambda s: np.empty(s, np.float32))
+            self.slots = [make((chunk, *shape)) for _ in range(nslots)]
         self.free = [threading.Event() for _ in range(nslots)]
         for f in self.free:
             f.set()
         self.freed = threading.Condition()   # notified whenever a slot becomes free
         self.first = [None] * nslots       # first level index held by each slot
+        self.pending = [False] * nslots    # handed to the loop, and no copy queued into it yet
         self.modelled = [None] * nslots    # CPU backend: the modelled disk write of each slot's chunk
 
     @property
@@ -147,15 +190,23 @@ class Ring:
             raise IndexError(f"levels {first}..{stop - 1} are not inside one chunk of {self.chunk} levels")
         return first, stop
 
-    def __getitem__(self, key: int | slice) -> Slot:
+    def __getitem__(self, key: int | slice) -> Slot | DeviceSlot:
         first, stop = self._span(key)
-        s = self.sink.take_slot(first // self.chunk)      # the host waits here if the ring is full
-        self.free[s].clear()                              # taken until a writer has written it
-        self.first[s] = first
+        chunk = first // self.chunk
+        # A slot the loop took for this chunk and has not copied into yet is handed out again.
+        s = next((i for i, p in enumerate(self.pending) if p and self.first[i] // self.chunk == chunk), None)
+        if s is None:
+            s = self.sink.take_slot(chunk)                # the host waits here if the ring is full
+            self.free[s].clear()                          # taken until a writer has written it
+            self.first[s] = first
+        self.pending[s] = True
         j = first % self.chunk
         levels = self.slots[s][j] if not isinstance(key, slice) else self.slots[s][j:j + stop - first]
+        hand_on = lambda stream: self.sink.copy_queued(s, first, stop - first, stream)   # noqa: E731
+        if self.on_device:                # compression on the device: the copy stays there
+            return DeviceSlot(levels, hand_on)
         view = levels.view(Slot)          # once the copy into it is queued, it goes to the sink:
-        view.copy_queued = lambda stream: self.sink.copy_queued(s, first, stop - first, stream)
+        view.copy_queued = hand_on
         return view
 
     def let_go(self) -> None:
@@ -182,8 +233,10 @@ class DiskSink:
 
     When a copy into a slot has been queued, the copy hands the slot to :meth:`copy_queued`,
     which records an event after the copy and passes the slot to a writer thread (on the CPU
-    backend it also queues the chunk's write on the modelled disk). :meth:`finish` ends the
-    run's pipeline, whatever happened.
+    backend it also queues the chunk's write on the modelled disk), or, when the chunks are
+    compressed on the device, to the compression stage first. :meth:`finish` ends the run's
+    pipeline, whatever happened. ``compression`` says where the chunks were compressed and why
+    (see :meth:`compression_summary`).
     """
 
     def __init__(self, path: str | os.PathLike, problem: WaveProblem, every: int, chunk: int, *,
@@ -194,9 +247,15 @@ class DiskSink:
         check_target(self.path, self.nsaved * problem.nbytes_level, compress)
         self.every = every
         self.writers = writers
-        self._encode = _encoder(compress)
+        self.level_bytes = problem.nbytes_level
+        self.sharded = compress in SHARDED
+        self._encode = _encoder(compress, problem.shape, chunk)
         rt = runtime.get()
         self._model = rt if rt.modelled else None     # the CPU backend: the disk is modelled
+        where, why = engine_for(compress)             # where the chunks are compressed: "host", "device", "modelled"
+        self.compression = {"codec": compress, "where": where, "why": why}
+        self._compressor = None        # on a GPU with compression on the device: the nvCOMP stage
+        self._compressed = []          # CPU backend, compression on the device: (first, n, modelled chunk)
         self._error = None             # the first error of a writer, the peaks or the flags thread
         self._ended = False            # finish() has run
         self._recorder = None          # the solving thread's recorder (the disk lanes go into it)
@@ -204,6 +263,7 @@ class DiskSink:
         self._queue = queue.SimpleQueue()
         self._peaks_queue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._handed = np.zeros(self.nsaved, bool)                 # levels whose copy the loop queued
         self._landed = np.zeros(self.nsaved, bool)                 # what the flags thread writes
         self._peak = np.full(self.nsaved, np.nan, np.float32)
         self._dirty, self._stop = threading.Event(), threading.Event()
@@ -211,41 +271,101 @@ class DiskSink:
                                           daemon=True) for i in range(writers)]
         self._peaker = threading.Thread(target=self.peaker, name="disk peaks", daemon=True)
         self._flagger = threading.Thread(target=self.flagger, name="disk flags", daemon=True)
-        self.group, self._state = create_store(self.path, problem, every, chunk, compress)
+        self.group, self._state, self._checksums = create_store(self.path, problem, every, chunk, compress)
         try:
             self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
-            self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned)
+            device = self._device_ring(problem, chunk, ring_slots(writers)) if where != "host" else None
+            self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned, device)
             self._readers = [0] * len(self.ring.slots)     # threads still reading each slot (writer, peaks)
             self._written = [False] * len(self.ring.slots)  # whether each slot's chunk reached its file
             self._peaked = [False] * len(self.ring.slots)   # and whether its peaks were taken
             for t in (*self._threads, self._peaker, self._flagger):
                 t.start()
+            if self._compressor is not None:
+                self._compressor.start()
         except BaseException as exc:
             # (a MemoryError for the ring, a Ctrl-C): the threads started stop, the store goes
             self._stop_threads(cancel=False)
+            self._checksums.close()
             self._state.end(f"failed: {in_one_line(exc)}")
             shutil.rmtree(self.path, ignore_errors=True)      # it holds nothing: it must not block a re-run
             raise
+
+    def _device_ring(self, problem, chunk, nslots):
+        """The ring's slots on the device (one buffer), and on a GPU the nvCOMP stage; None, and
+        the host compresses instead (saying why), where nvCOMP cannot start on this GPU."""
+        need = nslots * chunk * problem.nbytes_level
+        free = runtime.get().device_free_bytes()
+        what = f"the store's ring on the device ({nslots} slots of {chunk} level(s))"
+        if free is not None and need > 0.9 * free:
+            raise MemoryError(f"{what} needs {need / 2**20:,.0f} MiB of device memory but only {free / 2**20:,.0f} "
+                              "MiB are free; use fewer levels per chunk (batch), or a smaller grid")
+        if free is None:
+            checks.host_memory(need, what, advice="use fewer levels per chunk (batch), or a smaller grid")
+        device = device_empty((nslots, chunk, *problem.shape))
+        if self._model is not None:
+            return device
+        try:
+            self._compressor = NvcompCompressor(device, inner_chunks(problem.shape)[0], self._deliver)
+        except Exception as exc:  # noqa: BLE001 - nvCOMP could not start here: the host compresses, and says why
+            why = (f"nvCOMP could not start on this GPU ({type(exc).__name__}: {exc}); the writer threads "
+                   "compress the chunks on the host instead (the same store)")
+            warnings.warn(f"compress='gpu-zstd': {why}", CompressionFallback, stacklevel=4)
+            self.compression.update(where="host", why=why)
+            return None
+        return device
 
     # -- the solving thread ------------------------------------------------
     def copy_queued(self, s: int, first: int, n: int, stream: Stream) -> None:
         """The copy into slot ``s`` (levels ``first`` to ``first + n - 1``) is queued on
         ``stream``: record an event after it and pass the slot to a writer thread."""
+        self.ring.pending[s] = False
+        self._handed[first:first + n] = True
         self._recorder = recording.current()      # the disk lanes go into the solving thread's timeline
         done = streams.create_events(1)[0]
         done.record(stream)
+        if self._compressor is not None:          # on a GPU: nvCOMP compresses it, then a writer writes it
+            self._compressor.put(first, n, s, done)
+            return
         modelled = None
         if self._model is not None:
-            # The write's place on the modelled disk: after the copy, on writer lane k mod writers.
-            # The chunk is encoded when that write begins (the copy has landed by then), so the
+            # The write's place on the modelled disk: after the copy (or, compressed on the modelled
+            # device, after the compressed bytes' copy), on writer lane k mod writers. The chunk is
+            # encoded when that compression or write begins (the copy has landed by then), so the
             # modelled disk writes the bytes the file will hold.
-            modelled = self._model.disk_write(f"disk {(first // self.ring.chunk) % self.writers}", done.raw,
-                                              streams.placed(lambda: self._encoded(s, n), stream))
+            after, encode = done.raw, streams.placed(lambda: self._encoded(s, n), stream)
+            if self.ring.on_device:
+                after = self._model.compress_chunk("zstd", done.raw, n * self.level_bytes, encode)
+                self._compressed.append((first, n, after))
+                encode = after.result
+            modelled = self._model.disk_write(f"disk {(first // self.ring.chunk) % self.writers}", after, encode)
             self.ring.modelled[s] = modelled
-        self._queue.put((first, n, s, done, modelled))
+            fetch = functools.partial(self._modelled_file, modelled, done)
+        else:
+            fetch = functools.partial(self._after_copy, done, s, n)
+        self._queue.put((first, n, s, fetch, modelled))
+
+    @staticmethod
+    def _modelled_file(modelled, done):
+        """The file of a modelled write, encoded when the write began: the copy (before the event
+        ``done``) has landed by then, so the host is ordered after it (the peaks read the slot)."""
+        chunk = modelled.result()
+        observe.notify("host_synced", done)
+        return chunk
+
+    def _after_copy(self, done, s, n):
+        """Slot ``s``'s chunk file, once the copy into it (before the event ``done``) has landed."""
+        done.synchronize()
+        return self._encoded(s, n)
+
+    def _deliver(self, first, n, s, fetch):
+        """The compression stage hands a chunk to the writers (``fetch()`` gives its file)."""
+        self._queue.put((first, n, s, fetch, None))
 
     def take_slot(self, chunk: int) -> int:
-        """A free slot for chunk number ``chunk``; the host waits while the ring is full."""
+        """A free slot for chunk number ``chunk``; the host waits while the ring is full, for as
+        long as a slot can still come free: a slot the loop took but never copied into is never
+        written, so waiting for it raises at once (:meth:`_never_free`)."""
         ring = self.ring
         if self._model is None:
             s = ring.a_free_slot(timeout=0)
@@ -255,9 +375,14 @@ class DiskSink:
                 with streams.host_wait("wait for disk (ring full)"):
                     while (s := ring.a_free_slot(timeout=0.05)) is None:
                         self.raise_error()           # a writer failed: stop instead of waiting forever
+                        waiting = [i for i, f in enumerate(ring.free) if not f.is_set()]
+                        if all(ring.pending[i] for i in waiting):
+                            raise self._never_free(waiting)
             self.raise_error()
             return s
         s = chunk % len(ring.slots)           # modelled: equal writes end in turn, so the oldest slot
+        if ring.pending[s]:
+            raise self._never_free([s])
         modelled = ring.modelled[s]           # is the first free one
         if modelled is not None and not modelled.done:
             # Modelled time: the host clock moves to the end of the slot's modelled write.
@@ -267,6 +392,31 @@ class DiskSink:
             self.raise_error()                # clocks do not move
         self.raise_error()
         return s
+
+    def _never_free(self, slots):
+        """The error for a loop that asks the ring for a slot while the slots it would wait for
+        were taken by the loop and never copied into (they would never come free)."""
+        ring = self.ring
+        taken = ", ".join(f"run.images[{ring.first[i]}]" for i in slots)
+        return RuntimeError(
+            f"the loop asked the store's ring for another slot, but it took {taken} and queued no copy "
+            f"into {'it' if len(slots) == 1 else 'them'}, so the ring ({len(ring.slots)} slots) would never "
+            "free one: with store=PATH each run.images[k] a loop takes is a slot that its copy "
+            "(copy_to_host_async or copy_to_host) hands to the disk. Copy into each run.images[k] the loop "
+            "takes, right after taking it; the run stopped here instead of waiting for ever")
+
+    def require_every_level(self, strategy: str) -> None:
+        """Raise a RuntimeError if the loop of ``strategy`` did not copy every saved level into
+        its slot (called when the loop has returned): the store would end with levels missing
+        and no error."""
+        missing = np.flatnonzero(~self._handed)
+        if missing.size:
+            shown = ", ".join(str(k) for k in missing[:5]) + (", ..." if missing.size > 5 else "")
+            raise RuntimeError(
+                f"the {strategy!r} loop returned having copied {self.nsaved - missing.size} of the {self.nsaved} "
+                f"saved levels into run.images (never run.images[k] for k = {shown}): with store=PATH every "
+                "saved level must be copied into run.images[k] once (copy_to_host_async or copy_to_host), or "
+                "the store would miss it; check the loop's copies")
 
     def raise_error(self) -> None:
         """Raise the first error of a writer, the peaks or the flags thread, if one failed."""
@@ -299,7 +449,10 @@ class DiskSink:
                 stopped = exc
             self._stop_threads(cancel=error is not None or stopped is not None)
             flagged = self._write_flags()
+            self._checksums.close()           # the chunks' records are on the disk before the state says how it ended
             self.ring.let_go()
+            if self._compressor is not None:
+                self._compressor.let_go()
             self._add_lanes()
             failure = next((e for e in (error, stopped, self._error) if e is not None), None)
             if failure is None:
@@ -322,6 +475,8 @@ class DiskSink:
             for write in (w for w in self.ring.modelled if w is not None):
                 write.cancel(RuntimeError("the run stopped before this chunk's copy ran"))
         started = lambda threads: [t for t in threads if t.ident is not None]   # noqa: E731
+        if self._compressor is not None:
+            self._compressor.stop()            # first: it hands its last chunks to the writers
         for _ in self._threads:
             self._queue.put(None)
         for t in started(self._threads):
@@ -346,6 +501,29 @@ class DiskSink:
         return (f"{n} of {self.nsaved} levels are complete and flagged in 'complete' of the store {self.path} "
                 "(open_store reads them); remove it, or choose another path, to run again")
 
+    def _compression_times(self):
+        """``(first level index, n, (start, end) of the compression, (start, end) of the compressed
+        bytes' copy, compressed bytes)`` of each chunk compressed on the device, on the host clock."""
+        if self._compressor is not None:
+            return [(first, n, (t0, t1), (t1, t2), nbytes)
+                    for first, n, t0, t1, t2, nbytes in self._compressor.intervals]
+        return [(first, n, *chunk.intervals(), chunk.nbytes) for first, n, chunk in self._compressed
+                if chunk.task.done and chunk.task.error is None]
+
+    def compression_summary(self) -> dict:
+        """Where the chunks were compressed (``where``: "device", "modelled" or "host"; ``why``),
+        and for a compression stage on the device: ``chunks``, ``raw_bytes``, ``compressed_bytes``,
+        ``busy_ms`` (time compressing, on the device's clock as the host saw it, or modelled) and
+        ``gbps`` (raw bytes / busy_ms)."""
+        summary = dict(self.compression)
+        times = self._compression_times()
+        if times:
+            raw = sum(n for _, n, *_ in times) * self.level_bytes
+            busy = sum(b - a for _, _, (a, b), _, _ in times)
+            summary.update(chunks=len(times), raw_bytes=raw, compressed_bytes=sum(t[-1] for t in times),
+                           busy_ms=busy, gbps=raw / busy / 1e6 if busy > 0 else float("inf"))
+        return summary
+
     def _add_lanes(self):
         rec = self._recorder
         if rec is None:
@@ -354,35 +532,35 @@ class DiskSink:
             t0, t1 = times() if callable(times) else times
             rec.add_interval(lane, "disk write", f"write level {first * self.every}", t0, t1, nbytes,
                              first * self.every)
+        for first, n, (a, b), (c, d), nbytes in self._compression_times():
+            level = first * self.every        # nvCOMP's kernels, then the compressed bytes' copy
+            rec.add_interval("compress", "kernel", f"zstd level {level}", a, b, n * self.level_bytes, level)
+            rec.add_interval("compress", "D2H", f"D2H zstd level {level}", c, d, nbytes, level)
 
     # -- the writer threads --------------------------------------------------
     def writer(self, lane: str) -> None:
-        """A writer thread: for each slot handed over, wait for its copy, write its chunk's file
-        (timed on timeline lane ``lane``) and hand the slot to the peaks thread."""
+        """A writer thread: for each slot handed over, wait for its chunk's file (its copy, or its
+        compression on the device), write it (timed on timeline lane ``lane``) and hand the slot
+        to the peaks thread."""
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            first, n, s, done, modelled = item
+            first, n, s, fetch, modelled = item
             with self._lock:
                 self._readers[s], self._written[s], self._peaked[s] = 1, False, False
             try:
-                if modelled is None:
-                    done.synchronize()            # the copy into the slot has landed
-                    payload = self._encoded(s, n)
-                else:
-                    payload = modelled.result()   # encoded when its modelled write began
-                    observe.notify("host_synced", done)   # so the copy has landed: the peaks read it now
+                chunk = fetch()                   # waits for the copy (or the compression) to land
                 with self._lock:
                     self._readers[s] += 1
-                self._peaks_queue.put((first, n, s))   # read while this thread writes the file
+                self._peaks_queue.put((first, n, s, chunk.peaks))   # taken while this thread writes the file
                 if self._error is None:
                     t0 = runtime.host_ms() if modelled is None else None
-                    self._write_chunk(first, payload)
+                    self._write_chunk(first, chunk)
                     times = (t0, runtime.host_ms()) if modelled is None else modelled.interval
                     with self._lock:
                         self._intervals.append((first, lane if modelled is None else modelled.lane,
-                                                n * self.ring.slots[s][0].nbytes, times))
+                                                n * self.level_bytes, times))
                         self._written[s] = True
             except BaseException as exc:  # noqa: BLE001 - handed to the solving thread
                 with self._lock:
@@ -392,14 +570,16 @@ class DiskSink:
                 self._release(s, first, n)
 
     def peaker(self) -> None:
-        """Take each handed slot's peaks (largest |u| per level) while its writer writes it."""
+        """Take each handed slot's peaks (largest |u| per level) while its writer writes it (those
+        read on the device come with the chunk)."""
         while True:
             item = self._peaks_queue.get()
             if item is None:
                 return
-            first, n, s = item
+            first, n, s, peak = item
             try:
-                peak = _peaks(self.ring.slots[s][:n])
+                if peak is None:
+                    peak = _peaks(self.ring.slots[s][:n])
                 with self._lock:
                     self._peak[first:first + n] = peak
                     self._peaked[s] = True
@@ -423,19 +603,28 @@ class DiskSink:
         self.ring.release(s)
 
     def _encoded(self, s, n):
-        """The file's bytes of the chunk in slot ``s`` (its first ``n`` levels).
-        The array's last chunk may hold fewer levels: its file holds a whole chunk all the same
-        (Zarr's rule), the levels past the end being the fill value."""
+        """The file of the chunk in slot ``s`` (its first ``n`` levels), a :class:`~.shards.ChunkFile`.
+        The array's last chunk may hold fewer levels: an unsharded chunk's file holds a whole
+        chunk all the same (Zarr's rule), the levels past the end being the fill value; a shard
+        leaves their inner chunks out (they read as the fill value). On the CPU backend's device
+        (compression modelled there) the slot is read at the compression's start, with its peaks."""
         block = self.ring.slots[s][:n]
-        if n < self.ring.chunk:
+        if self.ring.on_device:
+            block = block.view(np.ndarray)
+            parts, tag, nbytes, _ = self._encode(block)
+            return ChunkFile(parts, tag, nbytes, _peaks(block))
+        if n < self.ring.chunk and not self.sharded:
             block = np.concatenate([block, np.full((self.ring.chunk - n, *block.shape[1:]), np.nan, np.float32)])
         return self._encode(block)
 
-    def _write_chunk(self, first, payload):
-        """The chunk's file, whole or absent: its bytes and their checksum (as the array's
-        ``crc32c`` codec appends it), written under a temporary name, fsync'ed, renamed."""
-        key = self.data.metadata.encode_chunk_key((first // self.ring.chunk, 0, 0))
-        files.write_atomically(self.path / DATA / key, (payload, checksum(payload)))
+    def _write_chunk(self, first, chunk):
+        """The chunk's file, whole or absent: its parts (its bytes and their checksum, as the
+        array's ``crc32c`` codec appends it; or a shard), written under a temporary name,
+        fsync'ed, renamed. The chunk's record (its tag tied to its place,
+        :class:`~.layout.Checksums`) is put in place first, so that every chunk file has one."""
+        k = first // self.ring.chunk
+        self._checksums.record(k, chunk.tag)
+        files.write_atomically(self.path / DATA / self.data.metadata.encode_chunk_key((k, 0, 0)), chunk.parts)
 
     # -- the flags thread ---------------------------------------------------
     def flagger(self) -> None:

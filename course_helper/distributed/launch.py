@@ -21,15 +21,34 @@ from .loops import STRATEGIES
 from .results import HaloResult
 from .slabs import decompose
 
-__all__ = ["find_mpiexec", "launch_halo", "ranks_backend", "ranks_env"]
+__all__ = ["find_mpiexec", "launch_halo", "ranks_backend", "ranks_env", "check_job", "MPIEXEC_VAR"]
+
+MPIEXEC_VAR = "COURSE_HELPER_MPIEXEC"
+
+
+def check_job(problem: WaveProblem, ranks: int, every: int) -> int:
+    """Refuse a job that no rank could run, before any rank starts work: ``problem``'s rows
+    split over ``ranks`` (:func:`decompose`) and an ``every`` below ``nt``. Returns ``every``.
+    Every rank finds the same mistake, so under ``mpiexec`` rank 0 alone says it."""
+    decompose(problem.n0, ranks)
+    every = checks.positive_int("every", every)
+    if every >= problem.nt:
+        raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved; "
+                         "choose every < nt")
+    return every
 
 
 def find_mpiexec() -> str:
     """The ``mpiexec`` to start ranks with: ``$COURSE_HELPER_MPIEXEC``, the one next to this
     Python (the ``mpich`` wheel installs it in the environment's ``bin``), else the one on PATH."""
-    env = os.environ.get("COURSE_HELPER_MPIEXEC")
+    env = os.environ.get(MPIEXEC_VAR)
     if env:
-        return env
+        found = shutil.which(env)       # a path, or a name on PATH; an executable file either way
+        if found is None:
+            raise FileNotFoundError(f"${MPIEXEC_VAR}={env!r} is not an mpiexec that can be run (no executable "
+                                    f"file of that name or path); set it to mpiexec's path, or unset it to use "
+                                    "the mpiexec next to this Python or on PATH")
+        return found
     here = pathlib.Path(sys.executable).parent / "mpiexec"
     if here.exists():
         return str(here)
@@ -77,11 +96,8 @@ def launch_halo(ranks: int = 2, n: int = 256, nt: int | None = None, strategy: s
     """
     ranks = checks.positive_int("ranks", ranks)
     checks.one_of("strategy", strategy, STRATEGIES)
-    problem = WaveProblem(n0=n, n1=n, nt=nt)         # the ranks' checks of n and nt, made here first
-    decompose(problem.n0, ranks)
-    every = checks.positive_int("every", every)
-    if every >= problem.nt:
-        raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
+    problem = WaveProblem(n0=n, n1=n, nt=nt)         # the ranks' checks, made here first
+    every = check_job(problem, ranks, every)
     check, trace = checks.flag("check", check), checks.flag("trace", trace)
     timeout = checks.positive_float("timeout (s)", timeout)
     if isinstance(mpiexec_args, (str, bytes)):

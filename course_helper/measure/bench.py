@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import checks, raw_cupy, runtime
-from ..disk import DEFAULT_WRITERS, codec_speed, measure_disk_bandwidth, open_store
+from ..disk import DEFAULT_WRITERS, SHARDED, codec_speed, device_batch, measure_disk_bandwidth, open_store
 from ..runtime.backend import backend_name, device_report
 from .compare import nscratch_for, baseline_first, time_strategies
 from ..graphs import capture_graph, graphs_supported
 from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
-from ..solver import available_strategies, chunk_levels, plan_memory, solve, suggest_nscratch
+from ..solver import STRATEGIES, available_strategies, chunk_levels, plan_memory, solve, suggest_nscratch
 from ..wave import saved_levels
 from ..streams import create_events, create_streams, elapsed_ms, synchronize
 from ..files import write_atomically
@@ -173,7 +173,12 @@ def _check_point(n, nt, every, strategies, nscratch):
     returns the output bytes."""
     problem = WaveProblem(n0=n, n1=n, nt=nt)
     for name in strategies:
-        plan_memory(problem, name, every, nscratch_for(name, nscratch))
+        depth, least = nscratch_for(name, nscratch), STRATEGIES[name].min_nscratch
+        if depth is not None and depth < least:        # the benchmark times safe runs only
+            raise ValueError(f"nscratch={depth} is unsafe for the {name!r} strategy (it races: "
+                             f"the level being copied shares a buffer with the one being computed); the "
+                             f"benchmark times safe runs only: use ring depths of at least {least}")
+        plan_memory(problem, name, every, depth)
     return plan_memory(problem, "sequential", every)["host"]
 
 
@@ -187,7 +192,7 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
     output_bytes = _check_point(n, nt, every, order, nscratch)      # refuses bad input before measuring
     point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
              "output_bytes": output_bytes, "nscratch": nscratch}
-    reason = _fits(output_bytes, order)
+    reason = _fits(output_bytes, order) if runtime.get().computes_data else None   # times only: no stacks held
     if reason is not None:
         point["skipped"] = reason
         return point
@@ -303,7 +308,7 @@ def disk_bandwidth(where: str | os.PathLike, mib: float, chunk_mib: float) -> fl
 
 def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
                strategies: Sequence[str] = ("events", "staged"),
-               compress: Sequence[str | None] = (None, "zstd", "blosc"), repeats: int = 3,
+               compress: Sequence[str | None] = (None, "zstd", "blosc", "gpu-zstd"), repeats: int = 3,
                peak_gbps: float | None = None) -> dict:
     """One run streamed to a store under ``folder``, against the bound with the disk in it:
     B = max(compute-only, bytes / peak D2H, bytes / sustained disk bandwidth).
@@ -319,7 +324,13 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
     and what the compressed runs are held against. A short burst (256 MiB) measured first is
     reported as ``disk_burst_gbps``: a disk may take a burst faster than it sustains, and a
     burst would make B too optimistic. On the CPU backend the disk is the modelled one (the
-    profile's ``disk`` section)."""
+    profile's ``disk`` section).
+
+    ``"gpu-zstd"`` compresses on the device (one nvCOMP call per chunk): its staged run ships
+    chunks of about 64 MiB (:func:`course_helper.disk.device_batch`), its events run one level
+    per chunk as the loop hands them over; its entry adds ``compression`` (where, and the
+    compression's own speed: :meth:`course_helper.disk.DiskSink.compression_summary`) and
+    ``batch``."""
     import shutil
     import tempfile
     check_disk_folder(folder)
@@ -333,7 +344,8 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
     sample = None
     for codec in compress:
         for name in strategies:
-            times, stored = [], None
+            times, stored, summary = [], None, None
+            batch = device_batch(problem.nbytes_level) if codec in SHARDED and name == "staged" else None
             # the disk just before the first run, then after each one (raw bytes only)
             chunk_mib = level_mib * chunk_levels(problem, name, every)
             disk = [disk_bandwidth(folder, nbytes / 2**20, chunk_mib)] if codec is None else []
@@ -342,8 +354,9 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
                 try:
                     _settle()
                     r = solve(problem, name, every=every, trace=False, store=os.path.join(work, "s.zarr"),
-                              compress=codec)
+                              compress=codec, batch=batch)
                     times.append(r.elapsed_ms)
+                    summary = r.compression
                     opened = open_store(r.store)
                     stored = opened.stored_nbytes()
                     if sample is None:           # about 16 levels across the run, for the codecs alone
@@ -360,6 +373,8 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
                    "ratio": nbytes / stored, "write_gbps": nbytes / (med * 1e-3) / 1e9}
             if disk:
                 run["disk_gbps"] = disk
+            if codec in SHARDED:
+                run.update(batch=batch or chunk_levels(problem, name, every), compression=summary)
             point["runs"].append(run)
     point["disk_gbps"] = float(np.median([g for r in point["runs"] for g in r.get("disk_gbps", [])]
                                          or [point["disk_burst_gbps"]]))
@@ -377,7 +392,7 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
             run["efficiency"] = float(np.median([b / t for b, t in zip(run["bound_ms"], run["times_ms"])]))
         else:
             run["efficiency"] = point["bound_ms"] / run["median_ms"]
-    point["codec_single_thread"] = {c: codec_speed(sample, c) for c in compress if c is not None}
+    point["codec_single_thread"] = {c: codec_speed(sample, c) for c in compress if c is not None and c not in SHARDED}
     return point
 
 

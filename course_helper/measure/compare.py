@@ -115,7 +115,8 @@ class Comparison:
 
     ``rows`` is a list of dicts with ``strategy``, ``median_ms``, ``min_ms``,
     ``max_ms``, ``speedup`` (sequential median / this median),
-    ``max_diff`` (largest difference from the sequential images), from one
+    ``max_diff`` (largest difference from the sequential images; None where they were not
+    computed, inside ``timing_only()`` on the CPU backend), from one
     traced run (:meth:`~course_helper.timelines.timeline.Trace.overlap`): ``compute_busy_ms``,
     ``copy_busy_ms`` (device-to-host copies), ``overlap_ms`` (both at once),
     ``hidden_fraction`` (overlap / the shorter of the two) and ``overlap_timing`` (the
@@ -131,8 +132,17 @@ class Comparison:
         self.every = every
 
     @property
-    def agree(self) -> bool:
-        """True when every strategy gave exactly the sequential images."""
+    def computed(self) -> bool:
+        """False when the images were not computed (a comparison inside ``timing_only()`` on the
+        CPU backend): there is nothing to compare, and ``max_diff`` is None."""
+        return all(r["max_diff"] is not None for r in self.rows)
+
+    @property
+    def agree(self) -> bool | None:
+        """True when every strategy gave exactly the sequential images; None when the images
+        were not computed (see :attr:`computed`)."""
+        if not self.computed:
+            return None
         return all(r["max_diff"] == 0.0 for r in self.rows)
 
     def table(self, timings: bool = True) -> str:
@@ -147,7 +157,7 @@ class Comparison:
                 cells += [f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}", f"{r['max_ms']:.2f}",
                           f"{r['speedup']:.2f}x", f"{r['compute_busy_ms']:.2f}", f"{r['copy_busy_ms']:.2f}",
                           f"{r['overlap_ms']:.2f}", f"{100 * r['hidden_fraction']:.0f}%"]
-            cells.append(f"{r['max_diff']:.3g}")
+            cells.append("not computed" if r["max_diff"] is None else f"{r['max_diff']:.3g}")
             lines.append(cells)
         widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
         fmt = lambda cells: "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths))  # noqa: E731
@@ -221,7 +231,9 @@ def compare_strategies(problem: WaveProblem | None = None,
         # Time untraced runs; keep one traced run for the overlap figure and pictures.
         results[name] = solve(problem, name, every=every, nscratch=nscratch_for(name, nscratch), trace=True)
         trace = results[name].trace
+        compared = results[name].computed and results["sequential"].computed
         rows.append({"strategy": name, "median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
-                     "speedup": t["speedup"], "max_diff": results[name].max_difference(results["sequential"]),
+                     "speedup": t["speedup"],
+                     "max_diff": results[name].max_difference(results["sequential"]) if compared else None,
                      "overlap": trace.summary()["overlap_fraction"], **trace.overlap().as_dict()})
     return Comparison(rows, results, problem, every)

@@ -126,7 +126,7 @@ def _announce():
     else:
         device = profiles.load(profile_name())["device"]["name"]
         print(f"course_helper: CPU backend ({_state.reason}) - results are identical, "
-              f"times are modelled on {device} (profile {profile_name()})")
+              f"times are modelled on {device} (profile {profiles.printable(profile_name())})")
 
 
 def backend_name() -> str:
@@ -245,7 +245,7 @@ def device_report(print_it: bool = False) -> dict:
             compute_capability=_NA, async_engine_count=_NA, concurrent_kernels=_NA,
             runtime_version=_NA, driver_version=_NA, cupy=_NA,
             cpu=_cpu_model(), cores=os.cpu_count())
-        report["times"] = f"modelled on {profile['device']['name']} (profile {profile_name()})"
+        report["times"] = f"modelled on {profile['device']['name']} (profile {profiles.printable(profile_name())})"
     if print_it:
         print_device_report(report)
     return report

@@ -48,13 +48,14 @@ class Runtime(ABC):
     name = ""            #: "gpu" or "cpu"
     modelled = False     #: True when times are modelled, not measured
     device_label = ""    #: the device the times belong to, e.g. "NVIDIA H200" or "modelled H200"
-    computes_data = True  #: False when a model predicts times only and skips the arithmetic
+    computes_data = True  #: False where a model predicts times only and skips the arithmetic (its times_only)
     needs_op = True      #: False when work can be queued without an ``op`` (see :meth:`launch`, :meth:`copy_async`)
     device_array_type = None   #: the exact type of this runtime's device arrays
 
     @contextlib.contextmanager
     def times_only(self, on: bool = True) -> Iterator[None]:
-        """Inside the block, model the times and skip the arithmetic (a modelled device only)."""
+        """Inside the block (when ``on``), model the times and skip the arithmetic: a modelled
+        device only (``on=False``, compute, is what any other device does anyway)."""
         if on:
             raise ValueError("only a modelled device can predict times without computing the results")
         yield

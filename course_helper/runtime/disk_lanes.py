@@ -27,8 +27,8 @@ class ModelDisk:
         lanes' writes, as copies share a link).
 
         ``encode()`` is called when the write begins (the copy has landed) and returns the
-        bytes to write; a writer thread gets them from the returned :class:`DiskWrite`'s
-        ``result()`` and writes the real file. Nothing that thread does
+        file to write (its bytes, or an object whose ``nbytes`` is its size); a writer thread gets it from the
+        returned :class:`DiskWrite`'s ``result()`` and writes the real file. Nothing that thread does
         moves the model's clocks."""
         spec = profile.get("disk")
         if spec is None:
@@ -70,7 +70,8 @@ class DiskWrite:
             if after.task is not None and after.task.error is not None:
                 raise after.task.error                          # the copy failed: nothing to write
             self._result = encode()
-            self.task.remaining = float(memoryview(self._result).nbytes)   # the bytes the file holds
+            size = getattr(self._result, "nbytes", None)       # the bytes the file holds
+            self.task.remaining = float(memoryview(self._result).nbytes if size is None else size)
         except BaseException as exc:  # noqa: BLE001 - handed to the writer thread
             self._error = exc
         finally:

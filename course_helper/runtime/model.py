@@ -41,6 +41,13 @@ copies share a link. The host waits
 for a write only where it needs the write's slot, or at the end of the run;
 a device synchronise does not wait for the disk.
 
+**Compression on the device** (``compress="gpu-zstd"``, where the profile has measured it) is a
+stage between the copies and the disk: a chunk's compression starts when the copy into its
+device slot has completed and the previous chunk's has ended, and takes the profile's
+``compress`` latency + bytes / bandwidth on a compression engine of its own (it runs beside the
+kernels: the model leaves out that nvCOMP's kernels share the GPU with the wave kernel); then
+the compressed bytes cross the D2H link, and the chunk's disk write follows.
+
 The device is only ever simulated up to the host's current modelled time (an
 operation cannot start before it is queued), so that bandwidth sharing is
 exact. Times are deterministic: two runs give identical times and results.
@@ -52,13 +59,14 @@ the wall time its Python code takes).
 
 The model is in parts: :mod:`.scheduler` is the discrete-event engine (tasks on
 lanes, engines, links, the loop that lets modelled time run), :mod:`.costs` what
-each operation costs, :mod:`.capture` a captured graph and :mod:`.disk_lanes` the
-disk's writer lanes; :class:`ModelRuntime`, here, is the CUDA-like facade the rest
-of the package calls (streams, events, waits, work, graphs, memory, trace marks).
+each operation costs, :mod:`.capture` a captured graph, :mod:`.disk_lanes` the
+disk's writer lanes and :mod:`.compress_lane` the compression engine; :class:`ModelRuntime`,
+here, is the CUDA-like facade the rest of the package calls (streams, events, waits, work, graphs, memory, trace marks).
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import threading
 import weakref
@@ -68,12 +76,13 @@ import numpy as np
 
 from .base import CpuDeviceArray, Runtime
 from .capture import CapturedCall, ModelGraph
+from .compress_lane import CompressedChunk, ModelCompressor
 from .costs import kernel_us, link_ms, timing
 from .disk_lanes import DiskWrite, ModelDisk
 from .host import ModelHost
 from .scheduler import Lane, Scheduler, Task
 
-__all__ = ["ModelRuntime", "DiskWrite", "kernel_us", "link_ms"]
+__all__ = ["ModelRuntime", "DiskWrite", "CompressedChunk", "kernel_us", "link_ms"]
 
 
 class ModelStream(Lane):
@@ -119,15 +128,18 @@ class ModelRuntime(Runtime):
         self.profile = profile
         self.device_label = f"modelled {profile['device']['short_name']}" \
             if "short_name" in profile["device"] else f"modelled {profile['device']['name']}"
-        self.arithmetic = True            # False: model the times only, skip the NumPy work
+        # True where the calling context predicts times only (see times_only): a context
+        # variable, so that it belongs to the thread (and the block) that set it.
+        self._times_only = contextvars.ContextVar(f"times only on {self.device_label}", default=False)
         # Copies one link (direction) runs at a time: 1 on the H200, where two copies queued
         # together in one direction run one after the other; 0 (or absent): any number, sharing
         # the link's bandwidth.
-        self.scheduler = Scheduler({"compute": 1, "copy": int(profile["device"]["async_engine_count"])},
+        self.scheduler = Scheduler({"compute": 1, "copy": int(profile["device"]["async_engine_count"]), "compress": 1},
                                    {k: v["gbps"] * 1e6 for k, v in profile["links"].items()},   # bytes per ms
                                    int(profile["device"].get("copies_per_link", 0)))
         self.host = ModelHost(profile["host_us"], self.scheduler)
         self.disk = ModelDisk(self.scheduler)
+        self.compressor = ModelCompressor(self.scheduler)
         self._blocking = weakref.WeakSet()
         self._all = weakref.WeakSet()
         self._default = None
@@ -136,18 +148,24 @@ class ModelRuntime(Runtime):
 
     @property
     def computes_data(self) -> bool:
-        return self.arithmetic
+        """Whether work queued now, from this thread, computes its data (False inside
+        :meth:`times_only`)."""
+        return not self._times_only.get()
 
     @contextlib.contextmanager
     def times_only(self, on: bool = True) -> Iterator[None]:
-        """Inside the block (when ``on``), predict times only: the NumPy work is skipped, so
-        results are left unwritten (a sweep of large grids is predicted in seconds)."""
-        before = self.arithmetic
-        self.arithmetic = not on and before
+        """Inside the block (when ``on``), predict times only: the NumPy work of what is queued
+        is skipped, so results are left unwritten (a sweep of large grids is predicted in
+        seconds). ``on=False``: compute inside the block, even within an outer one.
+
+        The block belongs to the thread that entered it (a context variable): work queued by
+        other threads computes unless they are inside a block of their own, and leaving the
+        block restores what its thread had before, whatever other threads do meanwhile."""
+        token = self._times_only.set(bool(on))
         try:
             yield
         finally:
-            self.arithmetic = before
+            self._times_only.reset(token)
 
     # -- the host clock ---------------------------------------------------------
     def host_ms(self) -> float:
@@ -285,14 +303,14 @@ class ModelRuntime(Runtime):
         if "copy" in cost:
             self._call("copy_d2d" if cost["copy"] == "D2D" and "copy_d2d" in self.profile["host_us"]
                        else "copy")
-            begin = _begin_copy(cost["dst"], cost["src"]) if self.arithmetic else None
+            begin = _begin_copy(cost["dst"], cost["src"]) if self.computes_data else None
         else:
             self._call("launch")
             if "kernel" in cost and self._replaying is None:
                 # One kernel per turn of a strategy's loop: the loop's own Python between the
                 # helper's calls (slots, indexing) is charged here, once per turn.
                 self.host.spend(self.profile["host_us"].get("loop_turn", 0.0) * 1e-3)
-            begin = _begin_op(op.writes, numpy if "fill" not in cost else _zero) if self.arithmetic else None
+            begin = _begin_op(op.writes, numpy if "fill" not in cost else _zero) if self.computes_data else None
         task = self._queue(stream, op.name, begin=begin, **kw)
         if cost.get("pageable") and self._replaying is None:
             # Staged through the driver's own pinned buffer: the call returns when the copy is done.
@@ -311,12 +329,22 @@ class ModelRuntime(Runtime):
 
     # -- the disk ----------------------------------------------------------------
     @_serialised
-    def disk_write(self, lane: str, after: ModelEvent, encode: Callable[[], Any]) -> DiskWrite:
+    def disk_write(self, lane: str, after: ModelEvent | CompressedChunk, encode: Callable[[], Any]) -> DiskWrite:
         """Queue one chunk's write to the modelled disk on the writer lane ``lane``, after the event
-        ``after`` (see :meth:`~.disk_lanes.ModelDisk.write`). Queuing costs the host nothing."""
+        ``after`` (or the copy of a compressed chunk; see :meth:`~.disk_lanes.ModelDisk.write`).
+        Queuing costs the host nothing."""
         write = self.disk.write(self.profile, lane, after, encode, self.host.t)
         self.host.catch_up()
         return write
+
+    @_serialised
+    def compress_chunk(self, codec: str, after: ModelEvent, nbytes: int, work: Callable[[], Any]) -> CompressedChunk:
+        """Queue one chunk's compression with ``codec`` on the modelled compression engine after the
+        event ``after``, then the copy of its compressed bytes to the host (see
+        :meth:`~.compress_lane.ModelCompressor.compress`). Queuing costs the host nothing."""
+        chunk = self.compressor.compress(self.profile, codec, after, nbytes, work, self.host.t)
+        self.host.catch_up()
+        return chunk
 
     @_serialised
     def disk_wait(self, write: DiskWrite) -> None:

@@ -18,7 +18,7 @@ import os
 from importlib import resources
 from typing import Any
 
-__all__ = ["ENV_VAR", "DEFAULT", "available", "load", "validate"]
+__all__ = ["ENV_VAR", "DEFAULT", "available", "load", "validate", "printable"]
 
 ENV_VAR = "COURSE_HELPER_PROFILE"
 DEFAULT = "h200"
@@ -92,8 +92,9 @@ def validate(doc: Any, where: str = "profile") -> dict:
         raise ValueError(f"{where} is not a JSON object")
     sections = {name: _section(where, doc, name, keys) for name, keys in REQUIRED.items()}
     device = sections["device"]
-    if not isinstance(device["name"], str) or not device["name"]:
-        raise ValueError(f"{where}: device.name must be the device's name, got {device['name']!r}")
+    for key in ("name", "short_name"):
+        if key in device and (not isinstance(device[key], str) or not device[key]):
+            raise ValueError(f"{where}: device.{key} must be the device's name, got {device[key]!r}")
     _number(where, "device.async_engine_count", device["async_engine_count"], 1, 64, whole=True)
     if "copies_per_link" in device:
         _number(where, "device.copies_per_link", device["copies_per_link"], 0, 64, whole=True)
@@ -115,6 +116,13 @@ def validate(doc: Any, where: str = "profile") -> dict:
     if "graph" in doc:
         for key, value in _section(where, doc, "graph").items():
             _number(where, f"graph.{key}", value, 0, MAX_US)
+    if "compress" in doc:       # measured compression on the device: {codec: {gbps, latency_us}}, or a note
+        for codec, spec in _section(where, doc, "compress").items():
+            if isinstance(spec, str):
+                continue                                  # a note ("note", "provenance"): what was measured, or why not
+            spec = _section(where, doc["compress"], f"compress.{codec}", ("gbps", "latency_us"))
+            _number(where, f"compress.{codec}.gbps", spec["gbps"], *GBPS, above=True)
+            _number(where, f"compress.{codec}.latency_us", spec["latency_us"], 0, MAX_US)
     if "disk" in doc:
         disk = _section(where, doc, "disk", ("gbps", "latency_us"))
         _number(where, "disk.gbps", disk["gbps"], *GBPS, above=True)
@@ -145,4 +153,14 @@ def load(name: str | None = None) -> dict:
         raise ValueError(f"{origin}: the device profile {path} is not valid JSON ({exc})") from None
     doc = validate(doc, where=f"profile {path}")
     doc.setdefault("name", os.path.basename(path)[:-5] if path.endswith(".json") else name)
+    for key in ("name", "short_name"):          # printed in banners, labels and titles
+        if key in doc["device"]:
+            doc["device"][key] = printable(doc["device"][key])
     return doc
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (a terminal's escape codes, a
+    newline) written as its Python escape, e.g. ``\\x1b``: a name read from a file is shown, never
+    obeyed by the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

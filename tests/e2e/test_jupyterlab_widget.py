@@ -48,12 +48,14 @@ NOTEBOOK = """{{
 """
 
 
-def readme_launch():
-    """The README's launch line, split into its environment and its command."""
+def readme_launch(cwd):
+    """The README's launch line, split into its environment and its command, as a shell run in
+    the folder ``cwd`` reads it (``$PWD`` is that folder)."""
     quick = (ROOT / "README.md").read_text().split("## Quick start", 1)[1]
     line = next(x for x in quick.splitlines() if " jupyter lab " in f" {x} ")
     words = shlex.split(line, comments=True)
     env = dict(w.split("=", 1) for w in words if "=" in w and words.index(w) < words.index("jupyter"))
+    env = {k: v.replace("$PWD", str(cwd)) for k, v in env.items()}
     return env, words[words.index("jupyter"):]
 
 
@@ -109,7 +111,8 @@ def lab(tmp_path_factory):
     (root / "notebooks" / "inline.ipynb").write_text(NOTEBOOK.format(backend="inline"))
     (root / "notebooks" / "reset.ipynb").write_text(RESET_NOTEBOOK)
     # Started as the README says, from the course root; the test adds only what a headless run needs.
-    readme_env, command = readme_launch()
+    readme_env, command = readme_launch(root)
+    assert all(os.path.isabs(v) for k, v in readme_env.items() if k.endswith("_PATH")), readme_env
     jupyter = pathlib.Path(sys.executable).with_name("jupyter")   # this environment's jupyter
     command = [str(jupyter) if jupyter.exists() else command[0], *command[1:]]
     port, token = _free_port(), secrets.token_hex(16)
