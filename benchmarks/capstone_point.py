@@ -73,13 +73,14 @@ def _measure(repeats):
     gs = capstone.GrayScott.balanced_point()
     run = solution_loop()
     snapshots = gs.empty_snapshots()
-    run(gs, snapshots)                               # warm up: compile, allocate
+    kept = run(gs, snapshots)                        # warm up: compile, allocate
     ch.synchronize()
     hidden, busy, kernel, h2d, d2h, total, clock = {"H2D": [], "D2H": []}, [], [], [], [], [], ""
     for _ in range(repeats):
         with ch.tracing(strategy="capstone solution") as t:
-            run(gs, snapshots)
+            kept = run(gs, snapshots)                # its buffers kept until the device is done
             ch.synchronize()
+        del kept
         trace = t.trace
         for d, h in ch.exercises.hidden_by_direction(trace).items():
             hidden[d].append(h.fraction)

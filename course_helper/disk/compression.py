@@ -15,6 +15,7 @@ on the compute stream: the compression runs on the device beside them.
 """
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import warnings
@@ -149,9 +150,13 @@ class NvcompCompressor:
         self.flat = flat
         # One inner chunk of zeros compressed now, so that an nvCOMP this code cannot drive fails
         # here (and the host compresses instead) rather than in the middle of a run.
-        with self.stream:
-            device[0, 0, :rows].fill(0)
-        self._encode(0, 1)
+        try:
+            with self.stream:
+                device[0, 0, :rows].fill(0)
+            self._encode(0, 1)
+        except BaseException:
+            self.let_go()             # the codec goes before its stream, not whenever the collector runs
+            raise
         self.intervals = []                  # (first level index, n, t0, t1, t2, compressed bytes)
         self.queue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self.run, name="disk compressor", daemon=True)
@@ -178,14 +183,15 @@ class NvcompCompressor:
                 return
             first, n, s, done = item
             try:
-                made = self.compress(first, n, s, done)
-                fetch = lambda made=made: made          # noqa: E731
+                fetch = self.compress(first, n, s, done)   # the shard is put together by the writer that calls it
             except BaseException as exc:  # noqa: BLE001 - handed to the writer, which stops the run
                 fetch = _raiser(exc)
             self.deliver(first, n, s, fetch)
 
-    def compress(self, first: int, n: int, s: int, done: Any) -> ChunkFile:
-        """Compress slot ``s``'s ``n`` levels into the chunk's file (see the module's text)."""
+    def compress(self, first: int, n: int, s: int, done: Any) -> Callable[[], ChunkFile]:
+        """Compress slot ``s``'s ``n`` levels; returns the function that puts the chunk's file
+        together from the compressed bytes (see the module's text). A writer thread calls it, so
+        that this thread goes on to the next chunk meanwhile."""
         cupy, stream = self.cupy, self.stream
         done.synchronize()                                   # the copy into the slot has landed
         t0 = runtime.host_ms()
@@ -208,7 +214,7 @@ class NvcompCompressor:
         self.intervals.append((first, n, t0, t1, t2, total))
         view = memoryview(host)
         pieces = [view[int(o):int(o) + int(z)] for o, z in zip(to, sizes)]
-        return shard_file(pieces, self.chunk, self.per_level, peaks)
+        return functools.partial(shard_file, pieces, self.chunk, self.per_level, peaks)
 
     def _encode(self, start, count):
         """Compress ``count`` inner chunks of the ring, from its byte ``start`` on, into the output
@@ -227,8 +233,16 @@ class NvcompCompressor:
         return sizes
 
     def let_go(self) -> None:
-        """Drop the device and pinned buffers (the run is over)."""
+        """Drop the codec, then the device and pinned buffers, then the stream (the run is over).
+
+        In this order, and now rather than whenever the garbage collector gets to this object:
+        nvCOMP's codec uses its stream when it is destroyed, and a codec destroyed after its
+        stream crashed the process (seen on an H100 with nvCOMP 6.0)."""
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.codec = None
         self.host, self.out, self.packed, self.flat, self.device = [], None, None, None, None
+        self.stream = None
 
 
 def _raiser(exc):

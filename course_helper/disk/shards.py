@@ -117,14 +117,12 @@ def shard_file(pieces: Sequence[files.BytesLike], chunk_levels: int, per_level: 
                peaks: np.ndarray | None = None) -> ChunkFile:
     """A shard's file from the compressed inner chunks ``pieces`` of its first
     ``len(pieces) // per_level`` levels (C order), for a shard of ``chunk_levels`` levels."""
-    parts, crcs = [], []
-    for piece in pieces:
-        crc = checksum(piece)
-        parts += [piece, crc]
-        crcs.append(crc)
+    crcs = [checksum(piece) for piece in pieces]
     index = _index([memoryview(p).nbytes + 4 for p in pieces], chunk_levels, per_level)
-    parts.append(index)
-    return ChunkFile(tuple(parts), shard_tag(index, crcs), sum(memoryview(p).nbytes for p in parts), peaks)
+    # One buffer, written in one call: a shard has a thousand inner chunks or more, and writing
+    # them one by one from Python holds the interpreter lock that the other writer threads need.
+    blob = b"".join([part for piece, crc in zip(pieces, crcs) for part in (piece, crc)] + [index])
+    return ChunkFile((blob,), shard_tag(index, crcs), len(blob), peaks)
 
 
 def compress_on_host(block: np.ndarray, rows: int, codec: Any) -> list[bytes]:

@@ -345,9 +345,10 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
     program = LoopProgram(names, loop)
     waits = observe.add(HostWaits(), every_thread=True)   # a loop may queue its body from a thread
     observe.add(program, every_thread=True)
-    try:
+    kept = None                                    # what the loop returns (its device buffers) lives until the
+    try:                                           # device is done with it: letting it go earlier is a race
         try:
-            loop(*args)
+            kept = loop(*args)
         finally:
             observe.remove(waits)
             program.close()
@@ -363,6 +364,7 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
                         "`raise NotImplementedError` with the loop, then run this cell again") from None
         raise
     synchronize()
+    del kept
     if program.race is not None:                   # found in work another thread queued
         found = error(f"your loop has a race: it can {what} on any run, whatever the timing.\n"
                       f"{program.race[0]}")
