@@ -48,7 +48,7 @@ def _stack_of(result_or_images, lazy=False):
     return images, np.asarray(levels), times
 
 
-def colour_limit(images: np.ndarray, clip: float = 0.05, peak: float | None = None) -> float:
+def colour_limit(images: np.ndarray | None, clip: float = 0.05, peak: float | None = None) -> float:
     """Symmetric colour limit shared by all slices.
 
     ``clip`` is the fraction of the largest amplitude to saturate at: 1.0
@@ -58,9 +58,21 @@ def colour_limit(images: np.ndarray, clip: float = 0.05, peak: float | None = No
     if not 0 < clip <= 1:
         raise ValueError(f"clip must be in (0, 1], got {clip}")
     if peak is None:              # the largest finite amplitude (``peak`` given: trust it)
-        finite = np.abs(images[np.isfinite(images)])
-        peak = float(finite.max()) if finite.size else 0.0
+        peak = _largest_amplitude(images)
     return peak * clip if peak > 0 else 1.0
+
+
+def _largest_amplitude(images):
+    """The largest finite |value| of a stack (0.0 if none), one slice at a time: no temporary
+    array the size of the stack."""
+    images = np.asarray(images) if not hasattr(images, "ndim") else images
+    best = 0.0
+    for image in (images if images.ndim == 3 else [images]):
+        amplitude = np.abs(np.asarray(image))
+        finite = amplitude[np.isfinite(amplitude)]
+        if finite.size:
+            best = max(best, float(finite.max()))
+    return best
 
 
 def _ipympl_active():
@@ -203,18 +215,18 @@ def compare_slices(a: Slices, b: Slices, index: int | None = None, clip: float =
     ib, _, _ = _stack_of(b)
     if ia.shape != ib.shape:
         raise ValueError(f"the stacks differ in shape: {ia.shape} vs {ib.shape}")
-    diff = ia.astype(np.float64) - ib
-    per_slice = np.nanmax(np.abs(diff).reshape(len(ia), -1), axis=1)
-    if index is None:
+    if index is None:             # one slice at a time: no float64 copy of the whole stack
+        per_slice = np.array([np.nanmax(np.abs(x.astype(np.float64) - y)) for x, y in zip(ia, ib)])
         index = int(np.argmax(per_slice)) if per_slice.max() > 0 else len(ia) - 1
-    vlim = colour_limit(np.stack([ia, ib]), clip)
+    vlim = colour_limit(None, clip, peak=max(_largest_amplitude(ia), _largest_amplitude(ib)))
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for ax, img, name in zip(axes, (ia[index], ib[index]), labels):
         im = ax.imshow(img, cmap="seismic", vmin=-vlim, vmax=vlim)
         ax.set_title(f"{name}, level {int(levels[index])}")
     fig.colorbar(im, ax=axes[:2], shrink=0.8)
-    dmax = float(np.nanmax(np.abs(diff[index])))
-    im = axes[2].imshow(diff[index], cmap="PuOr", vmin=-(dmax or 1), vmax=dmax or 1)
+    diff = ia[index].astype(np.float64) - ib[index]
+    dmax = float(np.nanmax(np.abs(diff)))
+    im = axes[2].imshow(diff, cmap="PuOr", vmin=-(dmax or 1), vmax=dmax or 1)
     axes[2].set_title(f"difference (max {dmax:.3g})")
     fig.colorbar(im, ax=axes[2], shrink=0.8)
     return fig

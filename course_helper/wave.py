@@ -331,13 +331,23 @@ def _numpy_update(U0, U1, V, dt2, inv_dx02, inv_dx12, p0, p1, amp):
     n0, n1 = U1.shape
     c = STENCIL
     core = (slice(PAD, n0 - PAD), slice(PAD, n1 - PAD))
+    # u = (2 U1 - U0) + ((dt2 v) v) (d0 / dx0^2 + d1 / dx1^2), each operation as the kernel does
+    # it, into three arrays the size of the grid (a large grid on the CPU backend takes no more).
     d0 = c[0] * U1[0:n0 - 4, PAD:n1 - PAD]
     d1 = c[0] * U1[PAD:n0 - PAD, 0:n1 - 4]
+    term = np.empty_like(d0)
     for m in range(1, 5):
-        d0 = d0 + c[m] * U1[m:n0 - 4 + m, PAD:n1 - PAD]
-        d1 = d1 + c[m] * U1[PAD:n0 - PAD, m:n1 - 4 + m]
+        d0 += np.multiply(c[m], U1[m:n0 - 4 + m, PAD:n1 - PAD], out=term)
+        d1 += np.multiply(c[m], U1[PAD:n0 - PAD, m:n1 - 4 + m], out=term)
+    d0 *= inv_dx02
+    d0 += np.multiply(d1, inv_dx12, out=term)               # the Laplacian
     v = V[core]
-    u = (np.float32(2) * U1[core] - U0[core]) + ((dt2 * v) * v) * (d0 * inv_dx02 + d1 * inv_dx12)
+    np.multiply(dt2, v, out=d1)
+    d1 *= v
+    d1 *= d0                                                # ((dt2 v) v) times the Laplacian
+    u = np.multiply(np.float32(2), U1[core], out=d0)
+    u -= U0[core]
+    u += d1
     u[p0 - PAD, p1 - PAD] += amp
     return u
 

@@ -82,3 +82,29 @@ def test_graph_cases_run_on_the_gpu_after_a_cpu_cli_run():
     wrong = {case: outcome for case, outcome in outcomes.items() if outcome != "PASSED"}
     assert not wrong, p.stdout[-4000:]
     assert p.returncode == 0, p.stdout[-4000:]
+
+
+def _notebook(source):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    return nbformat.writes(nb)
+
+
+def test_a_notebook_over_the_memory_limit_fails_and_every_peak_is_printed(tmp_path):
+    """The root conftest reads each notebook's kernel peak memory after its last cell: printed
+    for every notebook, and on the CPU backend one over the limit fails, saying how much it took."""
+    pytest.importorskip("nbval")
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "small.ipynb").write_text(_notebook("x = 1"))
+    (tmp_path / "large.ipynb").write_text(_notebook("import numpy as np\nbig = np.ones(300 * 2**20, np.uint8)"))
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", COURSE_NOTEBOOK_MEMORY_MIB="250")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+                        "large.ipynb", "small.ipynb"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1, p.stdout[-3000:]
+    peaks = {name: mib for mib, name in re.findall(r"^\s*([\d,]+) MiB  (\w+\.ipynb)$", p.stdout, re.M)}
+    assert set(peaks) == {"large.ipynb", "small.ipynb"}, p.stdout[-3000:]
+    assert int(peaks["large.ipynb"].replace(",", "")) > 300 > int(peaks["small.ipynb"].replace(",", ""))
+    assert "FAILED large.ipynb::Cell 0" in p.stdout and "more than the 250 MiB" in p.stdout

@@ -192,14 +192,9 @@ class Ring:
 
     def __getitem__(self, key: int | slice) -> Slot | DeviceSlot:
         first, stop = self._span(key)
-        chunk = first // self.chunk
-        # A slot the loop took for this chunk and has not copied into yet is handed out again.
-        s = next((i for i, p in enumerate(self.pending) if p and self.first[i] // self.chunk == chunk), None)
-        if s is None:
-            s = self.sink.take_slot(chunk)                # the host waits here if the ring is full
-            self.free[s].clear()                          # taken until a writer has written it
-            self.first[s] = first
-        self.pending[s] = True
+        s = self.sink.take_slot(first // self.chunk)      # the host waits here if the ring is full
+        self.free[s].clear()                              # taken until a writer has written it
+        self.first[s] = first
         j = first % self.chunk
         levels = self.slots[s][j] if not isinstance(key, slice) else self.slots[s][j:j + stop - first]
         hand_on = lambda stream: self.sink.copy_queued(s, first, stop - first, stream)   # noqa: E731
@@ -365,7 +360,17 @@ class DiskSink:
     def take_slot(self, chunk: int) -> int:
         """A free slot for chunk number ``chunk``; the host waits while the ring is full, for as
         long as a slot can still come free: a slot the loop took but never copied into is never
-        written, so waiting for it raises at once (:meth:`_never_free`)."""
+        written, so waiting for it raises at once (:meth:`_never_free`). A slot taken for this
+        chunk and not copied into yet is handed out again."""
+        ring = self.ring
+        s = next((i for i, p in enumerate(ring.pending) if p and ring.first[i] // ring.chunk == chunk), None)
+        if s is None:
+            s = self._free_slot(chunk)
+            ring.pending[s] = True            # until the copy into it is queued (copy_queued)
+        return s
+
+    def _free_slot(self, chunk):
+        """:meth:`take_slot`'s wait for a free slot."""
         ring = self.ring
         if self._model is None:
             s = ring.a_free_slot(timeout=0)
