@@ -81,6 +81,7 @@ def test_the_solution_passes_with_margin(backend):
     with ch.timing_only(), ch.tracing() as t:
         kept = run(gs, gs.empty_snapshots())        # the loop's buffers, kept until the device is done
         ch.synchronize()
+    del kept
     hidden = ch.exercises.hidden_by_direction(t.trace)
     margin = 0.05 if ch.backend_name() == "cpu" else 0.0      # the GPU's margin: benchmarks/capstone_point.py
     assert min(h.fraction for h in hidden.values()) >= capstone.HIDDEN_NEEDED + margin, hidden
