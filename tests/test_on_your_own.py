@@ -104,8 +104,10 @@ def balanced():
 
 
 def hidden(problem, every, nscratch):
+    runs = 1 if ch.backend_name() == "cpu" else 3          # as the check measures it: the median on a GPU
     with ch.timing_only():
-        return ch.solve(problem, "streams", every=every, nscratch=nscratch).trace.overlap().hidden_fraction
+        return float(np.median([ch.solve(problem, "streams", every=every, nscratch=nscratch).trace.overlap()
+                                .hidden_fraction for _ in range(runs)]))
 
 
 def fewest(problem, every):

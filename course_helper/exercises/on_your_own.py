@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import checks
+from .. import checks, runtime
 from ..memory import measure_bandwidth
 from ..sanitizer import byte_span
 from ..solver import prepare, solve, timing_only
@@ -130,7 +130,11 @@ def check_ring_depth(nscratch: int | None, problem: WaveProblem, every: int, goa
         return Verdict(f"Not yet: {err}.", False)
 
     def hidden(depth):
-        return solve(problem, "streams", every=every, nscratch=depth).trace.overlap().hidden_fraction
+        # The median of a few traced runs: a GPU's hidden share moves from run to run (the host's
+        # pace, CUPTI), and the verdict should not; the modelled device gives the same every run.
+        runs = 1 if runtime.get().modelled else 3
+        return float(np.median([solve(problem, "streams", every=every, nscratch=depth).trace.overlap().hidden_fraction
+                                for _ in range(runs)]))
 
     with timing_only():
         mine = solve(problem, "streams", every=every, nscratch=nscratch, trace=False)
