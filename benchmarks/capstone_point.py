@@ -2,8 +2,8 @@
 
     python -m benchmarks.capstone_point --out benchmarks/capstone_point.json
 
-At ``ch.exercises.capstone.BALANCED_POINT`` (Gray-Scott, 2048², a feed frame uploaded every 24
-steps, a snapshot downloaded every 24 steps) it runs the solution notebook's own loop
+At ``ch.exercises.capstone.BALANCED_POINT`` (Gray-Scott, 3072² x 720 steps, a feed frame uploaded
+every 36 steps, a snapshot downloaded every 36 steps) it runs the solution notebook's own loop
 (``notebooks/solutions/13_capstone_solution.ipynb``, cell ``s13-loop``) on the active backend
 and, in the same run, on the CPU backend's modelled H200, and measures on each:
 
