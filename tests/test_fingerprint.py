@@ -124,6 +124,14 @@ def _rank(strategy):
             "trace": _trace(res.trace)}
 
 
+def _halo(strategy):
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec is not installed (the distributed extra: docs/gpu-setup.md)")
+    r = distributed.launch_halo(ranks=2, n=40, nt=20, every=5, strategy=strategy, trace=True, backend="cpu")
+    return {"elapsed": r.elapsed_ms, "ranks": r.rank_ms, "images": r.images,
+            "traces": [_trace(t) for t in r.traces]}
+
+
 def _capstone():
     gs = capstone.GrayScott(n=64, steps=48, feed_every=8, save_every=8, nframes=3)
     with ch.tracing() as t:
@@ -161,6 +169,7 @@ CASES = {
     "bandwidth": _bandwidth,
     "bench point": _bench,
     **{f"rank {s}": (lambda s=s: _rank(s)) for s in distributed.STRATEGIES},
+    **{f"halo {s}": (lambda s=s: _halo(s)) for s in distributed.STRATEGIES},
     "capstone": _capstone,
     "layer cake": _layer_cake,
 }
