@@ -399,6 +399,7 @@ def _balanced(run) -> tuple[dict, Trace]:
     with timing_only():
         kept = run(gs, snapshots)                 # once untimed: on a GPU the first run sets up
         synchronize()
+        kept = None                               # its buffers go before the timed run makes its own
         with recording.tracing(strategy="capstone check") as handle:
             kept = run(gs, snapshots)             # its buffers kept until the device is done with them
             synchronize()
