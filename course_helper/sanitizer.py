@@ -77,6 +77,7 @@ import numpy as np
 
 from . import host_watch
 from .runtime import observe
+from .runtime.ops import COPY_KINDS
 from .streams import Event, Stream, default_stream, synchronize
 
 if TYPE_CHECKING:
@@ -90,7 +91,6 @@ __all__ = ["RaceError", "Sanitizer", "sanitize", "byte_span"]
 
 _HOST = "host"           # the host's key in a vector clock
 _CHUNK = 20              # shadow-memory lookup granularity: 1 MiB
-_COPIES = ("D2H", "H2D", "D2D")
 _LET_GO = "letting it go"   # the ``where`` of the host letting go of pinned memory
 
 
@@ -614,7 +614,7 @@ class Sanitizer:
     # -- the check -----------------------------------------------------------
     def _access(self, acc, vc):
         overlapping = self._check(acc, vc)
-        if not acc.write and acc.op is not None and acc.op.kind in _COPIES and acc.op.level is not None:
+        if not acc.write and acc.op is not None and acc.op.kind in COPY_KINDS and acc.op.level is not None:
             self._check_version(acc, overlapping)
         self.shadow.record(acc, overlapping)
         if self.capture is not None:
@@ -741,7 +741,7 @@ def _error(headline, what1, what2, consequence, fix):
 
 def _describe(op):
     level = None if op.level is None else int(op.level)
-    if op.kind in ("D2H", "H2D", "D2D"):
+    if op.kind in COPY_KINDS:
         return f"the {op.kind} copy" + (f" of level {level}" if level is not None else "")
     if op.kind == "kernel":
         return f"the kernel `{op.name}`"

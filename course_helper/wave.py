@@ -17,6 +17,7 @@ import numpy as np
 
 from . import checks, kernels, runtime, streams
 from .runtime import observe
+from .runtime.ops import KernelCost
 from .memory import is_device_array
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
@@ -369,11 +370,11 @@ def _overlap(a, b):
     return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
-def kernel_cost(nbytes_level: int) -> dict:
+def kernel_cost(nbytes_level: int) -> KernelCost:
     """What a modelled GPU charges for one launch of the wave kernel on a level of
     ``nbytes_level`` bytes: its profile's ``wave2d_4o`` time for the bytes the kernel moves
     (it reads two levels and the velocity and writes a third: four levels' worth)."""
-    return {"kernel": "wave2d_4o", "bytes": 4 * nbytes_level}
+    return KernelCost("wave2d_4o", 4 * nbytes_level)
 
 
 def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: int,

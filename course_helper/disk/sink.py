@@ -73,6 +73,7 @@ import numpy as np
 
 from .. import checks, files, runtime, streams
 from ..memory import copy_on_device_async, device_empty, pinned_empty
+from ..runtime.ops import OpKind
 from ..runtime import observe
 from ..streams import Stream
 from ..timelines import recording
@@ -540,7 +541,7 @@ class DiskSink:
         for first, n, (a, b), (c, d), nbytes in self._compression_times():
             level = first * self.every        # nvCOMP's kernels, then the compressed bytes' copy
             rec.add_interval("compress", "kernel", f"zstd level {level}", a, b, n * self.level_bytes, level)
-            rec.add_interval("compress", "D2H", f"D2H zstd level {level}", c, d, nbytes, level)
+            rec.add_interval("compress", OpKind.D2H, f"{OpKind.D2H} zstd level {level}", c, d, nbytes, level)
 
     # -- the writer threads --------------------------------------------------
     def writer(self, lane: str) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 from .. import streams
 from ..memory import is_device_array
 from ..runtime import observe
+from ..runtime.ops import OpKind
 from ..sanitizer import RaceError, Sanitizer
 from ..streams import synchronize
 from ..timelines.timeline import covered_length, intersection_length, merge_intervals
@@ -390,14 +391,14 @@ class Hidden:
     fraction: float
 
 
-def hidden_by_direction(trace: Trace, directions: tuple[str, ...] = ("H2D", "D2H")) -> dict[str, Hidden]:
+def hidden_by_direction(trace: Trace, directions: tuple[str, ...] = (OpKind.H2D, OpKind.D2H)) -> dict[str, Hidden]:
     """For each copy direction, the share of its copying time during which a kernel ran too.
 
     (:meth:`~course_helper.timelines.Trace.overlap` measures the shorter of compute and the
     device-to-host copies; a loop that copies both ways is asked about each direction alone.)"""
     kernels = merge_intervals((e.start_ms, e.end_ms) for e in trace.kernels)
     found = {}
-    for d in directions:
+    for d in map(str, directions):          # keyed by the plain names
         copies = merge_intervals((e.start_ms, e.end_ms) for e in trace.of_kind(d))
         busy = covered_length(copies)
         both = intersection_length(kernels, copies)

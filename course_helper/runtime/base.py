@@ -9,6 +9,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .ops import Cost, OpKind
+
 __all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray"]
 
 
@@ -38,11 +40,11 @@ class Runtime(ABC):
     """The interface both runtimes implement (raw objects are the runtime's own): each
     abstract method here, the rest have a default.
 
-    Times are in milliseconds. ``cost`` describes an operation for the model
-    (``{"kernel": "wave2d_4o", "bytes": n}``, ``{"copy": "D2H", "pageable": False}``,
-    ``{"fill": True}``). A copy or fill names its arrays in ``cost``
-    (``"dst"``, ``"src"``) and needs no ``cuda``/``numpy`` function: each
-    runtime does it its own way.
+    Times are in milliseconds. ``cost`` describes an operation for the model, as one of the
+    types of :mod:`course_helper.runtime.ops` (``KernelCost("wave2d_4o", n)``,
+    ``CopyCost(OpKind.D2H, dst, src)``, ``FillCost(dst)``, ``LinkCost("peer", n)``). A copy or
+    fill names its arrays in its cost and needs no ``cuda``/``numpy`` function: each runtime
+    does it its own way.
     """
 
     name = ""            #: "gpu" or "cpu"
@@ -126,7 +128,7 @@ class Runtime(ABC):
     # -- work ----------------------------------------------------------------
     @abstractmethod
     def enqueue(self, stream: Any, op: Any, cuda: Callable | None, numpy: Callable | None,
-                cost: dict) -> None:
+                cost: Cost) -> None:
         """Queue ``op`` on ``stream``: ``cuda(raw_stream)`` launches it on a GPU;
         ``numpy(*outs)`` computes it on the CPU, writing its results into
         ``outs`` (arrays shaped like ``op.writes``). A runtime whose
@@ -138,8 +140,8 @@ class Runtime(ABC):
         runtime has it)."""
         raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 
-    def copy_async(self, stream: Any, kind: str, dst: Any, src: Any, host_ptr: int | None = None) -> None:
-        """Queue a copy ("D2H", "H2D" or "D2D") directly: what callers do instead of
+    def copy_async(self, stream: Any, kind: OpKind, dst: Any, src: Any, host_ptr: int | None = None) -> None:
+        """Queue a copy (one of :data:`~.ops.COPY_KINDS`) directly: what callers do instead of
         :meth:`enqueue` where :attr:`needs_op` is False (only such a runtime has it)."""
         raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 

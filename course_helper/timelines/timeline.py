@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import files
+from ..runtime.ops import COPY_KINDS, OpKind
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -19,16 +20,15 @@ __all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "LANES", "lane_of", "plot_
            "covered_length", "intersection_length"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
-KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
-         "memset": "#8c564b", "host wait": "#7f7f7f", "halo": "#d62728", "disk write": "#17becf"}
-_COPIES = ("D2H", "H2D", "D2D")
+KINDS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c", OpKind.D2D: "#9467bd",
+         OpKind.MEMSET: "#8c564b", "host wait": "#7f7f7f", OpKind.HALO: "#d62728", "disk write": "#17becf"}
 
 #: How a picture lays out its lanes: ``"engines"`` (the default) one lane per engine and purpose,
 #: ``"streams"`` one lane per recorded track (stream, host, writer thread), as the Chrome export has them.
 LANES = ("engines", "streams")
 # The engines view's shared lanes, by kind of work, in the order they are drawn after the streams'
 # own lanes: the halo exchange, copies by direction, the disk writers, the host's waits.
-_SHARED_LANE = {"halo": "halo", "H2D": "H2D", "D2H": "D2H", "disk write": "disk", "host wait": "host"}
+_SHARED_LANE = {OpKind.HALO: "halo", OpKind.H2D: "H2D", OpKind.D2H: "D2H", "disk write": "disk", "host wait": "host"}
 _RANK = re.compile(r"(rank \d+ )(.*)")           # a lane of one rank in a merged multi-rank trace
 
 
@@ -226,7 +226,7 @@ class Trace:
     @property
     def copies(self) -> list[TraceEvent]:
         """The copies (to and from the host, and on the device), in time order."""
-        return self.of_kind(*_COPIES)
+        return self.of_kind(*COPY_KINDS)
 
     def window_for_levels(self, first: int, last: int) -> tuple[float, float]:
         """(start_ms, end_ms) covering every event of levels ``first`` .. ``last``."""
