@@ -30,9 +30,8 @@ from . import checks, runtime, streams
 from .runtime import observe
 from .runtime.backend import backend_name
 from .checks import host_memory_available
-from .runtime.base import CpuDeviceArray, PinnedArray
+from .runtime.base import CpuDeviceArray, PinnedArray, byte_span
 from .runtime.ops import D2D, D2H, H2D, CopyCost, FillCost, OpKind, label
-from .sanitizer import byte_span
 
 __all__ = ["CpuDeviceArray", "PinnedArray", "device_empty", "device_zeros", "to_device", "to_host",
            "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
@@ -400,20 +399,42 @@ def copy_to_host(dst: np.ndarray, src: Any, stream: streams.Stream | None = None
     stream.wait_for_host("blocking copy")
 
 
+# --------------------------------------------------------------------------
+# Destinations that take a copy on (a store's ring slots)
+# --------------------------------------------------------------------------
+# The copy functions test for these two classes with isinstance, and a store's slots
+# (course_helper.disk.sink, a layer above) derive from them: the dependency shows as an import
+# there. Plain classes, not runtime-checkable Protocols: a copy to the host tests its
+# destination on every level, and isinstance against such a Protocol costs about 20 µs there.
+class HandsOnCopies:
+    """A host array (a :class:`numpy.ndarray` subclass deriving from this too) that takes its data
+    on once a copy into it is queued: the copy functions call :meth:`copy_queued` then (a store's
+    ring slot, :class:`course_helper.disk.sink.Slot`, hands itself to the store's writers)."""
+
+    def copy_queued(self, stream: streams.Stream) -> None:
+        """The copy into this array is queued on ``stream``."""
+        raise NotImplementedError(f"{type(self).__name__} must say what it does once a copy into it is queued")
+
+
+class TakesCopiesOnDevice:
+    """A slot on the device that takes a copy meant for the host (a store's ring slot when its
+    chunks are compressed on the device, :class:`course_helper.disk.sink.DeviceSlot`): the copy
+    functions hand it the copy, and it queues the copy on the device and hands itself on."""
+
+    def take(self, src: Any, stream: streams.Stream, level: int | None) -> None:
+        """Queue the copy of the device array ``src`` into this slot on ``stream``, then hand it on."""
+        raise NotImplementedError(f"{type(self).__name__} must say how it takes a copy")
+
+
 def _kept_on_device(dst):
-    """Whether ``dst`` is a slot on the device that takes a copy meant for the host: a store's ring
-    slot when its chunks are compressed on the device (:class:`course_helper.disk.sink.DeviceSlot`),
-    whose ``take(src, stream, level)`` queues the copy on the device and hands the slot on."""
-    return getattr(type(dst), "on_device", False) is True
+    """Whether ``dst`` takes a copy meant for the host on the device (:class:`TakesCopiesOnDevice`)."""
+    return isinstance(dst, TakesCopiesOnDevice)
 
 
 def _hand_on(dst, stream):
-    """The copy into ``dst`` is queued on ``stream``: a host array that takes its data on from
-    there (a slot of a store's ring, :class:`course_helper.disk.sink.Slot`) is told so, and
-    hands itself to the store's writers."""
-    copy_queued = getattr(dst, "copy_queued", None)
-    if copy_queued is not None:
-        copy_queued(stream)
+    """The copy into ``dst`` is queued on ``stream``: a :class:`HandsOnCopies` is told so."""
+    if isinstance(dst, HandsOnCopies):
+        dst.copy_queued(stream)
 
 
 # --------------------------------------------------------------------------

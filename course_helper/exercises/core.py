@@ -91,12 +91,13 @@ class HostWaits:
         self.lock = threading.Lock()
 
     def host_synced(self, target: Any) -> None:
+        is_stream = isinstance(target, streams.Stream)
         line = caller_line()
         if line is None:
             line = ("ch.synchronize()" if target is None else
-                    f"{target.name}.synchronize()" if hasattr(target, "wait_event") else "event.synchronize()")
+                    f"{target.name}.synchronize()" if is_stream else "event.synchronize()")
         with self.lock:
-            covered = ("device" if target is None else self.last_on.get(id(target)) if hasattr(target, "wait_event")
+            covered = ("device" if target is None else self.last_on.get(id(target)) if is_stream
                        else self.recorded_after.get(id(target)))
             self.pending.append(line)
             self.unjudged.append((line, covered))

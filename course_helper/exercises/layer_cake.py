@@ -14,8 +14,8 @@ import numpy as np
 from .. import checks, runtime, streams
 from ..memory import is_device_array, is_pinned
 from ..runtime import observe
+from ..runtime.base import byte_span
 from ..runtime.ops import KernelCost, OpKind
-from ..sanitizer import byte_span
 from ..streams import synchronize
 from ..timelines import recording
 from .core import ExerciseError, LoopProgram, describe_waits, explain_serial, learner_names, run_checked

@@ -20,11 +20,11 @@ import numpy as np
 
 from .. import checks, runtime
 from ..memory import measure_bandwidth
-from ..sanitizer import byte_span
+from ..runtime.base import byte_span
+from ..runtime.ops import OpKind
 from ..solver import prepare, solve, timing_only
 from ..streams import create_streams, synchronize
 from ..wave import WaveProblem
-from ..runtime.ops import OpKind
 from .core import ExerciseError, Verdict, describe_waits, run_checked
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
-"""The interface of a runtime (see :mod:`course_helper.runtime`), with the types
-both runtimes share. Kept apart so that the runtimes can import it while
-:mod:`course_helper.runtime` imports them."""
+"""The interface of a runtime (see :mod:`course_helper.runtime`), with the types both runtimes
+share and :func:`byte_span`, the memory an array covers. Kept apart so that the runtimes can
+import it while :mod:`course_helper.runtime` imports them."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,7 @@ import numpy as np
 
 from .ops import Cost, OpKind
 
-__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray"]
+__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span"]
 
 
 class CpuDeviceArray(np.ndarray):
@@ -30,6 +30,32 @@ class PinnedArray(np.ndarray):
     def __array_wrap__(self, array, context=None, return_scalar=False):
         # A ufunc's result: given back as NumPy made it (plain, unless it is an ``out=`` array).
         return array[()] if return_scalar else array
+
+
+def byte_span(a: Any) -> tuple[str, int, int] | None:
+    """``(space, first byte, one past the last byte)`` of array ``a``, or None if empty.
+
+    Host and device memory are separate address spaces. A strided view gets
+    the conservative span from its lowest to its highest byte. (The race sanitizer compares
+    these spans; device-to-device copies refuse overlapping ones.)
+    """
+    if isinstance(a, np.ndarray):
+        ptr = a.__array_interface__["data"][0]
+        space = "device" if isinstance(a, CpuDeviceArray) else "host"
+    else:                                    # a CuPy array
+        ptr = a.data.ptr
+        space = "device"
+    if a.size == 0:
+        return None
+    if a.flags.c_contiguous:
+        return space, ptr, ptr + a.nbytes
+    lo = hi = ptr
+    for n, st in zip(a.shape, a.strides):
+        if st > 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return space, lo, hi + a.itemsize
 
 
 class GraphsUnsupported(RuntimeError):

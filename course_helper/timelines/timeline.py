@@ -557,7 +557,12 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
         raise ValueError("no timelines to compare: pass at least one Trace")
     panels = []
     for key, item in named.items():
-        trace = getattr(item, "trace", item)
+        # A Trace, or a run that holds one in its ``trace`` (a solver's Result, a layer above:
+        # its property raises a ValueError that says how to record one).
+        try:
+            trace = item if isinstance(item, Trace) else item.trace
+        except AttributeError:
+            trace = None
         if not isinstance(trace, Trace):
             what = f"the run {key!r}" if isinstance(key, str) else f"item {key}"
             raise TypeError(f"{what} holds no timeline ({type(item).__name__}): pass Traces, or results of a "
