@@ -494,6 +494,17 @@ def saved_levels(nt: int, every: int) -> range:
     return range(0, nt, every)
 
 
+def save_interval(every: int, nt: int) -> int:
+    """``every``, checked as the interval between saved levels of a run of ``nt`` levels: a
+    positive whole number below ``nt`` (else only level 0, the zero initial state, would be
+    saved). The one home of that rule: the solver and the halo ranks (and their launcher) check it here."""
+    every = checks.positive_int("every", every)
+    if every >= nt:
+        raise ValueError(f"every={every} is not below nt={nt}: only level 0 (the zero initial state) "
+                         "would be saved; choose every < nt")
+    return every
+
+
 def reference_solution(problem: WaveProblem, every: int = 1) -> np.ndarray:
     """Plain NumPy answer: every ``every``-th level from 0 to nt-1, shape (nsaved, n0, n1).
 

@@ -35,7 +35,6 @@ from ..runtime import observe
 from ..runtime.ops import OpKind
 from ..sanitizer import RaceError, Sanitizer
 from ..streams import synchronize
-from ..timelines.timeline import covered_length, intersection_length, merge_intervals
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -395,13 +394,10 @@ class Hidden:
 def hidden_by_direction(trace: Trace, directions: tuple[str, ...] = (OpKind.H2D, OpKind.D2H)) -> dict[str, Hidden]:
     """For each copy direction, the share of its copying time during which a kernel ran too.
 
-    (:meth:`~course_helper.timelines.Trace.overlap` measures the shorter of compute and the
-    device-to-host copies; a loop that copies both ways is asked about each direction alone.)"""
-    kernels = merge_intervals((e.start_ms, e.end_ms) for e in trace.kernels)
+    (Each direction's :meth:`~course_helper.timelines.Trace.overlap`, its ``copy_fraction``: a
+    loop that copies both ways is asked about each direction alone.)"""
     found = {}
     for d in map(str, directions):          # keyed by the plain names
-        copies = merge_intervals((e.start_ms, e.end_ms) for e in trace.of_kind(d))
-        busy = covered_length(copies)
-        both = intersection_length(kernels, copies)
-        found[d] = Hidden(d, busy, both, both / busy if busy > 0 else 0.0)
+        o = trace.overlap((d,))
+        found[d] = Hidden(d, o.copy_ms, o.overlap_ms, o.copy_fraction)
     return found

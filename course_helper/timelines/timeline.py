@@ -53,16 +53,22 @@ class Overlap:
     """How much compute and copying ran at once in one run (:meth:`Trace.overlap`), in ms.
 
     ``compute_ms``: time at least one kernel ran; ``copy_ms``: time at least one
-    device-to-host copy ran; ``overlap_ms``: time both ran at once; ``hidden_fraction``:
-    overlap / the shorter of the two busy times (1.0: the shorter stage ran entirely under
-    the longer one; 0.0: never at once, or one of them did not run); ``timing``: the clock
-    that timed the trace.
+    copy of the kinds asked for ran (by default the device-to-host copies); ``overlap_ms``:
+    time both ran at once; ``hidden_fraction``: overlap / the shorter of the two busy times
+    (1.0: the shorter stage ran entirely under the longer one; 0.0: never at once, or one of
+    them did not run); ``timing``: the clock that timed the trace.
     """
     compute_ms: float
     copy_ms: float
     overlap_ms: float
     hidden_fraction: float
     timing: str
+
+    @property
+    def copy_fraction(self) -> float:
+        """overlap / copy busy time: the share of the copying that ran while a kernel ran (0.0
+        when nothing was copied)."""
+        return self.overlap_ms / self.copy_ms if self.copy_ms > 0 else 0.0
 
     def as_dict(self) -> dict[str, float | str]:
         """The numbers under the names the benchmark's JSON uses."""
@@ -252,26 +258,23 @@ class Trace:
         what timed the device work ("CUPTI", "CUDA events", or the modelled GPU, e.g.
         "modelled H200").
         """
-        kern = merge_intervals((e.start_ms, e.end_ms) for e in self.kernels)
-        copy = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("D2H", "H2D"))
+        both = self.overlap((OpKind.D2H, OpKind.H2D))          # the copies to and from the host
         host = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("host wait"))
-        overlap = intersection_length(kern, copy)
-        copy_ms = covered_length(copy)
         total = (max(e.end_ms for e in self.events) - min(e.start_ms for e in self.events)) if self.events else 0.0
-        return {"compute_ms": covered_length(kern), "copy_ms": copy_ms, "overlap_ms": overlap,
+        return {"compute_ms": both.compute_ms, "copy_ms": both.copy_ms, "overlap_ms": both.overlap_ms,
                 "host_wait_ms": covered_length(host), "total_ms": total,
-                "overlap_fraction": overlap / copy_ms if copy_ms > 0 else 0.0,
-                "timing": self.timing}
+                "overlap_fraction": both.copy_fraction, "timing": self.timing}
 
-    def overlap(self) -> Overlap:
-        """Compute busy, copy busy (device-to-host copies), their overlap and the hidden fraction:
-        an :class:`Overlap`. This is the one place these numbers are computed; tables and the
-        benchmark's JSON take them from here."""
+    def overlap(self, copies: tuple[str, ...] = (OpKind.D2H,)) -> Overlap:
+        """Compute busy, copy busy (the copies of the kinds ``copies``: by default those to the
+        host), their overlap and the shares hidden: an :class:`Overlap`. This is the one place
+        these numbers are computed; :meth:`summary` (both directions), tables and the
+        benchmark's JSON (copies to the host) take them from here."""
         kern = merge_intervals((e.start_ms, e.end_ms) for e in self.kernels)
-        d2h = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("D2H"))
-        both = intersection_length(kern, d2h)
-        shorter = min(covered_length(kern), covered_length(d2h))
-        return Overlap(compute_ms=covered_length(kern), copy_ms=covered_length(d2h), overlap_ms=both,
+        copy = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind(*copies))
+        both = intersection_length(kern, copy)
+        shorter = min(covered_length(kern), covered_length(copy))
+        return Overlap(compute_ms=covered_length(kern), copy_ms=covered_length(copy), overlap_ms=both,
                        hidden_fraction=both / shorter if shorter > 0 else 0.0, timing=self.timing)
 
     def lane_names(self, lanes: str = "engines") -> list[str]:
