@@ -389,14 +389,21 @@ def test_ordered_work_of_two_threads_is_no_race(backend):
     buf = ch.device_empty((8, 8))
     baked = ch.create_events(1)[0]
 
+    failed = []
+
     def first():
-        ch.bake_layer(buf, 1, a)
-        a.record(baked)
+        try:
+            ch.bake_layer(buf, 1, a)
+            a.record(baked)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test (a thread's exception is lost)
+            failed.append(exc)
 
     with ch.sanitize(names={"buf": buf}):
         worker = threading.Thread(target=first)
         worker.start()
         worker.join()
+        if failed:
+            raise failed[0]                 # in this thread, where pytest sees it
         b.wait_event(baked)                    # another thread's record orders this thread's work
         ch.bake_layer(buf, 2, b)
         ch.synchronize()
