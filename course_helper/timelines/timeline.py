@@ -28,7 +28,8 @@ KINDS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c",
 LANES = ("engines", "streams")
 # The engines view's shared lanes, by kind of work, in the order they are drawn after the streams'
 # own lanes: the halo exchange, copies by direction, the disk writers, the host's waits.
-_SHARED_LANE = {OpKind.HALO: "halo", OpKind.H2D: "H2D", OpKind.D2H: "D2H", "disk write": "disk", "host wait": "host"}
+_SHARED_LANE = {OpKind.HALO: "halo", OpKind.H2D: OpKind.H2D, OpKind.D2H: OpKind.D2H, "disk write": "disk",
+                "host wait": "host"}
 _RANK = re.compile(r"(rank \d+ )(.*)")           # a lane of one rank in a merged multi-rank trace
 
 
@@ -326,8 +327,9 @@ class Trace:
     def describe(self) -> str:
         """One sentence stating what the timeline shows."""
         s = self.summary()
-        staging = len(self.of_kind("D2D"))
-        moved = f"{len(self.of_kind('D2H', 'H2D'))} host copies" + (f", {staging} device copies" if staging else "")
+        staging = len(self.of_kind(OpKind.D2D))
+        moved = (f"{len(self.of_kind(OpKind.D2H, OpKind.H2D))} host copies"
+                 + (f", {staging} device copies" if staging else ""))
         clock = f" ({self.meta['clock']})" if self.meta.get("clock") else ""
         return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms{clock}: "
                 f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
