@@ -208,3 +208,30 @@ def test_the_check_finds_a_duck_typed_reach(source):
 ])
 def test_the_check_allows_library_own_and_python_names(source):
     assert not duck_reaches(source, "memory", {"disk.sink": {"x", "shape"}})
+
+
+# --------------------------------------------------------------------------
+# The copy kinds are spelled in one place
+# --------------------------------------------------------------------------
+def spelled_copy_kinds(source, filename="<module>"):
+    """The lines of ``source`` that spell a copy kind (``"D2H"``, ``"H2D"``, ``"D2D"``) as a string
+    of their own, outside docstrings: the kinds belong to ``runtime/ops.py`` (``OpKind``)."""
+    from course_helper.runtime.ops import COPY_KINDS
+    tree = ast.parse(source, filename)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{filename}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in COPY_KINDS and id(node) not in docstrings]
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p != PACKAGE / "runtime" / "ops.py"],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_takes_the_copy_kinds_from_ops(path):
+    found = spelled_copy_kinds(path.read_text(), str(path.relative_to(PACKAGE.parent)))
+    assert not found, "spell them OpKind.D2H, ... (course_helper.runtime.ops):\n" + "\n".join(found)
+
+
+def test_the_check_finds_a_copy_kind_spelled_as_a_string():
+    assert spelled_copy_kinds('"""D2H in a docstring is fine."""\nCOPIES = ("D2H", "H2D", "D2D")\n')
+    assert not spelled_copy_kinds('"""Copies "D2H" and "H2D"."""\nlink = f"{kind}_pageable"\n')
