@@ -19,8 +19,7 @@ from .base import GraphsUnsupported, Runtime
 from .ops import D2D, D2H, H2D, CopyCost, Cost, OpKind
 
 _clock = time.perf_counter
-_D2H, _H2D, _D2D = 2, 1, 3      # cudaMemcpyKind values
-_MEMCPY_KIND = {D2H: _D2H, H2D: _H2D, D2D: _D2D}
+_MEMCPY_KIND = {D2H: 2, H2D: 1, D2D: 3}      # cudaMemcpyKind values
 
 
 def _ptr(a):
