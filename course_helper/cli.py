@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 import numpy as np
 
 from .runtime import backend, observe, profiles
+from .runtime.ops import OpKind
 from .measure import bench, calibrate, compare
 from . import runtime, solver, wave
 from . import distributed as halo
@@ -182,7 +183,8 @@ def run_main(args: argparse.Namespace) -> int:
         seen = set()
 
         def op_issued(self, op):
-            if op.kind in ("D2H", "D2D") and op.level is not None:    # (to the host, a staging or a device slot)
+            # Copies to the host, a staging buffer or a device slot.
+            if op.kind in (OpKind.D2H, OpKind.D2D) and op.level is not None:
                 levels = set(range(op.level, op.level + op.nbytes // problem.nbytes_level * args.every, args.every))
                 bar.update(len(levels - self.seen))
                 self.seen |= levels

@@ -30,8 +30,8 @@ from . import checks, runtime, streams
 from .runtime import observe
 from .runtime.backend import backend_name
 from .checks import host_memory_available
-from .runtime.base import CpuDeviceArray, PinnedArray
-from .sanitizer import byte_span
+from .runtime.base import CpuDeviceArray, PinnedArray, byte_span
+from .runtime.ops import D2D, D2H, H2D, CopyCost, FillCost, OpKind, label
 
 __all__ = ["CpuDeviceArray", "PinnedArray", "device_empty", "device_zeros", "to_device", "to_host",
            "is_device_array", "pinned_empty", "pinned_zeros", "is_pinned",
@@ -196,9 +196,10 @@ def _require_writable(label, a):
                          "array (a new pinned_empty() buffer, or one whose flags.writeable is True)")
 
 
-def queue_copy(kind: str, dst: Any, src: Any, stream: streams.Stream, level: int | None, pageable: bool | None = False,
-               host_ptr: int | None = None) -> streams.Stream:
-    """Queue one checked copy of ``kind`` ("D2H", "H2D" or "D2D") on the resolved ``stream``
+def queue_copy(kind: OpKind, dst: Any, src: Any, stream: streams.Stream, level: int | None,
+               pageable: bool | None = False, host_ptr: int | None = None) -> streams.Stream:
+    """Queue one checked copy of ``kind`` (one of :data:`~.runtime.ops.COPY_KINDS`) on the resolved
+    ``stream``
     (see :func:`streams.resolve`); returns the stream.
 
     Package-internal: the path every copy function above ends in, once its arguments are
@@ -211,8 +212,8 @@ def queue_copy(kind: str, dst: Any, src: Any, stream: streams.Stream, level: int
         return _copy_unobserved(kind, dst, src, stream, level, host_ptr)
     if pageable is None:
         pageable = not is_pinned(dst)
-    cost = {"copy": kind, "dst": dst, "src": src, "pageable": pageable, "host_ptr": host_ptr}
-    op = observe.Op(kind, _label(kind, level), stream, level, src.nbytes, (src,), (dst,))
+    cost = CopyCost(kind, dst, src, pageable, host_ptr)
+    op = observe.Op(kind, label(kind, level), stream, level, src.nbytes, (src,), (dst,))
     runtime.submit(stream, op, cuda=None, numpy=None, cost=cost)
     return stream
 
@@ -224,7 +225,7 @@ def _copy_unobserved(kind, dst, src, stream, level, host_ptr):
     own host time."""
     stream.runtime.copy_async(stream.raw, kind, dst, src, host_ptr)
     if observe.journaling():
-        observe.note_op(kind, _label(kind, level), stream, level, src.nbytes)
+        observe.note_op(kind, label(kind, level), stream, level, src.nbytes)
     return stream
 
 
@@ -261,7 +262,7 @@ def copy_to_host_async(dst: np.ndarray, src: Any, stream: streams.Stream | None 
             return
         ptr = _require_pinned("dst", dst, "device-to-host")
         _require_writable("dst", dst)
-    queue_copy("D2H", dst, src, stream, level, host_ptr=ptr)
+    queue_copy(D2H, dst, src, stream, level, host_ptr=ptr)
     _hand_on(dst, stream)
 
 
@@ -272,7 +273,7 @@ def _pageable_copy(dst, src, stream, level):
     stream's work done (the sanitizer hears it as a synchronise of ``stream``)."""
     observe.notify("host_access", dst, "w", "copy_to_host_async(allow_pageable=True)")
     with streams.host_wait("pageable copy"):
-        queue_copy("D2H", dst, src, stream, level, pageable=True)
+        queue_copy(D2H, dst, src, stream, level, pageable=True)
     observe.notify("host_synced", stream)
 
 
@@ -305,7 +306,7 @@ def copy_to_device_async(dst: Any, src: np.ndarray, stream: streams.Stream | Non
     checks.same_layout(dst, src)
     ptr = _require_pinned("src", src, "host-to-device")
     _require_writable("dst", dst)
-    queue_copy("H2D", dst, src, streams.resolve(stream), level, host_ptr=ptr)
+    queue_copy(H2D, dst, src, streams.resolve(stream), level, host_ptr=ptr)
 
 
 class InputRing:
@@ -352,7 +353,7 @@ def copy_on_device_async(dst: Any, src: Any, stream: streams.Stream | None = Non
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
     _require_apart(dst, src)
-    queue_copy("D2D", dst, src, streams.resolve(stream), level)
+    queue_copy(D2D, dst, src, streams.resolve(stream), level)
 
 
 def _require_apart(dst, src):
@@ -372,8 +373,8 @@ def zero_async(dst: Any, stream: streams.Stream | None = None) -> None:
         raise ValueError("dst must be C-contiguous")
     _require_writable("dst", dst)
     stream = streams.resolve(stream)
-    op = observe.Op("memset", "zero", stream, None, dst.nbytes, (), (dst,))
-    runtime.submit(stream, op, cuda=None, numpy=None, cost={"fill": True, "dst": dst})
+    op = observe.Op(OpKind.MEMSET, "zero", stream, None, dst.nbytes, (), (dst,))
+    runtime.submit(stream, op, cuda=None, numpy=None, cost=FillCost(dst))
 
 
 def copy_to_host(dst: np.ndarray, src: Any, stream: streams.Stream | None = None, *,
@@ -393,29 +394,47 @@ def copy_to_host(dst: np.ndarray, src: Any, stream: streams.Stream | None = None
     checks.same_layout(dst, src)
     _require_writable("dst", dst)
     observe.notify("host_access", dst, "w", "copy_to_host")
-    stream = queue_copy("D2H", dst, src, streams.resolve(stream), level, pageable=None)
+    stream = queue_copy(D2H, dst, src, streams.resolve(stream), level, pageable=None)
     _hand_on(dst, stream)
     stream.wait_for_host("blocking copy")
 
 
+# --------------------------------------------------------------------------
+# Destinations that take a copy on (a store's ring slots)
+# --------------------------------------------------------------------------
+# The copy functions test for these two classes with isinstance, and a store's slots
+# (course_helper.disk.sink, a layer above) derive from them: the dependency shows as an import
+# there. Plain classes, not runtime-checkable Protocols: a copy to the host tests its
+# destination on every level, and isinstance against such a Protocol costs about 20 µs there.
+class HandsOnCopies:
+    """A host array (a :class:`numpy.ndarray` subclass deriving from this too) that takes its data
+    on once a copy into it is queued: the copy functions call :meth:`copy_queued` then (a store's
+    ring slot, :class:`course_helper.disk.sink.Slot`, hands itself to the store's writers)."""
+
+    def copy_queued(self, stream: streams.Stream) -> None:
+        """The copy into this array is queued on ``stream``."""
+        raise NotImplementedError(f"{type(self).__name__} must say what it does once a copy into it is queued")
+
+
+class TakesCopiesOnDevice:
+    """A slot on the device that takes a copy meant for the host (a store's ring slot when its
+    chunks are compressed on the device, :class:`course_helper.disk.sink.DeviceSlot`): the copy
+    functions hand it the copy, and it queues the copy on the device and hands itself on."""
+
+    def take(self, src: Any, stream: streams.Stream, level: int | None) -> None:
+        """Queue the copy of the device array ``src`` into this slot on ``stream``, then hand it on."""
+        raise NotImplementedError(f"{type(self).__name__} must say how it takes a copy")
+
+
 def _kept_on_device(dst):
-    """Whether ``dst`` is a slot on the device that takes a copy meant for the host: a store's ring
-    slot when its chunks are compressed on the device (:class:`course_helper.disk.sink.DeviceSlot`),
-    whose ``take(src, stream, level)`` queues the copy on the device and hands the slot on."""
-    return getattr(type(dst), "on_device", False) is True
+    """Whether ``dst`` takes a copy meant for the host on the device (:class:`TakesCopiesOnDevice`)."""
+    return isinstance(dst, TakesCopiesOnDevice)
 
 
 def _hand_on(dst, stream):
-    """The copy into ``dst`` is queued on ``stream``: a host array that takes its data on from
-    there (a slot of a store's ring, :class:`course_helper.disk.sink.Slot`) is told so, and
-    hands itself to the store's writers."""
-    copy_queued = getattr(dst, "copy_queued", None)
-    if copy_queued is not None:
-        copy_queued(stream)
-
-
-def _label(kind, level):
-    return kind if level is None else f"{kind} level {level}"
+    """The copy into ``dst`` is queued on ``stream``: a :class:`HandsOnCopies` is told so."""
+    if isinstance(dst, HandsOnCopies):
+        dst.copy_queued(stream)
 
 
 # --------------------------------------------------------------------------

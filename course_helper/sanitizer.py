@@ -77,6 +77,8 @@ import numpy as np
 
 from . import host_watch
 from .runtime import observe
+from .runtime.base import byte_span
+from .runtime.ops import COPY_KINDS
 from .streams import Event, Stream, default_stream, synchronize
 
 if TYPE_CHECKING:
@@ -86,11 +88,10 @@ if TYPE_CHECKING:
     from .graphs import Graph
     from .runtime.observe import Op
 
-__all__ = ["RaceError", "Sanitizer", "sanitize", "byte_span"]
+__all__ = ["RaceError", "Sanitizer", "sanitize"]
 
 _HOST = "host"           # the host's key in a vector clock
 _CHUNK = 20              # shadow-memory lookup granularity: 1 MiB
-_COPIES = ("D2H", "H2D", "D2D")
 _LET_GO = "letting it go"   # the ``where`` of the host letting go of pinned memory
 
 
@@ -110,38 +111,6 @@ class RaceError(RuntimeError):
         self.first, self.second, self.fix = first, second, fix
 
 
-# --------------------------------------------------------------------------
-# Memory ranges
-# --------------------------------------------------------------------------
-def _span(a: Any) -> tuple[str, int, int] | None:
-    """``(space, first byte, one past the last byte)`` of array ``a``, or None if empty.
-
-    Host and device memory are separate address spaces. A strided view gets
-    the conservative span from its lowest to its highest byte.
-    """
-    if isinstance(a, np.ndarray):
-        ptr = a.__array_interface__["data"][0]
-        space = "device" if type(a).__name__ == "CpuDeviceArray" else "host"
-    else:                                    # a CuPy array
-        ptr = a.data.ptr
-        space = "device"
-    if a.size == 0:
-        return None
-    if a.flags.c_contiguous:
-        return space, ptr, ptr + a.nbytes
-    lo = hi = ptr
-    for n, st in zip(a.shape, a.strides):
-        if st > 0:
-            hi += (n - 1) * st
-        else:
-            lo += (n - 1) * st
-    return space, lo, hi + a.itemsize
-
-
-#: The public name of :func:`_span` (device-to-device copies use it to refuse overlapping ranges).
-byte_span = _span
-
-
 class _Names:
     """Names of buffers by address range, for messages ("U[2]", "images[5]")."""
 
@@ -153,7 +122,7 @@ class _Names:
             for i, a in enumerate(array):
                 self.add(f"{name}[{i}]", a)
             return
-        span = _span(array)
+        span = byte_span(array)
         if span is None:
             return
         step = int(array.strides[0]) if array.ndim >= 3 and array.flags.c_contiguous else 0
@@ -307,7 +276,7 @@ def _let_go(sanitizer, *memory):
 
 def _blocking(stream):
     """True for a stream that takes part in the legacy default stream's implicit ordering."""
-    return bool(getattr(stream, "blocking", getattr(stream, "synchronise", False)))
+    return bool(stream.blocking)
 
 
 class Sanitizer:
@@ -403,19 +372,19 @@ class Sanitizer:
         """1 for the legacy default stream, -1 for a blocking stream, 0 for a non-blocking one."""
         role = self.roles.get(stream)
         if role is None:
-            role = self.roles[stream] = (1 if getattr(stream, "is_default", False)
+            role = self.roles[stream] = (1 if stream.is_default
                                          else -1 if _blocking(stream) else 0)
         return role
 
     def _span(self, a):
-        """``_span(a)``, remembered for arrays met before (the same buffers come back every level).
+        """``byte_span(a)``, remembered for arrays met before (the same buffers come back every level).
         Only weakly: the sanitizer must not keep memory alive, or it would hide a buffer let go
         too early. An array met for the first time has the owner of its memory watched."""
         key = id(a)
         known = self.spans.get(key)
         if known is not None and known[0]() is a:
             return known[1]
-        span = _span(a)
+        span = byte_span(a)
         try:
             # (the callback holds the dict, not the sanitizer: no reference cycle keeps a sanitizer alive)
             ref = weakref.ref(a, lambda r, key=key, spans=self.spans: spans.get(key, (None,))[0] is r
@@ -434,7 +403,7 @@ class Sanitizer:
         known = self.owners.get(id(owner))
         if known is not None and known.alive:
             return
-        span = _span(owner)
+        span = byte_span(owner)
         if span is None:
             return
         span = (space, *span[1:])          # the owner of a CPU backend's device array is a plain array
@@ -491,7 +460,7 @@ class Sanitizer:
         if target is None:
             for vc in self.clocks.values():
                 _join(self.host, vc)
-        elif hasattr(target, "wait_event"):          # a Stream
+        elif isinstance(target, Stream):
             _join(self.host, self._clock(target))
         else:                                        # an Event
             known = self.events.get(id(target))
@@ -614,7 +583,7 @@ class Sanitizer:
     # -- the check -----------------------------------------------------------
     def _access(self, acc, vc):
         overlapping = self._check(acc, vc)
-        if not acc.write and acc.op is not None and acc.op.kind in _COPIES and acc.op.level is not None:
+        if not acc.write and acc.op is not None and acc.op.kind in COPY_KINDS and acc.op.level is not None:
             self._check_version(acc, overlapping)
         self.shadow.record(acc, overlapping)
         if self.capture is not None:
@@ -741,7 +710,7 @@ def _error(headline, what1, what2, consequence, fix):
 
 def _describe(op):
     level = None if op.level is None else int(op.level)
-    if op.kind in ("D2H", "H2D", "D2D"):
+    if op.kind in COPY_KINDS:
         return f"the {op.kind} copy" + (f" of level {level}" if level is not None else "")
     if op.kind == "kernel":
         return f"the kernel `{op.name}`"

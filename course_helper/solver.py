@@ -24,7 +24,7 @@ from .graphs import GraphsUnsupported
 from .memory import device_zeros, pinned_empty, to_device
 from .strategies import COPY_LAG, KERNEL_LEVELS, STRATEGIES, Run, capture_loop, level_times, ring_depth
 from .streams import create_events, create_streams, synchronize
-from .wave import WaveProblem, launch_wave2d, saved_levels
+from .wave import WaveProblem, launch_wave2d, save_interval, saved_levels
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -276,10 +276,7 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
     checks.one_of("strategy", strategy, tuple(STRATEGIES))
     unsafe = checks.flag("unsafe", unsafe)
     entry = STRATEGIES[strategy]
-    every = checks.positive_int("every", every)
-    if every >= problem.nt:
-        raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 (the zero "
-                         "initial state) would be saved; choose every < nt")
+    every = save_interval(every, problem.nt)
     ok, why = entry.available()
     if not ok:
         raise (GraphsUnsupported if entry.graph else RuntimeError)(f"strategy {strategy!r} is not available: {why}")

@@ -43,6 +43,7 @@ from .graphs import capture_graph, graphs_supported
 from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
                      to_device, zero_async)
 from .runtime.model import kernel_us, link_ms
+from .runtime.ops import OpKind
 from .streams import Event, Stream, synchronize
 from .wave import WaveProblem, kernel_cost, launch_wave2d, saved_levels
 
@@ -307,8 +308,8 @@ def level_times(problem: WaveProblem) -> LevelTimes:
     if rt.modelled:
         level = problem.nbytes_level
         cost = kernel_cost(level)                 # what the model charges a launch
-        kernel = kernel_us(rt.profile, cost["kernel"], cost["bytes"]) * 1e-3
-        return LevelTimes(kernel, link_ms(rt.profile, "D2H", level), rt.device_label)
+        kernel = kernel_us(rt.profile, cost.shape, cost.nbytes) * 1e-3
+        return LevelTimes(kernel, link_ms(rt.profile, OpKind.D2H, level), rt.device_label)
     return LevelTimes(*_measured_level_times(*problem.shape))
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .memory import CpuDeviceArray
-from .disk import open_store
+from .disk import StoredRun, open_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,7 +39,7 @@ def _stack_of(result_or_images, lazy=False):
     images = getattr(result_or_images, "images", result_or_images)
     if type(images).__module__.startswith("cupy") or isinstance(images, CpuDeviceArray):
         raise TypeError("plot a host array: bring device data back with to_host() first")
-    if not (lazy and hasattr(result_or_images, "peak_amplitude")):
+    if not (lazy and isinstance(result_or_images, StoredRun)):
         images = np.asarray(images)
     if images.ndim != 3 or images.shape[0] < 1:
         raise ValueError(f"expected a stack of 2D slices with shape (n, n0, n1), got shape {images.shape}")
@@ -104,7 +104,7 @@ class SliceViewer:
         self.images, self.levels, self.times_ms = _stack_of(source, lazy=True)
         self.label = title
         # A store knows each level's peak: no need to read every slice for the colour scale.
-        peak = source.peak_amplitude() if hasattr(source, "peak_amplitude") else None
+        peak = source.peak_amplitude() if isinstance(source, StoredRun) else None
         self.vlim = colour_limit(self.images, clip, peak=peak)
         self.interactive = _ipympl_active()
         n = self.images.shape[0]

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import checks, kernels, runtime, streams
 from .runtime import observe
+from .runtime.ops import KernelCost
 from .memory import is_device_array
 
 __all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
@@ -369,11 +370,11 @@ def _overlap(a, b):
     return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
 
 
-def kernel_cost(nbytes_level: int) -> dict:
+def kernel_cost(nbytes_level: int) -> KernelCost:
     """What a modelled GPU charges for one launch of the wave kernel on a level of
     ``nbytes_level`` bytes: its profile's ``wave2d_4o`` time for the bytes the kernel moves
     (it reads two levels and the velocity and writes a third: four levels' worth)."""
-    return {"kernel": "wave2d_4o", "bytes": 4 * nbytes_level}
+    return KernelCost("wave2d_4o", 4 * nbytes_level)
 
 
 def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: int,
@@ -491,6 +492,17 @@ def saved_levels(nt: int, every: int) -> range:
     0, every, 2*every, ... below nt. The one definition the solver, the store, the halo ranks and
     the reference solution share."""
     return range(0, nt, every)
+
+
+def save_interval(every: int, nt: int) -> int:
+    """``every``, checked as the interval between saved levels of a run of ``nt`` levels: a
+    positive whole number below ``nt`` (else only level 0, the zero initial state, would be
+    saved). The one home of that rule: the solver and the halo ranks (and their launcher) check it here."""
+    every = checks.positive_int("every", every)
+    if every >= nt:
+        raise ValueError(f"every={every} is not below nt={nt}: only level 0 (the zero initial state) "
+                         "would be saved; choose every < nt")
+    return every
 
 
 def reference_solution(problem: WaveProblem, every: int = 1) -> np.ndarray:

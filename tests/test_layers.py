@@ -128,3 +128,110 @@ def test_each_runtime_implements_every_abstract_method(module, cls):
     from course_helper.runtime.base import Runtime
     missing = Runtime.__abstractmethods__ - _class_names(PACKAGE / f"{module}.py", cls)
     assert not missing, f"{cls} does not implement {sorted(missing)}"
+
+
+# --------------------------------------------------------------------------
+# No duck-typed reach into another module's objects
+# --------------------------------------------------------------------------
+#: Names that libraries' objects carry and that the package may ask any object for: NumPy's and
+#: CuPy's arrays (``shape``, ``ndim``, ``nbytes``), ``OSError.strerror``, ``cupy.cuda.nccl.available``.
+LIBRARY_NAMES = {"shape", "ndim", "nbytes", "strerror", "available"}
+
+
+def _defined_names(tree):
+    """The attributes a module gives its objects: its classes' methods and class attributes, and
+    every attribute it assigns (``self.x = ...``, ``view.copy_queued = ...``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(item.name)
+                elif isinstance(item, ast.Assign):
+                    names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+    return names
+
+
+def _module_name(path):
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+DEFINED = {_module_name(p): _defined_names(ast.parse(p.read_text())) for p in MODULES}
+
+
+def duck_reaches(source, module, defined=DEFINED):
+    """The lines of ``source`` (the module ``module``) that ask an object by name, with ``getattr``
+    or ``hasattr``, for an attribute that only other modules of the package give their objects:
+    a dependency no import shows (``getattr(dst, "copy_queued", None)`` reaching into a store's
+    slots, ``hasattr(target, "wait_event")`` telling a stream from an event). Name the class
+    instead: an ``isinstance`` test on a class imported from its (lower) layer."""
+    tree = ast.parse(source)
+    own = _defined_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            continue
+        name = node.args[1].value
+        if name.startswith("__") or name in own or name in LIBRARY_NAMES:
+            continue
+        owners = sorted(m for m, names in defined.items() if name in names and m != module)
+        if owners:
+            found.append(f"{module}:{node.lineno}: {node.func.id}(..., {name!r}) reaches for what "
+                         f"{', '.join(owners)} define(s); test for their class with isinstance")
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_reaches_into_no_other_module_by_attribute_name(path):
+    found = duck_reaches(path.read_text(), _module_name(path))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "def hand_on(dst, stream):\n    f = getattr(dst, 'copy_queued', None)\n",
+    "def synced(target):\n    return hasattr(target, 'wait_event')\n",
+])
+def test_the_check_finds_a_duck_typed_reach(source):
+    assert duck_reaches(source, "memory", {"disk.sink": {"copy_queued"}, "streams": {"wait_event"}})
+
+
+@pytest.mark.parametrize("source", [
+    "def f(a):\n    return getattr(a, 'shape', None)\n",                   # a library's name
+    "class A:\n    x = 1\ndef f(a):\n    return getattr(a, 'x', 0)\n",  # the module's own
+    "def f(fn):\n    return getattr(fn, '__name__', '')\n",                 # Python's protocols
+])
+def test_the_check_allows_library_own_and_python_names(source):
+    assert not duck_reaches(source, "memory", {"disk.sink": {"x", "shape"}})
+
+
+# --------------------------------------------------------------------------
+# The copy kinds are spelled in one place
+# --------------------------------------------------------------------------
+def spelled_copy_kinds(source, filename="<module>"):
+    """The lines of ``source`` that spell a copy kind (``"D2H"``, ``"H2D"``, ``"D2D"``) as a string
+    of their own, outside docstrings: the kinds belong to ``runtime/ops.py`` (``OpKind``)."""
+    from course_helper.runtime.ops import COPY_KINDS
+    tree = ast.parse(source, filename)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{filename}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in COPY_KINDS and id(node) not in docstrings]
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p != PACKAGE / "runtime" / "ops.py"],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_takes_the_copy_kinds_from_ops(path):
+    found = spelled_copy_kinds(path.read_text(), str(path.relative_to(PACKAGE.parent)))
+    assert not found, "spell them OpKind.D2H, ... (course_helper.runtime.ops):\n" + "\n".join(found)
+
+
+def test_the_check_finds_a_copy_kind_spelled_as_a_string():
+    assert spelled_copy_kinds('"""D2H in a docstring is fine."""\nCOPIES = ("D2H", "H2D", "D2D")\n')
+    assert not spelled_copy_kinds('"""Copies "D2H" and "H2D"."""\nlink = f"{kind}_pageable"\n')

@@ -712,3 +712,25 @@ def test_every_public_function_of_the_runtime_has_type_hints(path):
             if untyped or node.returns is None:
                 missing.append(f"{path.name}:{node.lineno} {node.name} ({', '.join(untyped) or 'return'})")
     assert not missing, "\n".join(missing)
+
+
+# --------------------------------------------------------------------------
+# The scheduler on its own: lanes, one engine, a link and an event, no runtime
+# --------------------------------------------------------------------------
+def test_the_scheduler_orders_two_lanes_by_their_queues_an_event_and_the_engine():
+    from course_helper.runtime.scheduler import Lane, Scheduler, ticks
+    sched = Scheduler({"compute": 1, "copy": 1}, {"D2H": 1e6}, 0)   # 1e6 bytes per ms
+    compute, io = Lane(sched, 0, "compute"), Lane(sched, 0, "io")
+    one = ticks(1.0)
+    k1 = sched.add(compute, "kernel 1", 0.0, [], engine="compute", duration=one)
+    record = sched.add(compute, "event record", 0.0, [])                # the event: after kernel 1
+    k2 = sched.add(compute, "kernel 2", 0.0, [], engine="compute", duration=one)
+    copy = sched.add(io, "D2H 1", 0.0, [record], engine="copy", link="D2H", peak=1e6, nbytes=5e5)
+    k3 = sched.add(io, "kernel 3", 0.0, [], engine="compute", duration=one)   # after the copy, in io's queue
+    sched.run_until(lambda: all(t.done for t in (k1, k2, copy, k3)), "everything")
+    assert (k1.start, k1.end) == (0.0, one)
+    assert record.end == k1.end                         # a record ends with the work before it
+    assert copy.start == k1.end and copy.end == k1.end + 0.5    # waits for the event; 5e5 bytes at 1e6 per ms
+    assert (k2.start, k2.end) == (one, 2 * one)         # runs under the copy: another engine
+    assert k3.start == max(copy.end, k2.end) == k2.end  # in order on io, and the one compute engine is k2's
+    assert k3.end == 3 * one

@@ -20,12 +20,11 @@ PROBLEM = dict(n0=24, n1=24, nt=24)
 # --------------------------------------------------------------------------
 # Hand-built sequences: the rules of happens-before, one at a time
 # --------------------------------------------------------------------------
-class FakeStream:
-    def __init__(self, name, blocking=False, is_default=False):
-        self.name, self.blocking, self.is_default = name, blocking, is_default
+class FakeStream(ch.streams.Stream):
+    """A stream as the sanitizer sees it (its class, name and ordering), with no runtime behind it."""
 
-    def wait_event(self, event):          # marks it as a stream for host_synced
-        pass
+    def __init__(self, name, blocking=False, is_default=False):     # not the Stream's: no runtime
+        self.name, self.blocking, self.is_default = name, blocking, is_default
 
 
 class FakeEvent:
@@ -390,14 +389,21 @@ def test_ordered_work_of_two_threads_is_no_race(backend):
     buf = ch.device_empty((8, 8))
     baked = ch.create_events(1)[0]
 
+    failed = []
+
     def first():
-        ch.bake_layer(buf, 1, a)
-        a.record(baked)
+        try:
+            ch.bake_layer(buf, 1, a)
+            a.record(baked)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test (a thread's exception is lost)
+            failed.append(exc)
 
     with ch.sanitize(names={"buf": buf}):
         worker = threading.Thread(target=first)
         worker.start()
         worker.join()
+        if failed:
+            raise failed[0]                 # in this thread, where pytest sees it
         b.wait_event(baked)                    # another thread's record orders this thread's work
         ch.bake_layer(buf, 2, b)
         ch.synchronize()
@@ -408,8 +414,8 @@ def test_a_strided_view_spans_its_first_to_one_past_its_last_byte(world):
     _, buf, _, _, _ = world
     ptr = buf.__array_interface__["data"][0]
     for view in (buf[::3, ::7], buf[::-3, ::-7], buf.T):     # each reaches the first and the last element
-        assert ch.sanitizer.byte_span(view) == ("device", ptr, ptr + buf.nbytes)
-    assert ch.sanitizer.byte_span(buf[1:3, 2::3]) == ("device", ptr + 4 * 10, ptr + 4 * 22)
+        assert ch.runtime.base.byte_span(view) == ("device", ptr, ptr + buf.nbytes)
+    assert ch.runtime.base.byte_span(buf[1:3, 2::3]) == ("device", ptr + 4 * 10, ptr + 4 * 22)
 
 
 def test_a_strided_view_races_on_its_last_element(world):

@@ -72,7 +72,8 @@ from typing import Any
 import numpy as np
 
 from .. import checks, files, runtime, streams
-from ..memory import copy_on_device_async, device_empty, pinned_empty
+from ..memory import HandsOnCopies, TakesCopiesOnDevice, copy_on_device_async, device_empty, pinned_empty
+from ..runtime.ops import OpKind
 from ..runtime import observe
 from ..streams import Stream
 from ..timelines import recording
@@ -112,20 +113,23 @@ def _peaks(block):
     return np.maximum(block.max(axis=(1, 2)), -block.min(axis=(1, 2)))
 
 
-class Slot(np.ndarray):
+class Slot(np.ndarray, HandsOnCopies):
     """The view of a ring slot that a loop receives from ``ring[k]``: an ordinary host array
-    that also carries ``copy_queued(stream)``. The copy functions of :mod:`course_helper.memory`
-    call it once the copy into the view is queued on ``stream``, handing the slot to the sink.
-    Arrays made from a Slot (slices, results) carry nothing."""
+    that is also a :class:`~course_helper.memory.HandsOnCopies`. The copy functions of
+    :mod:`course_helper.memory` call its :meth:`copy_queued` once the copy into the view is
+    queued on ``stream``, handing the slot to the sink. Arrays made from a Slot (slices,
+    results) hand nothing on."""
+
+    def copy_queued(self, stream: Stream) -> None:
+        """Nothing, on an array made from a slot's view. The view that ``ring[k]`` gives carries
+        its own ``copy_queued`` (set by :meth:`Ring.__getitem__`), which hands the slot to the sink."""
 
 
-class DeviceSlot:
+class DeviceSlot(TakesCopiesOnDevice):
     """The view of a ring slot on the device that a loop receives from ``ring[k]`` when the store
     compresses on the device. The loop copies into it as into a host array
     (``copy_to_host_async``, ``copy_to_host``): the copy stays on the device, a device-to-device
     copy on the loop's stream (:meth:`take`), and hands the slot to the sink."""
-
-    on_device = True          # what course_helper.memory's copies look for
 
     def __init__(self, array: Any, hand_on: Callable[[Stream], None]) -> None:
         self.array, self.shape, self.dtype = array, array.shape, array.dtype
@@ -540,7 +544,7 @@ class DiskSink:
         for first, n, (a, b), (c, d), nbytes in self._compression_times():
             level = first * self.every        # nvCOMP's kernels, then the compressed bytes' copy
             rec.add_interval("compress", "kernel", f"zstd level {level}", a, b, n * self.level_bytes, level)
-            rec.add_interval("compress", "D2H", f"D2H zstd level {level}", c, d, nbytes, level)
+            rec.add_interval("compress", OpKind.D2H, f"{OpKind.D2H} zstd level {level}", c, d, nbytes, level)
 
     # -- the writer threads --------------------------------------------------
     def writer(self, lane: str) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from .. import checks
 from ..runtime.backend import backend_name, cupy_module
-from ..wave import WaveProblem
+from ..wave import WaveProblem, save_interval
 from .loops import STRATEGIES
 from .results import HaloResult
 from .slabs import decompose
@@ -31,11 +31,7 @@ def check_job(problem: WaveProblem, ranks: int, every: int) -> int:
     split over ``ranks`` (:func:`decompose`) and an ``every`` below ``nt``. Returns ``every``.
     Every rank finds the same mistake, so under ``mpiexec`` rank 0 alone says it."""
     decompose(problem.n0, ranks)
-    every = checks.positive_int("every", every)
-    if every >= problem.nt:
-        raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved; "
-                         "choose every < nt")
-    return every
+    return save_interval(every, problem.nt)
 
 
 def find_mpiexec() -> str:

@@ -15,6 +15,7 @@ import numpy as np
 from .. import runtime
 from ..runtime import observe
 from ..runtime.backend import backend_name, cupy_module, gpu_name
+from ..runtime.ops import LinkCost
 from ..streams import create_events
 from .slabs import HALO
 
@@ -143,7 +144,7 @@ class HaloLink:
             op = observe.Op("halo", f"halo level {level}", self.stream, level, nbytes,
                             tuple(a for _, a in sends), tuple(b for _, b in recvs))
             runtime.submit(self.stream, op, cuda=lambda raw: self.nccl_swap(sends, recvs),
-                           numpy=lambda *rows: self.mpi_swap(sends, recvs, rows), cost={"peer": nbytes})
+                           numpy=lambda *rows: self.mpi_swap(sends, recvs, rows), cost=LinkCost("peer", nbytes))
         self.stream.record(self.done)
 
     def nccl_swap(self, sends: Rows, recvs: Rows) -> None:

@@ -20,10 +20,11 @@ import numpy as np
 from .. import checks, runtime, streams
 from ..graphs import Graph, capture_graph
 from ..memory import zero_async
+from ..runtime.ops import OpKind
 from ..streams import synchronize
 from ..timelines import recording
 from ..timelines.timeline import Trace, TraceEvent
-from ..wave import WaveProblem
+from ..wave import WaveProblem, save_interval
 from .rank import RankRun
 from .slabs import Slab, decompose
 
@@ -167,9 +168,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
     checks.one_of("strategy", strategy, STRATEGIES)
     repeats = checks.positive_int("repeats", repeats)
     if every:
-        every = checks.positive_int("every", every)
-        if every >= problem.nt:
-            raise ValueError(f"every={every} is not below nt={problem.nt}: only level 0 would be saved")
+        every = save_interval(every, problem.nt)
     decompose(problem.n0, team.size)                 # a clear error before anything is allocated
     run = RankRun(team, problem, strategy, every, on_snapshot)
     times, queued, timeline, recorder, graph = [], [], None, None, None
@@ -227,8 +226,8 @@ def _rank_timeline(trace, halo_bytes):
     for e in trace.events:
         if e is start or e.end_ms < start.end_ms:
             continue
-        if e.name.startswith("halo level"):
-            e = TraceEvent("halo", "halo", e.name, e.start_ms, e.end_ms, halo_bytes, int(e.name.split()[-1]))
+        if e.kind == OpKind.HALO:
+            e = TraceEvent("halo", OpKind.HALO, e.name, e.start_ms, e.end_ms, halo_bytes, e.level)
         e.start_ms -= start.end_ms
         e.end_ms -= start.end_ms
         events.append(e)

@@ -27,6 +27,7 @@ from .. import checks, streams
 from ..kernels import RawKernel, source
 from ..memory import InputRing, copy_to_device_async, copy_to_host, device_zeros, is_device_array, pinned_empty
 from ..runtime import observe
+from ..runtime.ops import OpKind
 from ..solver import timing_only
 from ..streams import create_streams, synchronize
 from ..timelines import recording
@@ -327,7 +328,7 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], None]) -> str:
                             f"{len(waits)} times ({describe_waits(waits)}); the rule: the host never waits in the "
                             "loop - let the streams wait for events instead (stream.wait_event(event))")
     hidden, trace = _balanced(run)
-    copied = {"H2D": "uploads (host to device)", "D2H": "downloads (device to host)"}
+    copied = {OpKind.H2D: "uploads (host to device)", OpKind.D2H: "downloads (device to host)"}
     for direction, h in hidden.items():
         if h.copy_ms == 0:
             raise CapstoneError(f"your loop ran no {copied[direction]} at the balanced point: every block reads its "

@@ -32,9 +32,9 @@ import numpy as np
 from .. import streams
 from ..memory import is_device_array
 from ..runtime import observe
+from ..runtime.ops import OpKind
 from ..sanitizer import RaceError, Sanitizer
 from ..streams import synchronize
-from ..timelines.timeline import covered_length, intersection_length, merge_intervals
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -90,12 +90,13 @@ class HostWaits:
         self.lock = threading.Lock()
 
     def host_synced(self, target: Any) -> None:
+        is_stream = isinstance(target, streams.Stream)
         line = caller_line()
         if line is None:
             line = ("ch.synchronize()" if target is None else
-                    f"{target.name}.synchronize()" if hasattr(target, "wait_event") else "event.synchronize()")
+                    f"{target.name}.synchronize()" if is_stream else "event.synchronize()")
         with self.lock:
-            covered = ("device" if target is None else self.last_on.get(id(target)) if hasattr(target, "wait_event")
+            covered = ("device" if target is None else self.last_on.get(id(target)) if is_stream
                        else self.recorded_after.get(id(target)))
             self.pending.append(line)
             self.unjudged.append((line, covered))
@@ -390,16 +391,13 @@ class Hidden:
     fraction: float
 
 
-def hidden_by_direction(trace: Trace, directions: tuple[str, ...] = ("H2D", "D2H")) -> dict[str, Hidden]:
+def hidden_by_direction(trace: Trace, directions: tuple[str, ...] = (OpKind.H2D, OpKind.D2H)) -> dict[str, Hidden]:
     """For each copy direction, the share of its copying time during which a kernel ran too.
 
-    (:meth:`~course_helper.timelines.Trace.overlap` measures the shorter of compute and the
-    device-to-host copies; a loop that copies both ways is asked about each direction alone.)"""
-    kernels = merge_intervals((e.start_ms, e.end_ms) for e in trace.kernels)
+    (Each direction's :meth:`~course_helper.timelines.Trace.overlap`, its ``copy_fraction``: a
+    loop that copies both ways is asked about each direction alone.)"""
     found = {}
-    for d in directions:
-        copies = merge_intervals((e.start_ms, e.end_ms) for e in trace.of_kind(d))
-        busy = covered_length(copies)
-        both = intersection_length(kernels, copies)
-        found[d] = Hidden(d, busy, both, both / busy if busy > 0 else 0.0)
+    for d in map(str, directions):          # keyed by the plain names
+        o = trace.overlap((d,))
+        found[d] = Hidden(d, o.copy_ms, o.overlap_ms, o.copy_fraction)
     return found

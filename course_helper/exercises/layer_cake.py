@@ -14,7 +14,8 @@ import numpy as np
 from .. import checks, runtime, streams
 from ..memory import is_device_array, is_pinned
 from ..runtime import observe
-from ..sanitizer import byte_span
+from ..runtime.base import byte_span
+from ..runtime.ops import KernelCost, OpKind
 from ..streams import synchronize
 from ..timelines import recording
 from .core import ExerciseError, LoopProgram, describe_waits, explain_serial, learner_names, run_checked
@@ -122,7 +123,7 @@ def bake_layer(plane: Any, k: int, stream: Stream | None = None, *, oven: bool =
 
     op = observe.Op("kernel", f"bake layer {k}", stream, k, 0, (), (plane,))
     runtime.submit(stream, op, cuda=cuda, numpy=numpy,
-                   cost={"kernel": "bake", "bytes": plane.nbytes, "hold_us": hold_us})
+                   cost=KernelCost("bake", plane.nbytes, hold_us))
 
 
 #: The share of the shorter of the two (bakes or copies) that must run under the other: the
@@ -235,7 +236,7 @@ def _check_overlap(loop, program, stack):
         loop()
         synchronize()
     trace = handle.trace
-    if not trace.kernels or not trace.of_kind("D2H"):
+    if not trace.kernels or not trace.of_kind(OpKind.D2H):
         return False
     ov = trace.overlap()
     if ov.hidden_fraction >= OVERLAP_NEEDED:
@@ -246,10 +247,10 @@ def _check_overlap(loop, program, stack):
                 f"{OVERLAP_NEEDED:.0%}.")
     why = _why_serial(program, stack)
     if why is None:
-        work = trace.kernels + trace.of_kind("D2H")
+        work = trace.kernels + trace.of_kind(OpKind.D2H)
         per_plane = 1e3 * (max(e.end_ms for e in work) - min(e.start_ms for e in work)) / nplanes
         bake, copy = (1e3 * sum(e.end_ms - e.start_ms for e in es) / len(es)
-                      for es in (trace.kernels, trace.of_kind("D2H")))
+                      for es in (trace.kernels, trace.of_kind(OpKind.D2H)))
         # The order allowed overlap and the host never waited: the work was queued no faster than it ran.
         why = (f"your loop's order lets a copy run during the next bake, but in this run they hardly met: "
                f"a bake took {bake:.0f} µs and a copy {copy:.0f} µs, the run {per_plane:.0f} µs a plane" +
@@ -264,7 +265,7 @@ def _check_overlap(loop, program, stack):
 
 def _plane(op: Op, stack: np.ndarray) -> int | None:
     """The plane of ``stack`` a copy writes (None for other operations)."""
-    if op.kind != "D2H" or not op.writes:
+    if op.kind != OpKind.D2H or not op.writes:
         return None
     space, lo, _ = byte_span(op.writes[0])
     _, first, end = byte_span(stack)

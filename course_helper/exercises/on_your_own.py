@@ -20,7 +20,8 @@ import numpy as np
 
 from .. import checks, runtime
 from ..memory import measure_bandwidth
-from ..sanitizer import byte_span
+from ..runtime.base import byte_span
+from ..runtime.ops import OpKind
 from ..solver import prepare, solve, timing_only
 from ..streams import create_streams, synchronize
 from ..wave import WaveProblem
@@ -62,7 +63,7 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
         return Verdict(f"Not yet: nothing orders the copy after the kernels ({err.race.first}, then "
                        f"{err.race.second}). Make io wait for an event recorded on compute after them.", False)
     kernels = [q[0] for q in program.queued if q[0].kind == "kernel"]
-    copies = [q[0] for q in program.queued if q[0].kind == "D2H"]
+    copies = [q[0] for q in program.queued if q[0].kind == OpKind.D2H]
     if not kernels or not copies:
         return Verdict("Not yet: copy_after_kernels should still queue the 20 steps and the copy; put them back.",
                        False)

@@ -15,6 +15,7 @@ import numpy as np
 from .. import checks, runtime, streams
 from ..memory import is_device_array
 from ..runtime import observe
+from ..runtime.ops import KernelCost
 from ..runtime.base import CpuDeviceArray
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class RawKernel:
 
         op = observe.Op("kernel", label, stream, level, 0, reads, tuple(writes))
         runtime.submit(stream, op, cuda=cuda, numpy=numpy,
-                       cost={"kernel": MODEL_SHAPE, "bytes": sum(a.nbytes for a in arrays)})
+                       cost=KernelCost(MODEL_SHAPE, sum(a.nbytes for a in arrays)))
 
 
 def _check_argument(a: object, kernel: str) -> bool:

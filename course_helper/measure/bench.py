@@ -34,6 +34,7 @@ import numpy as np
 from .. import checks, raw_cupy, runtime
 from ..disk import DEFAULT_WRITERS, SHARDED, codec_speed, device_batch, measure_disk_bandwidth, open_store
 from ..runtime.backend import backend_name, device_report
+from ..runtime.ops import OpKind
 from .compare import nscratch_for, baseline_first, time_strategies
 from ..graphs import capture_graph, graphs_supported
 from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
@@ -468,7 +469,7 @@ def table(doc: dict) -> str:
     over the untraced median, what recording the timeline costs; compute, D2H, overlap ms and
     hidden: from the traced runs, see :func:`measure_trace_cost`)."""
     lines = [f"{'point':<18} {'B ms':>8} {'bound by':<8} {'strategy':<15} {'median ms':>10} {'efficiency':>10} "
-             f"{'speedup':>8} {'traced':>7} {'compute':>8} {'D2H':>7} {'overlap':>8} {'hidden':>6} identical"]
+             f"{'speedup':>8} {'traced':>7} {'compute':>8} {OpKind.D2H:>7} {'overlap':>8} {'hidden':>6} identical"]
     for p in doc["points"]:
         label = _label(p)
         if "skipped" in p:

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import disk
 from ..runtime.backend import backend_name, device_report
+from ..runtime.ops import COPY_KINDS, OpKind
 from ..exercises.layer_cake import bake_layer
 from ..graphs import capture_graph
 from ..memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
@@ -56,10 +57,10 @@ def _link(bench, kind, sizes, repeat=10):
         dev = device_zeros(n)
         host = pinned_zeros(n)
         s = bench.s
-        if kind == "D2H":
+        if kind == OpKind.D2H:
             ms = bench.device_ms(lambda: copy_to_host_async(host, dev, s), repeat)
-        elif kind == "H2D":
-            ms = bench.device_ms(lambda: queue_copy("H2D", dev, host, s, None), repeat)
+        elif kind == OpKind.H2D:
+            ms = bench.device_ms(lambda: queue_copy(OpKind.H2D, dev, host, s, None), repeat)
         else:
             other = device_zeros(n)
             ms = bench.device_ms(lambda: copy_on_device_async(other, dev, s), repeat)
@@ -85,10 +86,10 @@ def _pageable(bench, kind, sizes, overhead_us, count=8):
         for i in range(count):
             synchronize()
             t = time.perf_counter()
-            if kind == "D2H":
+            if kind == OpKind.D2H:
                 copy_to_host(stack[i], dev, bench.s)
             else:
-                queue_copy("H2D", dev, stack[i], bench.s, None, pageable=True)
+                queue_copy(OpKind.H2D, dev, stack[i], bench.s, None, pageable=True)
                 bench.s.synchronize()
             times.append(time.perf_counter() - t)
         pts.append((size, float(np.median(times[1:])) * 1e6 - overhead_us))
@@ -275,14 +276,15 @@ def calibrate(progress: Callable[[str], object] = print) -> dict:
     host = {key: round(float(np.median([r[key] for r in rounds])), 3) for key in rounds[0]}
 
     progress("links")
-    links = {"D2H": _link(bench, "D2H", sizes), "H2D": _link(bench, "H2D", sizes),
-             "D2D": _link(bench, "D2D", sizes + [256 * _MIB])}
+    # Keyed by plain strings: the profile is written as JSON.
+    links = {str(kind): _link(bench, kind, sizes + ([256 * _MIB] if kind == OpKind.D2D else []))
+             for kind in COPY_KINDS}
     staged_overhead = host["copy"] + host["synchronize"]
     first, second = _copies_together(bench)
     together = {"copies_per_link": copies_per_link(first, second),
                 "two_16MiB_copies_end_ms": [round(first, 4), round(second, 4)]}
-    links["D2H_pageable"] = _pageable(bench, "D2H", sizes, staged_overhead)
-    links["H2D_pageable"] = _pageable(bench, "H2D", sizes, staged_overhead)
+    for kind in (OpKind.D2H, OpKind.H2D):
+        links[f"{kind}_pageable"] = _pageable(bench, kind, sizes, staged_overhead)
 
     progress("kernels")
     grids = [64, 128, 256, 512, 1024, 2048, 4096]

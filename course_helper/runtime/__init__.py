@@ -20,7 +20,8 @@ never dispatch it.
 Objects that a runtime hands out (streams, events, graphs) are *raw* objects
 of that runtime; :mod:`course_helper.streams` wraps them for learners.
 
-Its modules, from the bottom up: :mod:`.base` (the :class:`Runtime` interface), :mod:`.profiles`
+Its modules, from the bottom up: :mod:`.ops` (what an operation is: its kind, one of
+:class:`~.ops.OpKind`, and its cost as a type), :mod:`.base` (the :class:`Runtime` interface), :mod:`.profiles`
 (the modelled device's measured figures), :mod:`.observe` (who watches the queued work),
 :mod:`.backend` (which backend is active), :mod:`.model` and :mod:`.gpu` (the two runtimes) and
 :mod:`.active` (the one in use, and :func:`submit`, the one door every operation goes through);

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from . import observe, profiles
 from .backend import backend_name, generation, profile_name
 from .model import ModelRuntime
+from .ops import Cost
 from .base import CpuDeviceArray, GraphsUnsupported, Runtime
 
 __all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "get", "submit", "wants_op", "host_ms",
@@ -70,7 +71,7 @@ def wants_op(stream: Any) -> bool:
 
 
 def submit(stream: Any, op: observe.Op, *, cuda: Callable | None, numpy: Callable | None,
-           cost: dict) -> None:
+           cost: Cost) -> None:
     """Queue the checked operation ``op`` on the helper ``stream`` and tell the observers.
 
     ``op_queued`` is announced before the runtime queues it and ``op_issued``

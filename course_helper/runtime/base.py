@@ -1,6 +1,6 @@
-"""The interface of a runtime (see :mod:`course_helper.runtime`), with the types
-both runtimes share. Kept apart so that the runtimes can import it while
-:mod:`course_helper.runtime` imports them."""
+"""The interface of a runtime (see :mod:`course_helper.runtime`), with the types both runtimes
+share and :func:`byte_span`, the memory an array covers. Kept apart so that the runtimes can
+import it while :mod:`course_helper.runtime` imports them."""
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +9,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray"]
+from .ops import Cost, OpKind
+
+__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span"]
 
 
 class CpuDeviceArray(np.ndarray):
@@ -30,6 +32,32 @@ class PinnedArray(np.ndarray):
         return array[()] if return_scalar else array
 
 
+def byte_span(a: Any) -> tuple[str, int, int] | None:
+    """``(space, first byte, one past the last byte)`` of array ``a``, or None if empty.
+
+    Host and device memory are separate address spaces. A strided view gets
+    the conservative span from its lowest to its highest byte. (The race sanitizer compares
+    these spans; device-to-device copies refuse overlapping ones.)
+    """
+    if isinstance(a, np.ndarray):
+        ptr = a.__array_interface__["data"][0]
+        space = "device" if isinstance(a, CpuDeviceArray) else "host"
+    else:                                    # a CuPy array
+        ptr = a.data.ptr
+        space = "device"
+    if a.size == 0:
+        return None
+    if a.flags.c_contiguous:
+        return space, ptr, ptr + a.nbytes
+    lo = hi = ptr
+    for n, st in zip(a.shape, a.strides):
+        if st > 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return space, lo, hi + a.itemsize
+
+
 class GraphsUnsupported(RuntimeError):
     """CUDA graphs cannot be used with the active backend."""
 
@@ -38,11 +66,11 @@ class Runtime(ABC):
     """The interface both runtimes implement (raw objects are the runtime's own): each
     abstract method here, the rest have a default.
 
-    Times are in milliseconds. ``cost`` describes an operation for the model
-    (``{"kernel": "wave2d_4o", "bytes": n}``, ``{"copy": "D2H", "pageable": False}``,
-    ``{"fill": True}``). A copy or fill names its arrays in ``cost``
-    (``"dst"``, ``"src"``) and needs no ``cuda``/``numpy`` function: each
-    runtime does it its own way.
+    Times are in milliseconds. ``cost`` describes an operation for the model, as one of the
+    types of :mod:`course_helper.runtime.ops` (``KernelCost("wave2d_4o", n)``,
+    ``CopyCost(OpKind.D2H, dst, src)``, ``FillCost(dst)``, ``LinkCost("peer", n)``). A copy or
+    fill names its arrays in its cost and needs no ``cuda``/``numpy`` function: each runtime
+    does it its own way.
     """
 
     name = ""            #: "gpu" or "cpu"
@@ -126,7 +154,7 @@ class Runtime(ABC):
     # -- work ----------------------------------------------------------------
     @abstractmethod
     def enqueue(self, stream: Any, op: Any, cuda: Callable | None, numpy: Callable | None,
-                cost: dict) -> None:
+                cost: Cost) -> None:
         """Queue ``op`` on ``stream``: ``cuda(raw_stream)`` launches it on a GPU;
         ``numpy(*outs)`` computes it on the CPU, writing its results into
         ``outs`` (arrays shaped like ``op.writes``). A runtime whose
@@ -138,8 +166,8 @@ class Runtime(ABC):
         runtime has it)."""
         raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 
-    def copy_async(self, stream: Any, kind: str, dst: Any, src: Any, host_ptr: int | None = None) -> None:
-        """Queue a copy ("D2H", "H2D" or "D2D") directly: what callers do instead of
+    def copy_async(self, stream: Any, kind: OpKind, dst: Any, src: Any, host_ptr: int | None = None) -> None:
+        """Queue a copy (one of :data:`~.ops.COPY_KINDS`) directly: what callers do instead of
         :meth:`enqueue` where :attr:`needs_op` is False (only such a runtime has it)."""
         raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 

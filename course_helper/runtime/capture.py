@@ -2,9 +2,18 @@
 captured streams, replayed in order by :meth:`course_helper.runtime.model.ModelRuntime.launch_graph`."""
 from __future__ import annotations
 
+import enum
 from typing import Any
 
-__all__ = ["CapturedCall", "ModelGraph"]
+__all__ = ["Call", "CapturedCall", "ModelGraph"]
+
+
+class Call(enum.Enum):
+    """The calls a capture keeps: queueing work or a host function, recording an event, waiting on one."""
+    ENQUEUE = enum.auto()
+    HOST_FUNC = enum.auto()
+    RECORD = enum.auto()
+    WAIT_EVENT = enum.auto()
 
 
 class ModelGraph:
@@ -29,22 +38,22 @@ class ModelGraph:
             stream.capture = self
             self.after[stream] = {}
 
-    def add(self, call: str, args: tuple) -> CapturedCall:
+    def add(self, call: Call, args: tuple) -> CapturedCall:
         """Capture the call ``call(*args)``; returns its node."""
         node = CapturedCall(call, args)
         self.nodes.append(node)
         self.note(call, args)
         return node
 
-    def note(self, call: str, args: tuple) -> None:
+    def note(self, call: Call, args: tuple) -> None:
         """Follow the ordering of a captured call (see :meth:`unjoined`)."""
-        if call in ("enqueue", "host_func"):
+        if call is Call.ENQUEUE or call is Call.HOST_FUNC:
             known = self.after[args[0]]
             known[args[0]] = known.get(args[0], 0) + 1
-        elif call == "record":
+        elif call is Call.RECORD:
             event, stream = args
             self.recorded[event] = dict(self.after[stream])
-        elif call == "wait_event":
+        elif call is Call.WAIT_EVENT:
             stream, event = args
             known = self.after[stream]
             for s, n in self.recorded.get(event, {}).items():
@@ -81,5 +90,5 @@ class CapturedCall:
 
     __slots__ = ("call", "args", "task")
 
-    def __init__(self, call: str, args: tuple) -> None:
+    def __init__(self, call: Call, args: tuple) -> None:
         self.call, self.args, self.task = call, args, None

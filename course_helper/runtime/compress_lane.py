@@ -7,6 +7,7 @@ import functools
 import threading
 from typing import Any, Callable
 
+from .ops import OpKind
 from .scheduler import Lane, Scheduler, Task, ticks
 
 __all__ = ["CompressedChunk", "ModelCompressor", "compress_spec"]
@@ -47,7 +48,7 @@ class ModelCompressor:
         if self.lane is None:
             # A lane of its own whose failures are each its chunk's (as the disk's writer lanes).
             self.lane = Lane(self.scheduler, 0, "compress", disk=True)
-        link = profile["links"]["D2H"]
+        link = profile["links"][OpKind.D2H]
         peak = link["gbps"] * 1e6                                       # bytes per ms
         chunk = CompressedChunk(link["latency_us"] * 1e-3 * peak)
         deps = [after.task] if after.task is not None else []
@@ -55,7 +56,7 @@ class ModelCompressor:
             self.lane, "compress", now, deps, begin=functools.partial(chunk.begin, work, after), engine="compress",
             duration=ticks(spec["latency_us"] * 1e-3 + nbytes / (spec["gbps"] * 1e6)))
         chunk.task = self.scheduler.add(self.lane, "D2H compressed", now, [], begin=chunk.copy_begin,
-                                        engine="copy", link="D2H", peak=peak)
+                                        engine="copy", link=str(OpKind.D2H), peak=peak)
         return chunk
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+from .ops import CopyCost, Cost, FillCost, KernelCost, LinkCost, OpKind
 from .scheduler import ticks
 
 __all__ = ["kernel_us", "link_ms", "timing"]
@@ -37,7 +38,7 @@ def link_ms(profile: dict, link: str, nbytes: float) -> float:
     return spec["latency_us"] * 1e-3 + nbytes / (spec["gbps"] * 1e6)
 
 
-def timing(profile: dict, op: Any, cost: dict, replaying: bool) -> dict:
+def timing(profile: dict, op: Any, cost: Cost, replaying: bool) -> dict:
     """The engine, link and duration of an operation (the keyword arguments of a
     :class:`~course_helper.runtime.scheduler.Task`); ``replaying``: it is a node of a graph's
     replay, which adds the profile's per-node cost.
@@ -46,20 +47,24 @@ def timing(profile: dict, op: Any, cost: dict, replaying: bool) -> dict:
     would have moved meanwhile, so that a copy alone takes latency +
     bytes / bandwidth, and copies sharing a link share all of it."""
     graph = profile.get("graph", {}) if replaying else {}
-    if "copy" in cost:
-        kind = cost["copy"]
-        spec = profile["links"][kind + ("_pageable" if cost.get("pageable") else "")]
-        peak = spec["gbps"] * 1e6
-        setup_ms = (spec["latency_us"] + graph.get("copy_node_us", 0.0)) * 1e-3
-        return dict(engine="compute" if kind == "D2D" else "copy", link=kind, peak=peak,
-                    nbytes=op.nbytes + setup_ms * peak)
-    if "peer" in cost:
-        # A transfer to or from another device (a halo exchange): no engine of this device,
-        # the profile's ``peer`` link where it has one (else it takes no modelled time).
-        spec = profile["links"].get("peer")
-        return dict(duration=ticks(link_ms(profile, "peer", cost["peer"])) if spec else 0.0)
-    shape = "fill" if "fill" in cost else cost["kernel"]
-    nbytes = op.nbytes if "fill" in cost else cost["bytes"]
-    # hold_us: time a kernel spends by design on top of its work (the layer cake's oven).
-    us = kernel_us(profile, shape, nbytes) + cost.get("hold_us", 0.0) + graph.get("kernel_node_us", 0.0)
+    match cost:
+        case CopyCost(kind=kind):
+            spec = profile["links"][kind + ("_pageable" if cost.pageable else "")]
+            peak = spec["gbps"] * 1e6
+            setup_ms = (spec["latency_us"] + graph.get("copy_node_us", 0.0)) * 1e-3
+            return dict(engine="compute" if kind == OpKind.D2D else "copy", link=str(kind), peak=peak,
+                        nbytes=op.nbytes + setup_ms * peak)
+        case LinkCost(link=link):
+            # A transfer to or from another device (a halo exchange): no engine of this device,
+            # the profile's link where it has one (else it takes no modelled time).
+            spec = profile["links"].get(link)
+            return dict(duration=ticks(link_ms(profile, link, cost.nbytes)) if spec else 0.0)
+        case FillCost():
+            us = kernel_us(profile, "fill", op.nbytes) + graph.get("kernel_node_us", 0.0)
+        case KernelCost():
+            # hold_us: time a kernel spends by design on top of its work (the layer cake's oven).
+            us = kernel_us(profile, cost.shape, cost.nbytes) + cost.hold_us + graph.get("kernel_node_us", 0.0)
+        case _:
+            raise TypeError(f"no modelled cost for a {type(cost).__name__}; pass a KernelCost, CopyCost, "
+                            "FillCost or LinkCost (course_helper.runtime.ops)")
     return dict(engine="compute", duration=ticks(us * 1e-3))

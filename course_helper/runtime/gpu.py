@@ -16,10 +16,10 @@ import numpy as np
 
 from .backend import gpu_name
 from .base import GraphsUnsupported, Runtime
+from .ops import D2D, D2H, H2D, CopyCost, Cost, OpKind
 
 _clock = time.perf_counter
-_D2H, _H2D, _D2D = 2, 1, 3      # cudaMemcpyKind values
-_MEMCPY_KIND = {"D2H": _D2H, "H2D": _H2D, "D2D": _D2D}
+_MEMCPY_KIND = {D2H: 2, H2D: 1, D2D: 3}      # cudaMemcpyKind values
 
 
 def _ptr(a):
@@ -96,13 +96,13 @@ class GpuRuntime(Runtime):
 
     # -- work ----------------------------------------------------------------
     def enqueue(self, stream: Any, op: Any, cuda: Callable | None, numpy: Callable | None,
-                cost: dict) -> None:
+                cost: Cost) -> None:
         if cuda is not None:
             cuda(stream)
-        elif "copy" in cost:
-            self.copy_async(stream, cost["copy"], cost["dst"], cost["src"], cost.get("host_ptr"))
-        else:
-            self._rt.memsetAsync(_ptr(cost["dst"]), 0, cost["dst"].nbytes, stream.ptr)
+        elif type(cost) is CopyCost:
+            self.copy_async(stream, cost.kind, cost.dst, cost.src, cost.host_ptr)
+        else:                                         # a FillCost
+            self._rt.memsetAsync(_ptr(cost.dst), 0, cost.dst.nbytes, stream.ptr)
 
     def launch(self, stream: Any, kernel_for: Callable, grid: tuple, block: tuple, args: tuple) -> None:
         """Launch the ``RawKernel`` that ``kernel_for(stream)`` compiled for the raw ``stream``'s
@@ -110,13 +110,13 @@ class GpuRuntime(Runtime):
         # stream= queues on the stream without making it current (no ``with stream:``).
         kernel_for(stream)(grid, block, args, stream=stream)
 
-    def copy_async(self, stream: Any, kind: str, dst: Any, src: Any, host_ptr: int | None = None) -> None:
-        """Queue the copy ``src`` -> ``dst`` of ``kind`` ("D2H", "H2D" or "D2D") on the raw
+    def copy_async(self, stream: Any, kind: OpKind, dst: Any, src: Any, host_ptr: int | None = None) -> None:
+        """Queue the copy ``src`` -> ``dst`` of ``kind`` (one of :data:`~.ops.COPY_KINDS`) on the raw
         ``stream``; ``host_ptr`` is the host side's address when the caller already read it.
         The copy path of :meth:`enqueue`, called directly where no Op is built."""
         if host_ptr is None:
             dst_ptr, src_ptr = _ptr(dst), _ptr(src)
-        elif kind == "D2H":
+        elif kind == D2H:
             dst_ptr, src_ptr = host_ptr, src.data.ptr
         else:
             dst_ptr, src_ptr = dst.data.ptr, host_ptr

@@ -75,11 +75,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .base import CpuDeviceArray, Runtime
-from .capture import CapturedCall, ModelGraph
+from .capture import Call, CapturedCall, ModelGraph
 from .compress_lane import CompressedChunk, ModelCompressor
 from .costs import kernel_us, link_ms, timing
 from .disk_lanes import DiskWrite, ModelDisk
 from .host import ModelHost
+from .ops import CopyCost, Cost, FillCost, KernelCost, OpKind
 from .scheduler import Lane, Scheduler, Task
 
 __all__ = ["ModelRuntime", "DiskWrite", "CompressedChunk", "kernel_us", "link_ms"]
@@ -224,7 +225,7 @@ class ModelRuntime(Runtime):
 
     @_serialised
     def record(self, event: ModelEvent, stream: ModelStream) -> None:
-        if self._captured(stream, "record", event, stream):
+        if self._captured(stream, Call.RECORD, event, stream):
             event.graph = stream.capture
             return
         self._call("record")
@@ -236,7 +237,7 @@ class ModelRuntime(Runtime):
     def wait_event(self, stream: ModelStream, event: ModelEvent) -> None:
         if event.graph is not None and stream.capture is None and self._replaying is None:
             event.graph.join(stream)          # waiting on a captured record forks into the capture
-        if self._captured(stream, "wait_event", stream, event):
+        if self._captured(stream, Call.WAIT_EVENT, stream, event):
             return
         self._call("wait_event")
         if event.task is not None and (not event.task.done or event.task.error is not None):
@@ -294,25 +295,28 @@ class ModelRuntime(Runtime):
     # -- work ----------------------------------------------------------------
     @_serialised
     def enqueue(self, stream: ModelStream, op: Any, cuda: Callable | None, numpy: Callable | None,
-                cost: dict) -> None:
-        if "kernel" in cost:
+                cost: Cost) -> None:
+        kernel = type(cost) is KernelCost
+        if kernel:
             _writable_outputs(op)             # at launch (and capture), not when it would write them
-        if self._captured(stream, "enqueue", stream, op, cuda, numpy, cost):
+        if self._captured(stream, Call.ENQUEUE, stream, op, cuda, numpy, cost):
             return
         kw = timing(self.profile, op, cost, self._replaying is not None)
-        if "copy" in cost:
-            self._call("copy_d2d" if cost["copy"] == "D2D" and "copy_d2d" in self.profile["host_us"]
+        copy = type(cost) is CopyCost
+        if copy:
+            self._call("copy_d2d" if cost.kind == OpKind.D2D and "copy_d2d" in self.profile["host_us"]
                        else "copy")
-            begin = _begin_copy(cost["dst"], cost["src"]) if self.computes_data else None
+            begin = _begin_copy(cost.dst, cost.src) if self.computes_data else None
         else:
             self._call("launch")
-            if "kernel" in cost and self._replaying is None:
+            if kernel and self._replaying is None:
                 # One kernel per turn of a strategy's loop: the loop's own Python between the
                 # helper's calls (slots, indexing) is charged here, once per turn.
                 self.host.spend(self.profile["host_us"].get("loop_turn", 0.0) * 1e-3)
-            begin = _begin_op(op.writes, numpy if "fill" not in cost else _zero) if self.computes_data else None
+            begin = (_begin_op(op.writes, _zero if type(cost) is FillCost else numpy)
+                     if self.computes_data else None)
         task = self._queue(stream, op.name, begin=begin, **kw)
-        if cost.get("pageable") and self._replaying is None:
+        if copy and cost.pageable and self._replaying is None:
             # Staged through the driver's own pinned buffer: the call returns when the copy is done.
             # No wake-up: the host thread is not asleep but copying the staged chunks itself (and
             # the pageable link is fitted to the sequential loop, which would absorb one).
@@ -321,7 +325,7 @@ class ModelRuntime(Runtime):
 
     @_serialised
     def host_func(self, stream: ModelStream, fn: Callable[[], Any]) -> None:
-        if self._captured(stream, "host_func", stream, fn):
+        if self._captured(stream, Call.HOST_FUNC, stream, fn):
             return
         self._call("host_func")
         self._queue(stream, getattr(fn, "__name__", "host function"), begin=fn, engine="host")
@@ -386,8 +390,8 @@ class ModelRuntime(Runtime):
                 if s is not stream and entry is not None:
                     self._queue(s, "graph start", deps=[entry])
             for node in graph.nodes:
-                getattr(self, node.call)(*node.args)
-                node.task = node.args[0].last if node.call != "record" else node.args[0].task
+                _REPLAY[node.call](self, *node.args)
+                node.task = node.args[0].last if node.call is not Call.RECORD else node.args[0].task
             lasts = [s.last for s in graph.streams if s is not stream and s.last is not None]
             if lasts:
                 self._queue(stream, "graph end", deps=lasts)
@@ -445,6 +449,11 @@ class ModelRuntime(Runtime):
 
     def trace_host_ms(self, origin: dict, host_ms: float) -> float:
         return host_ms - origin["t0"]
+
+
+#: What a captured call does again when its graph is replayed.
+_REPLAY = {Call.ENQUEUE: ModelRuntime.enqueue, Call.HOST_FUNC: ModelRuntime.host_func,
+           Call.RECORD: ModelRuntime.record, Call.WAIT_EVENT: ModelRuntime.wait_event}
 
 
 def _told(stream):

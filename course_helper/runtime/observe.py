@@ -79,7 +79,7 @@ class Op:
     reads and writes, so an observer can tell which operations touch
     overlapping memory.
     """
-    kind: str                      # "kernel", "D2H", "H2D", "D2D", "memset", "host func"
+    kind: str                      # an OpKind: "kernel", "D2H", "H2D", "D2D", "memset", "halo", "host func"
     name: str                      # label on timelines, e.g. "wave2d_4o level 12"
     stream: object                 # the course_helper Stream it was queued on
     level: int | None = None       # time level (or layer) it belongs to, if any

@@ -18,6 +18,8 @@ import os
 from importlib import resources
 from typing import Any
 
+from .ops import OpKind
+
 __all__ = ["ENV_VAR", "DEFAULT", "available", "load", "validate", "printable"]
 
 ENV_VAR = "COURSE_HELPER_PROFILE"
@@ -26,7 +28,7 @@ DEFAULT = "h200"
 #: what every profile must hold (sections and their keys)
 REQUIRED = {
     "device": ("name", "async_engine_count"),
-    "links": ("D2H", "H2D", "D2H_pageable", "H2D_pageable", "D2D"),
+    "links": (OpKind.D2H, OpKind.H2D, f"{OpKind.D2H}_pageable", f"{OpKind.H2D}_pageable", OpKind.D2D),
     "kernels": ("wave2d_4o", "bake", "fill"),
     "host_us": ("launch", "copy", "record", "wait_event", "synchronize", "query", "graph_launch",
                 "host_func", "wake"),

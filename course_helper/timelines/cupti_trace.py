@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 from ..runtime import observe
 from .. import runtime
 from ..runtime.backend import backend_name, cupy_module
+from ..runtime.ops import OpKind
 from .timeline import TraceEvent
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ _BUFFER_BYTES = 8 * 2**20
 
 # The helper's operation kinds and the CUPTI record class each is matched with (a halo
 # exchange, NCCL's send/recv, runs as a kernel on the halo stream).
-_OP_CLASS = {"kernel": "kernel", "D2H": "DTOH", "H2D": "HTOD", "D2D": "DTOD", "memset": "memset", "halo": "kernel"}
+_OP_CLASS = {OpKind.KERNEL: "kernel", OpKind.D2H: "DTOH", OpKind.H2D: "HTOD", OpKind.D2D: "DTOD",
+             OpKind.MEMSET: "memset", OpKind.HALO: "kernel"}
 # Where a graph capture began and ended, among the op journal's entries.
 _CAPTURE_BEGINS, _CAPTURE_ENDS = ("capture begins",), ("capture ends",)
 

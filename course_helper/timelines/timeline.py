@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import files
+from ..runtime.ops import COPY_KINDS, OpKind
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -19,16 +20,16 @@ __all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "LANES", "lane_of", "plot_
            "covered_length", "intersection_length"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
-KINDS = {"kernel": "#1f77b4", "D2H": "#ff7f0e", "H2D": "#2ca02c", "D2D": "#9467bd",
-         "memset": "#8c564b", "host wait": "#7f7f7f", "halo": "#d62728", "disk write": "#17becf"}
-_COPIES = ("D2H", "H2D", "D2D")
+KINDS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c", OpKind.D2D: "#9467bd",
+         OpKind.MEMSET: "#8c564b", "host wait": "#7f7f7f", OpKind.HALO: "#d62728", "disk write": "#17becf"}
 
 #: How a picture lays out its lanes: ``"engines"`` (the default) one lane per engine and purpose,
 #: ``"streams"`` one lane per recorded track (stream, host, writer thread), as the Chrome export has them.
 LANES = ("engines", "streams")
 # The engines view's shared lanes, by kind of work, in the order they are drawn after the streams'
 # own lanes: the halo exchange, copies by direction, the disk writers, the host's waits.
-_SHARED_LANE = {"halo": "halo", "H2D": "H2D", "D2H": "D2H", "disk write": "disk", "host wait": "host"}
+_SHARED_LANE = {OpKind.HALO: "halo", OpKind.H2D: OpKind.H2D, OpKind.D2H: OpKind.D2H, "disk write": "disk",
+                "host wait": "host"}
 _RANK = re.compile(r"(rank \d+ )(.*)")           # a lane of one rank in a merged multi-rank trace
 
 
@@ -53,16 +54,22 @@ class Overlap:
     """How much compute and copying ran at once in one run (:meth:`Trace.overlap`), in ms.
 
     ``compute_ms``: time at least one kernel ran; ``copy_ms``: time at least one
-    device-to-host copy ran; ``overlap_ms``: time both ran at once; ``hidden_fraction``:
-    overlap / the shorter of the two busy times (1.0: the shorter stage ran entirely under
-    the longer one; 0.0: never at once, or one of them did not run); ``timing``: the clock
-    that timed the trace.
+    copy of the kinds asked for ran (by default the device-to-host copies); ``overlap_ms``:
+    time both ran at once; ``hidden_fraction``: overlap / the shorter of the two busy times
+    (1.0: the shorter stage ran entirely under the longer one; 0.0: never at once, or one of
+    them did not run); ``timing``: the clock that timed the trace.
     """
     compute_ms: float
     copy_ms: float
     overlap_ms: float
     hidden_fraction: float
     timing: str
+
+    @property
+    def copy_fraction(self) -> float:
+        """overlap / copy busy time: the share of the copying that ran while a kernel ran (0.0
+        when nothing was copied)."""
+        return self.overlap_ms / self.copy_ms if self.copy_ms > 0 else 0.0
 
     def as_dict(self) -> dict[str, float | str]:
         """The numbers under the names the benchmark's JSON uses."""
@@ -226,7 +233,7 @@ class Trace:
     @property
     def copies(self) -> list[TraceEvent]:
         """The copies (to and from the host, and on the device), in time order."""
-        return self.of_kind(*_COPIES)
+        return self.of_kind(*COPY_KINDS)
 
     def window_for_levels(self, first: int, last: int) -> tuple[float, float]:
         """(start_ms, end_ms) covering every event of levels ``first`` .. ``last``."""
@@ -252,26 +259,23 @@ class Trace:
         what timed the device work ("CUPTI", "CUDA events", or the modelled GPU, e.g.
         "modelled H200").
         """
-        kern = merge_intervals((e.start_ms, e.end_ms) for e in self.kernels)
-        copy = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("D2H", "H2D"))
+        both = self.overlap((OpKind.D2H, OpKind.H2D))          # the copies to and from the host
         host = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("host wait"))
-        overlap = intersection_length(kern, copy)
-        copy_ms = covered_length(copy)
         total = (max(e.end_ms for e in self.events) - min(e.start_ms for e in self.events)) if self.events else 0.0
-        return {"compute_ms": covered_length(kern), "copy_ms": copy_ms, "overlap_ms": overlap,
+        return {"compute_ms": both.compute_ms, "copy_ms": both.copy_ms, "overlap_ms": both.overlap_ms,
                 "host_wait_ms": covered_length(host), "total_ms": total,
-                "overlap_fraction": overlap / copy_ms if copy_ms > 0 else 0.0,
-                "timing": self.timing}
+                "overlap_fraction": both.copy_fraction, "timing": self.timing}
 
-    def overlap(self) -> Overlap:
-        """Compute busy, copy busy (device-to-host copies), their overlap and the hidden fraction:
-        an :class:`Overlap`. This is the one place these numbers are computed; tables and the
-        benchmark's JSON take them from here."""
+    def overlap(self, copies: tuple[str, ...] = (OpKind.D2H,)) -> Overlap:
+        """Compute busy, copy busy (the copies of the kinds ``copies``: by default those to the
+        host), their overlap and the shares hidden: an :class:`Overlap`. This is the one place
+        these numbers are computed; :meth:`summary` (both directions), tables and the
+        benchmark's JSON (copies to the host) take them from here."""
         kern = merge_intervals((e.start_ms, e.end_ms) for e in self.kernels)
-        d2h = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind("D2H"))
-        both = intersection_length(kern, d2h)
-        shorter = min(covered_length(kern), covered_length(d2h))
-        return Overlap(compute_ms=covered_length(kern), copy_ms=covered_length(d2h), overlap_ms=both,
+        copy = merge_intervals((e.start_ms, e.end_ms) for e in self.of_kind(*copies))
+        both = intersection_length(kern, copy)
+        shorter = min(covered_length(kern), covered_length(copy))
+        return Overlap(compute_ms=covered_length(kern), copy_ms=covered_length(copy), overlap_ms=both,
                        hidden_fraction=both / shorter if shorter > 0 else 0.0, timing=self.timing)
 
     def lane_names(self, lanes: str = "engines") -> list[str]:
@@ -323,8 +327,9 @@ class Trace:
     def describe(self) -> str:
         """One sentence stating what the timeline shows."""
         s = self.summary()
-        staging = len(self.of_kind("D2D"))
-        moved = f"{len(self.of_kind('D2H', 'H2D'))} host copies" + (f", {staging} device copies" if staging else "")
+        staging = len(self.of_kind(OpKind.D2D))
+        moved = (f"{len(self.of_kind(OpKind.D2H, OpKind.H2D))} host copies"
+                 + (f", {staging} device copies" if staging else ""))
         clock = f" ({self.meta['clock']})" if self.meta.get("clock") else ""
         return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms{clock}: "
                 f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
@@ -557,7 +562,12 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
         raise ValueError("no timelines to compare: pass at least one Trace")
     panels = []
     for key, item in named.items():
-        trace = getattr(item, "trace", item)
+        # A Trace, or a run that holds one in its ``trace`` (a solver's Result, a layer above:
+        # its property raises a ValueError that says how to record one).
+        try:
+            trace = item if isinstance(item, Trace) else item.trace
+        except AttributeError:
+            trace = None
         if not isinstance(trace, Trace):
             what = f"the run {key!r}" if isinstance(key, str) else f"item {key}"
             raise TypeError(f"{what} holds no timeline ({type(item).__name__}): pass Traces, or results of a "
