@@ -69,6 +69,25 @@ def test_the_sink_is_a_stage_of_the_pipeline_not_an_observer(tmp_path, monkeypat
     assert disk.open_store(tmp_path / "s.zarr").complete.all()
 
 
+def test_a_run_streamed_to_a_store_is_checked_once(tmp_path, monkeypatch):
+    """solve checks its arguments and the store's target once, into one plan that the memory
+    check, the allocation and the sink reuse."""
+    from course_helper import solver
+    calls = []
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(solver, "_validate", counted("validate", solver._validate))
+    monkeypatch.setattr(disk, "check_target", counted("check_target", disk.check_target))
+    monkeypatch.setattr(sink_module, "check_target", counted("check_target", sink_module.check_target))
+    r = ch.solve(_problem(nt=8), "staged", store=tmp_path / "s.zarr", trace=False)
+    assert r.computed and sorted(calls) == ["check_target", "validate"]
+
+
 def test_a_ring_slot_carries_the_hand_off_and_arrays_made_from_it_do_not(tmp_path):
     sink = disk.DiskSink(tmp_path / "s.zarr", _problem(nt=8), 1, 1)
     try:
