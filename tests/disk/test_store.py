@@ -21,7 +21,7 @@ from course_helper.disk import layout
 from course_helper.disk import sink as sink_module
 
 CPU_STRATEGIES = ("sequential", "streams", "events", "staged")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                  COURSE_HELPER_BACKEND="cpu")
 
