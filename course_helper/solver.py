@@ -485,7 +485,7 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
     """
     trace, sanitize = checks.flag("trace", trace), checks.flag("sanitize", sanitize)
     checks.one_of("strategy", strategy, tuple(STRATEGIES))
-    _check_store_options(strategy, trace, store, compress)
+    _check_options(strategy, trace, store, compress)
     computes = runtime.get().computes_data
     plan = _validate(WaveProblem() if problem is None else problem, strategy, every, nscratch, unsafe, nstaging,
                      batch, held=store is None and computes)
@@ -518,7 +518,7 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
                   computed=computes, compression=sink.compression_summary() if sink is not None else None)
 
 
-def _check_store_options(strategy, trace, store, compress):
+def _check_options(strategy, trace, store, compress):
     """Refuse the options of :func:`solve` that cannot go together, before anything is checked
     at length or allocated."""
     if store is not None and not isinstance(store, (str, os.PathLike)):
