@@ -28,7 +28,7 @@ from course_helper.timelines.timeline import covered_length, merge_intervals
 
 
 def make_run(problem, nio, images, nscratch=5):
-    run = Run(problem, 1, nscratch, U=[ch.device_zeros(problem.shape) for _ in range(nscratch)],
+    run = Run(problem, 1, U=[ch.device_zeros(problem.shape) for _ in range(nscratch)],
               V=ch.to_device(problem.velocity), images=images)
     run.compute = ch.create_streams(1, name="compute")[0]
     io = ch.create_streams(nio, name="io")

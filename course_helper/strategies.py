@@ -74,7 +74,6 @@ class Run:
     """
     problem: WaveProblem
     every: int
-    nscratch: int
     U: list[Any]             # scratch wavefields on the device, level L in U[L % nscratch]
     V: Any                   # velocity model on the device
     images: np.ndarray       # host output, one slice per saved level (NaN until written)
@@ -92,6 +91,11 @@ class Run:
     @property
     def nt(self) -> int:
         return self.problem.nt
+
+    @property
+    def nscratch(self) -> int:
+        """The ring's depth: the scratch wavefields in ``U``."""
+        return len(self.U)
 
     @property
     def nstaging(self) -> int:

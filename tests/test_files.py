@@ -1,6 +1,7 @@
 """The package's one atomic writer: a file appears whole or not at all."""
 import errno
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -69,3 +70,38 @@ def test_an_existing_temporary_name_is_never_written_over(tmp_path, monkeypatch)
     with pytest.raises(FileExistsError):
         files.write_atomically(tmp_path / "x", b"data")
     assert clash.read_bytes() == b"someone else's" and not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) for a real full disk")
+def test_full_disk_names_the_file_and_leaves_nothing_behind(tmp_path):
+    def write_onto_a_full_disk(f):
+        f.write("partial")
+        with open("/dev/full", "w") as full:     # every write there fails with ENOSPC
+            full.write("x")
+
+    with pytest.raises(OSError) as info:
+        files.write_atomically(tmp_path / "x.json", write_onto_a_full_disk, binary=False)
+    assert info.value.errno == errno.ENOSPC
+    assert str(tmp_path / "x.json") in str(info.value) and "free some space" in str(info.value)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)],
+                         ids=["umask-022", "umask-077", "umask-002"])
+def test_files_get_the_usual_mode_under_the_umask(tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        path = files.write_atomically(tmp_path / "x.json", lambda f: f.write("{}"), binary=False)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
+
+
+def test_failed_write_removes_the_temporary_file(tmp_path):
+    def boom(f):
+        f.write("partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        files.write_atomically(tmp_path / "x.json", boom, binary=False)
+    assert os.listdir(tmp_path) == []

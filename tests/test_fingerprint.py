@@ -112,7 +112,7 @@ def _disk(tmp_path):
 
 
 class _OneRank:
-    """A team of one rank (as in tests/test_halo.py): its loop runs in this process."""
+    """A team of one rank (as in tests/distributed/test_halo.py): its loop runs in this process."""
     rank, size, nccl, backend, device = 0, 1, None, "cpu", "CPU"
     comm = types.SimpleNamespace(Barrier=lambda: None)
 

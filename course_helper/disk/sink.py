@@ -235,15 +235,18 @@ class DiskSink:
     backend it also queues the chunk's write on the modelled disk), or, when the chunks are
     compressed on the device, to the compression stage first. :meth:`finish` ends the run's
     pipeline, whatever happened. ``compression`` says where the chunks were compressed and why
-    (see :meth:`compression_summary`).
+    (see :meth:`compression_summary`). ``checked``: :func:`check_target` has passed for ``path``
+    already (``solve`` runs it once, before it allocates anything), so it is not run again.
     """
 
     def __init__(self, path: str | os.PathLike, problem: WaveProblem, every: int, chunk: int, *,
-                 compress: str | None = None, writers: int | None = None, pinned: bool = True) -> None:
+                 compress: str | None = None, writers: int | None = None, pinned: bool = True,
+                 checked: bool = False) -> None:
         writers = checks.positive_int("writers", DEFAULT_WRITERS if writers is None else writers)
         self.path = Path(path)
         self.nsaved = len(saved_levels(problem.nt, every))
-        check_target(self.path, self.nsaved * problem.nbytes_level, compress)
+        if not checked:                # solve() checks the target once, before it allocates anything
+            check_target(self.path, self.nsaved * problem.nbytes_level, compress)
         self.every = every
         self.writers = writers
         self.level_bytes = problem.nbytes_level

@@ -144,7 +144,7 @@ def test_checker_reads_the_stack_only_when_the_copies_are_done(backend):
 def test_stored_tracebacks_of_the_exercise_show_no_machine_path():
     import json
     import pathlib
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     for path in [root / "notebooks" / "08_exercise_layer_cake.ipynb"]:
         cells = json.loads(path.read_text())["cells"]
         tracebacks = ["\n".join(o.get("traceback", [])) for c in cells for o in c.get("outputs", [])
@@ -409,7 +409,7 @@ def test_a_loop_too_small_to_overlap_is_told_why(cpu):
 def _notebook_cell(path, defines):
     import json
     import pathlib
-    cells = json.loads((pathlib.Path(__file__).resolve().parents[1] / path).read_text())["cells"]
+    cells = json.loads((pathlib.Path(__file__).resolve().parents[2] / path).read_text())["cells"]
     return next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and defines in "".join(c["source"]))
 
 

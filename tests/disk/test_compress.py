@@ -2,7 +2,7 @@
 opens, compressed on the device on a stream of its own (nvCOMP on a GPU, the modelled engine on
 the CPU backend, the writer threads where neither is here), bit-identical to the in-memory run.
 What the store promises with compression on (kills, Ctrl-C, full disks, damage) is tested with
-the other layouts in tests/test_store.py."""
+the other layouts in tests/disk/test_store.py."""
 import json
 import warnings
 

@@ -119,7 +119,7 @@ def test_bench_refuses_unknown_strategy(cpu):
 
 def test_bench_plot_labels_are_readable(cpu):
     import matplotlib.pyplot as plt
-    doc = json.loads((pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench.json").read_text())
+    doc = json.loads((pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "bench.json").read_text())
     for p in doc["points"]:                       # speedups as on a CPU: all just under 1x
         for r in p.get("strategies", {}).values():
             r["speedup"] = 0.8 + 0.15 * r["efficiency"]

@@ -1,8 +1,6 @@
-import errno
 import json
 import os
 import pathlib
-import stat
 import subprocess
 import sys
 
@@ -174,46 +172,6 @@ def test_unwritable_paths_are_refused_by_name_and_leave_nothing_behind(tmp_path)
         t.to_chrome_json(target)
     assert str(target) in str(info.value) and "not a folder" in str(info.value)
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"] and blocker.read_text() == "a file, not a folder"
-
-
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux) for a real full disk")
-def test_full_disk_names_the_file_and_leaves_nothing_behind(tmp_path):
-    from course_helper.files import write_atomically
-
-    def write_onto_a_full_disk(f):
-        f.write("partial")
-        with open("/dev/full", "w") as full:     # every write there fails with ENOSPC
-            full.write("x")
-
-    with pytest.raises(OSError) as info:
-        write_atomically(tmp_path / "x.json", write_onto_a_full_disk, binary=False)
-    assert info.value.errno == errno.ENOSPC
-    assert str(tmp_path / "x.json") in str(info.value) and "free some space" in str(info.value)
-    assert os.listdir(tmp_path) == []
-
-
-@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)],
-                         ids=["umask-022", "umask-077", "umask-002"])
-def test_files_get_the_usual_mode_under_the_umask(tmp_path, umask, mode):
-    from course_helper.files import write_atomically
-    previous = os.umask(umask)
-    try:
-        path = write_atomically(tmp_path / "x.json", lambda f: f.write("{}"), binary=False)
-    finally:
-        os.umask(previous)
-    assert stat.S_IMODE(os.stat(path).st_mode) == mode
-
-
-def test_failed_write_removes_the_temporary_file(tmp_path):
-    from course_helper.files import write_atomically
-
-    def boom(f):
-        f.write("partial")
-        raise RuntimeError("disk full")
-
-    with pytest.raises(RuntimeError):
-        write_atomically(tmp_path / "x.json", boom, binary=False)
-    assert os.listdir(tmp_path) == []
 
 
 def test_plot_keeps_the_legend_off_the_bars_and_draws_each_operation_as_long_as_it_ran(cpu):

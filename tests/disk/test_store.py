@@ -21,7 +21,7 @@ from course_helper.disk import layout
 from course_helper.disk import sink as sink_module
 
 CPU_STRATEGIES = ("sequential", "streams", "events", "staged")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                  COURSE_HELPER_BACKEND="cpu")
 
@@ -67,6 +67,25 @@ def test_the_sink_is_a_stage_of_the_pipeline_not_an_observer(tmp_path, monkeypat
     chunk = r.images.chunks[0]
     assert handed == [(first, min(chunk, len(r.levels) - first)) for first in range(0, len(r.levels), chunk)]
     assert disk.open_store(tmp_path / "s.zarr").complete.all()
+
+
+def test_a_run_streamed_to_a_store_is_checked_once(tmp_path, monkeypatch):
+    """solve checks its arguments and the store's target once, into one plan that the memory
+    check, the allocation and the sink reuse."""
+    from course_helper import solver
+    calls = []
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(solver, "_validate", counted("validate", solver._validate))
+    monkeypatch.setattr(disk, "check_target", counted("check_target", disk.check_target))
+    monkeypatch.setattr(sink_module, "check_target", counted("check_target", sink_module.check_target))
+    r = ch.solve(_problem(nt=8), "staged", store=tmp_path / "s.zarr", trace=False)
+    assert r.computed and sorted(calls) == ["check_target", "validate"]
 
 
 def test_a_ring_slot_carries_the_hand_off_and_arrays_made_from_it_do_not(tmp_path):
