@@ -29,7 +29,7 @@ from .. import runtime
 from ..memory import pinned_empty
 from ..runtime.compress_lane import compress_spec
 from .layout import SHARDED
-from .shards import ALIGNMENT, ChunkFile, shard_file, zstd_bound
+from .shards import ALIGNMENT, ChunkFile, shard_index, shard_tag, zstd_bound
 
 __all__ = ["CompressionFallback", "NVCOMP_EXTRA", "DEVICE_CHUNK_BYTES", "device_batch", "nvcomp_module", "engine_for",
            "NvcompCompressor"]
@@ -86,16 +86,32 @@ def engine_for(compress: str | None) -> tuple[str, str]:
     return "host", why
 
 
-# The compressed inner chunks sit in the output buffer at a fixed stride; one block per inner chunk
-# copies its used bytes to their place in the packed buffer (one launch per chunk of levels).
+# The compressed inner chunks sit in nvCOMP's output buffer at a fixed stride. One block per inner
+# chunk copies its used bytes to their place in the packed buffer and appends their CRC32C
+# (Castagnoli, reflected, as Zarr's ``crc32c`` codec computes it), so that the packed buffer holds
+# the shard's inner chunks exactly as the file holds them and the host touches no inner chunk.
 _PACK_SOURCE = r"""
-extern "C" __global__ void course_pack(const unsigned char* src, unsigned char* dst,
-                                       const unsigned long long* from, const unsigned long long* to,
-                                       const unsigned long long* size) {
-    const unsigned long long i = blockIdx.x;
+extern "C" __global__ void course_pack_crc32c(const unsigned char* src, unsigned char* dst,
+                                              const unsigned long long* from, const unsigned long long* to,
+                                              const unsigned long long* size, unsigned int* crcs) {
+    __shared__ unsigned int table[256];
+    for (unsigned int j = threadIdx.x; j < 256; j += blockDim.x) {
+        unsigned int c = j;
+        for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        table[j] = c;
+    }
+    const unsigned long long i = blockIdx.x, n = size[i];
     const unsigned char* s = src + from[i];
     unsigned char* d = dst + to[i];
-    for (unsigned long long j = threadIdx.x; j < size[i]; j += blockDim.x) d[j] = s[j];
+    for (unsigned long long j = threadIdx.x; j < n; j += blockDim.x) d[j] = s[j];
+    __syncthreads();
+    if (threadIdx.x == 0) {            // an inner chunk is a few KiB: one thread walks it
+        unsigned int c = 0xFFFFFFFFu;
+        for (unsigned long long j = 0; j < n; ++j) c = table[(c ^ s[j]) & 0xFFu] ^ (c >> 8);
+        c ^= 0xFFFFFFFFu;
+        crcs[i] = c;
+        d[n] = c & 0xFFu; d[n + 1] = (c >> 8) & 0xFFu; d[n + 2] = (c >> 16) & 0xFFu; d[n + 3] = c >> 24;
+    }
 }
 """
 _kernels = {}
@@ -103,7 +119,7 @@ _kernels = {}
 
 def _pack_kernel(cupy):
     if "pack" not in _kernels:
-        _kernels["pack"] = cupy.RawKernel(_PACK_SOURCE, "course_pack")
+        _kernels["pack"] = cupy.RawKernel(_PACK_SOURCE, "course_pack_crc32c")
     return _kernels["pack"]
 
 
@@ -116,6 +132,14 @@ class NvcompCompressor:
     each chunk, in order, with a function that returns its :class:`~.shards.ChunkFile` (or raises
     what compressing it raised). ``intervals`` collects each chunk's compression and copy, on
     the host clock, for the timeline.
+
+    Two streams: nvCOMP compresses on :attr:`stream`, and the packing and the copy of the
+    compressed bytes to the host run on :attr:`copy_stream`, so that one chunk's bytes travel to
+    the host while the next chunk compresses (nvCOMP's output buffer is doubled for that).
+    Everything the host does per chunk is a handful of calls, whatever the number of inner
+    chunks: the writer threads share the interpreter with the loop that feeds the GPU, and
+    Python work per inner chunk (a thousand per shard) held that loop back for milliseconds
+    at a time.
     """
 
     def __init__(self, device: Any, rows: int,
@@ -129,6 +153,7 @@ class NvcompCompressor:
         self.inner_bytes = rows * n1 * 4
         self.per_level = n0 // rows
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.copy_stream = cupy.cuda.Stream(non_blocking=True)
         # The codec is used by this object's thread alone once the run starts (nvCOMP's rule).
         self.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
                                   uncomp_chunk_size=self.inner_bytes, cuda_stream=self.stream.ptr)
@@ -143,23 +168,32 @@ class NvcompCompressor:
         except Exception:  # noqa: BLE001 - no such call in this nvCOMP, or it refused the probe: zstd's bound
             bound = zstd_bound(self.inner_bytes) + 64
         self.cap = -(-bound // align) * align                      # each output buffer's capacity
-        entries = self.chunk * self.per_level
-        self.out = cupy.empty(entries * self.cap, cupy.uint8)      # nvCOMP's output, one buffer per inner chunk
-        self.packed = cupy.empty(entries * self.cap, cupy.uint8)   # the same bytes, packed
-        self.host = [pinned_empty(entries * self.cap, np.uint8) for _ in range(nslots)]   # compressed bytes
+        self.entries = entries = self.chunk * self.per_level
         self.flat = flat
+        # nvCOMP's output, one buffer of `cap` bytes per inner chunk; two, used in turn
+        self.out = [cupy.empty(entries * self.cap, cupy.uint8) for _ in range(2)]
+        self.packed = cupy.empty(entries * (self.cap + 4), cupy.uint8)   # the inner chunks and their CRC32C
+        self.crcs = cupy.empty(entries, cupy.uint32)
+        self.strides = cupy.arange(entries, dtype=cupy.uint64) * self.cap   # where each output buffer starts
+        self.host = [pinned_empty(entries * (self.cap + 4), np.uint8) for _ in range(nslots)]
+        self.host_crcs = [pinned_empty(entries, np.uint32) for _ in range(nslots)]
+        self.packed_out = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]   # out[k] read by the packing
+        self.turn = 0                                              # which of the two output buffers is next
+        # The batches nvCOMP reads and writes, described once: a thousand inner chunks described
+        # per call cost the host milliseconds.
+        self.batches = {}
         # One inner chunk of zeros compressed now, so that an nvCOMP this code cannot drive fails
         # here (and the host compresses instead) rather than in the middle of a run.
         try:
             with self.stream:
                 device[0, 0, :rows].fill(0)
-            self._encode(0, 1)
+            self._encode(0, 1, 0)()
         except BaseException:
             self.let_go()             # the codec goes before its stream, not whenever the collector runs
             raise
         self.intervals = []                  # (first level index, n, t0, t1, t2, compressed bytes)
         self.queue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self.run, name="disk compressor", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="disk compressor", daemon=True)
 
     def start(self) -> None:
         """Start the compressing thread."""
@@ -175,74 +209,124 @@ class NvcompCompressor:
         if self.thread.ident is not None:
             self.thread.join()
 
-    def run(self) -> None:
-        """The thread: one chunk at a time, in the order the loop handed them over."""
+    def _run(self) -> None:
+        """The thread: one chunk at a time, in the order the loop handed them over. A chunk's
+        compressed bytes are handed to the writers once they are on the host, which is checked
+        after the next chunk's compression has been queued (they travel meanwhile)."""
+        landing = None                       # (first, n, s, landed) of the chunk on its way to the host
         while True:
+            if landing is not None and self.queue.empty():
+                self._hand_over(*landing)    # nothing to compress meanwhile: the writers get it now
+                landing = None
             item = self.queue.get()
             if item is None:
-                return
+                break
             first, n, s, done = item
             try:
-                fetch = self.compress(first, n, s, done)   # the shard is put together by the writer that calls it
+                compressing = self.compress(first, n, s, done)
             except BaseException as exc:  # noqa: BLE001 - handed to the writer, which stops the run
-                fetch = _raiser(exc)
-            self.deliver(first, n, s, fetch)
+                compressing = _raiser(exc)
+            if landing is not None:
+                self._hand_over(*landing)
+            try:
+                landing = (first, n, s, compressing())     # its sizes, then its packing and copy queued
+            except BaseException as exc:  # noqa: BLE001 - handed to the writer, which stops the run
+                landing = (first, n, s, _raiser(exc))
+        if landing is not None:
+            self._hand_over(*landing)
 
-    def compress(self, first: int, n: int, s: int, done: Any) -> Callable[[], ChunkFile]:
-        """Compress slot ``s``'s ``n`` levels; returns the function that puts the chunk's file
-        together from the compressed bytes (see the module's text). A writer thread calls it, so
-        that this thread goes on to the next chunk meanwhile."""
+    def _hand_over(self, first, n, s, landed):
+        """Wait for a chunk's compressed bytes to land on the host; pass its file to the writers."""
+        try:
+            chunk = landed()
+        except BaseException as exc:  # noqa: BLE001 - handed to the writer, which stops the run
+            chunk = exc
+        self.deliver(first, n, s, _raiser(chunk) if isinstance(chunk, BaseException) else lambda: chunk)
+
+    def compress(self, first: int, n: int, s: int, done: Any) -> Callable[[], Callable[[], ChunkFile]]:
+        """Queue the compression of slot ``s``'s ``n`` levels (once ``done``, the copy into the
+        slot, has happened) and their peaks. Returns the next step: wait for the compressed sizes
+        and queue the packing and the copy to the host, which returns the last: wait for the bytes
+        on the host and put the chunk's :class:`~.shards.ChunkFile` together."""
         cupy, stream = self.cupy, self.stream
         done.synchronize()                                   # the copy into the slot has landed
         t0 = runtime.host_ms()
-        count = n * self.per_level
+        count, k = n * self.per_level, self.turn
+        self.turn = 1 - k
+        stream.wait_event(self.packed_out[k])                # out[k]'s previous chunk has been packed
         with stream:
             levels = self.device[s, :n]
             peaks_d = cupy.maximum(levels.max(axis=(1, 2)), -levels.min(axis=(1, 2)))
-        sizes = self._encode(s * self.chunk * self.level_bytes, count)
-        t1 = runtime.host_ms()
-        to = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
-        total = int(sizes.sum())
-        with stream:
-            meta = [cupy.asarray(a) for a in (np.arange(count, dtype=np.uint64) * np.uint64(self.cap), to, sizes)]
-            _pack_kernel(cupy)((count,), (256,), (self.out, self.packed, *meta))
-        host = self.host[s]
-        cupy.cuda.runtime.memcpyAsync(host.ctypes.data, self.packed.data.ptr, total, 2, stream.ptr)   # D2H
-        peaks = cupy.asnumpy(peaks_d, stream=stream)
-        stream.synchronize()
-        t2 = runtime.host_ms()
-        self.intervals.append((first, n, t0, t1, t2, total))
-        view = memoryview(host)
-        pieces = [view[int(o):int(o) + int(z)] for o, z in zip(to, sizes)]
-        return functools.partial(shard_file, pieces, self.chunk, self.per_level, peaks)
+        sizes_of = self._encode(s * self.chunk * self.level_bytes, count, k)
+        return functools.partial(self._pack, first, n, s, k, t0, count, peaks_d, sizes_of)
 
-    def _encode(self, start, count):
-        """Compress ``count`` inner chunks of the ring, from its byte ``start`` on, into the output
-        buffers in one nvCOMP call; returns their compressed sizes (waiting for them)."""
-        stream = self.stream
-        inputs = self.nvcomp.as_arrays(self.flat, [start + i * self.inner_bytes for i in range(count)],
-                                       [self.inner_bytes] * count, cuda_stream=stream.ptr)
-        outputs = self.nvcomp.as_arrays(self.out, [i * self.cap for i in range(count)], [self.cap] * count,
-                                        cuda_stream=stream.ptr)
+    def _pack(self, first, n, s, k, t0, count, peaks_d, sizes_of):
+        """Wait for the compressed sizes; queue the packing and the copy of the chunk's bytes and
+        CRC32Cs to slot ``s``'s pinned buffers; return the wait for them (see :meth:`compress`)."""
+        cupy, copy = self.cupy, self.copy_stream
+        sizes = sizes_of()                                   # waits for the compression
+        peaks = cupy.asnumpy(peaks_d, stream=self.stream)    # computed before it
+        t1 = runtime.host_ms()
+        stored = sizes + np.uint64(4)                        # each inner chunk and its CRC32C
+        to = np.cumsum(stored) - stored
+        total = int(stored.sum())
+        with copy:
+            meta = (self.strides[:count], cupy.asarray(to), cupy.asarray(sizes))
+            _pack_kernel(cupy)((count,), (256,), (self.out[k], self.packed, *meta, self.crcs))
+            self.packed_out[k].record(copy)
+        host, crcs = self.host[s], self.host_crcs[s]
+        rt = cupy.cuda.runtime
+        rt.memcpyAsync(host.ctypes.data, self.packed.data.ptr, total, rt.memcpyDeviceToHost, copy.ptr)
+        rt.memcpyAsync(crcs.ctypes.data, self.crcs.data.ptr, 4 * count, rt.memcpyDeviceToHost, copy.ptr)
+        landed = cupy.cuda.Event(disable_timing=True)
+        landed.record(copy)
+
+        def on_the_host():
+            landed.synchronize()
+            self.intervals.append((first, n, t0, t1, runtime.host_ms(), total))
+            index = shard_index(stored, self.chunk, self.per_level)
+            return ChunkFile((memoryview(host)[:total], index), shard_tag(index, [crcs[:count].tobytes()]),
+                             total + len(index), peaks)
+        return on_the_host
+
+    def _encode(self, start, count, k):
+        """Queue the compression of ``count`` inner chunks of the ring, from its byte ``start`` on,
+        into output buffer ``k`` in one nvCOMP call; returns the function that waits for their
+        compressed sizes and returns them."""
+        key = (start, count, k)
+        if key not in self.batches:
+            stream, nvcomp = self.stream, self.nvcomp
+            self.batches[key] = (
+                nvcomp.as_arrays(self.flat, [start + i * self.inner_bytes for i in range(count)],
+                                 [self.inner_bytes] * count, cuda_stream=stream.ptr),
+                nvcomp.as_arrays(self.out[k], [i * self.cap for i in range(count)], [self.cap] * count,
+                                 cuda_stream=stream.ptr))
+        inputs, outputs = self.batches[key]
         self.codec.encode(inputs, out=outputs)
-        sizes = outputs.buffer_sizes
-        sizes = np.asarray(sizes() if callable(sizes) else sizes, np.uint64)   # waits for the compression
-        if len(sizes) != count or (sizes > self.cap).any() or not sizes.all():
-            raise RuntimeError(f"nvCOMP reported compressed sizes {sizes[:4].tolist()}... for {count} inner chunks "
-                               f"of {self.inner_bytes} bytes (each at most {self.cap}): not sizes of zstd frames")
-        return sizes
+
+        def sizes_of():
+            sizes = outputs.buffer_sizes
+            sizes = np.asarray(sizes() if callable(sizes) else sizes, np.uint64)   # waits for the compression
+            if len(sizes) != count or (sizes > self.cap).any() or not sizes.all():
+                raise RuntimeError(f"nvCOMP reported compressed sizes {sizes[:4].tolist()}... for {count} inner "
+                                   f"chunks of {self.inner_bytes} bytes (each at most {self.cap}): not sizes of "
+                                   "zstd frames")
+            return sizes
+        return sizes_of
 
     def let_go(self) -> None:
-        """Drop the codec, then the device and pinned buffers, then the stream (the run is over).
+        """Drop the codec, then the device and pinned buffers, then the streams (the run is over).
 
         In this order, and now rather than whenever the garbage collector gets to this object:
         nvCOMP's codec uses its stream when it is destroyed, and a codec destroyed after its
         stream crashed the process (seen on an H100 with nvCOMP 6.0)."""
-        if self.stream is not None:
-            self.stream.synchronize()
-        self.codec = None
-        self.host, self.out, self.packed, self.flat, self.device = [], None, None, None, None
-        self.stream = None
+        for stream in (self.stream, self.copy_stream):
+            if stream is not None:
+                stream.synchronize()
+        self.codec, self.batches = None, {}
+        self.host, self.host_crcs, self.out, self.packed, self.crcs = [], [], None, None, None
+        self.flat, self.device, self.strides = None, None, None
+        self.stream = self.copy_stream = None
 
 
 def _raiser(exc):

@@ -35,7 +35,7 @@ import numpy as np
 from .. import files
 
 __all__ = ["INNER_CHUNK_BYTES", "ALIGNMENT", "EMPTY", "ChunkFile", "inner_rows", "inner_chunks", "checksum",
-           "raw_file", "shard_file", "compress_on_host", "shard_tag", "file_tag", "zstd_bound"]
+           "raw_file", "shard_file", "shard_index", "compress_on_host", "shard_tag", "file_tag", "zstd_bound"]
 
 #: Bytes of an inner chunk of a shard (at most; whole rows). nvCOMP's zstd on an H200, 16 late
 #: levels of a 1024² run per call, raw bitstream: 64 KiB inner chunks, ratio 12.4 at 20.6 GB/s;
@@ -95,7 +95,7 @@ def raw_file(payload: files.BytesLike) -> ChunkFile:
     return ChunkFile((payload, crc), crc, memoryview(payload).nbytes + 4)
 
 
-def _index(sizes, chunk_levels, per_level):
+def shard_index(sizes: Sequence[int] | np.ndarray, chunk_levels: int, per_level: int) -> bytes:
     """The shard index (bytes, with its CRC32C appended as the last 4) of inner chunks of
     ``sizes`` bytes each (their CRC32C included), in C order, for a shard of ``chunk_levels``
     levels of ``per_level`` inner chunks; entries past ``len(sizes)`` are empty."""
@@ -118,7 +118,7 @@ def shard_file(pieces: Sequence[files.BytesLike], chunk_levels: int, per_level: 
     """A shard's file from the compressed inner chunks ``pieces`` of its first
     ``len(pieces) // per_level`` levels (C order), for a shard of ``chunk_levels`` levels."""
     crcs = [checksum(piece) for piece in pieces]
-    index = _index([memoryview(p).nbytes + 4 for p in pieces], chunk_levels, per_level)
+    index = shard_index([memoryview(p).nbytes + 4 for p in pieces], chunk_levels, per_level)
     # One buffer, written in one call: a shard has a thousand inner chunks or more, and writing
     # them one by one from Python holds the interpreter lock that the other writer threads need.
     blob = b"".join([part for piece, crc in zip(pieces, crcs) for part in (piece, crc)] + [index])

@@ -240,3 +240,24 @@ def test_on_a_gpu_a_failing_nvcomp_call_stops_the_run_and_flags_only_written_lev
     stored = disk.open_store(tmp_path / "f.zarr")
     assert stored.state == "failed" and 0 < stored.complete.sum() < len(ref) and not stored.complete[9]
     assert np.array_equal(stored.images[np.flatnonzero(stored.complete)], ref[stored.complete])
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_packing_kernel_lays_out_each_inner_chunk_with_its_crc32c():
+    """The device packs the compressed inner chunks one after the other, each followed by the
+    CRC32C that Zarr's crc32c codec checks (as google-crc32c computes it), whatever its length."""
+    if not ch.runtime.gpu_available():
+        pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
+    ch.set_backend("gpu")
+    cupy = ch.runtime.backend.cupy_module()
+    sizes = np.array([1, 3, 4, 5, 255, 1000, 4097, 65536], np.uint64)
+    cap = 65536 + 16
+    src = np.random.default_rng(7).integers(0, 256, len(sizes) * cap, dtype=np.uint8)
+    to = np.cumsum(sizes + 4) - (sizes + 4)
+    dst, crcs = cupy.zeros(int((sizes + 4).sum()), cupy.uint8), cupy.zeros(len(sizes), cupy.uint32)
+    frm = np.arange(len(sizes), dtype=np.uint64) * np.uint64(cap)
+    compression._pack_kernel(cupy)((len(sizes),), (256,), (cupy.asarray(src), dst, cupy.asarray(frm), cupy.asarray(to),
+                                                          cupy.asarray(sizes), crcs))
+    pieces = [src[int(f):int(f) + int(z)].tobytes() for f, z in zip(frm, sizes)]
+    assert dst.get().tobytes() == b"".join(p + shards.checksum(p) for p in pieces)
+    assert crcs.get().tobytes() == b"".join(shards.checksum(p) for p in pieces)
