@@ -392,13 +392,21 @@ def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: in
     stream : Stream, optional
         Where to queue the kernel (default: the current stream).
     """
-    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
-    n = checks.positive_int("n (step number)", n, minimum=0)
+    # Every level of a loop launches: the usual arguments (exact types) pass two identity tests.
+    if type(problem) is not WaveProblem:
+        checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    if type(n) is not int or n < 0:
+        n = checks.positive_int("n (step number)", n, minimum=0)
     scalars, grid = _launch_arguments(U0, U1, U2, V, problem)      # checks them (see _check_launch)
     stream = streams.resolve(stream)
     args = (U0, U1, U2, V, *scalars, problem.source_amplitude(n))
-    if not runtime.wants_op(stream):
-        _launch_unobserved(stream, grid, args, n)
+    rt = stream.runtime
+    if not (rt.needs_op or observe.wants_ops()):        # runtime.wants_op(stream), spelled out here
+        # CuPy on a GPU, nobody watching: the kernel goes straight to the runtime, and only
+        # the thread's op journal hears of it.
+        rt.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
+        if observe.journaling():
+            observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
         return
 
     def cuda(raw_stream):
@@ -413,14 +421,6 @@ def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: in
     # those context rows with its neighbouring window, which writes them itself).
     op = observe.Op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0, (U0, U1, V), (U2[PAD:-PAD],))
     runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost=cost)
-
-
-def _launch_unobserved(stream, grid, args, n):
-    """:func:`launch_wave2d` where nothing reads an Op or a cost (CuPy on a GPU, nobody watching):
-    the kernel goes straight to the runtime, and only the thread's op journal hears of it."""
-    stream.runtime.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
-    if observe.journaling():
-        observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
 
 
 def _kernel_scalars_and_grid(problem):
