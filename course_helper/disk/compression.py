@@ -36,10 +36,11 @@ __all__ = ["CompressionFallback", "NVCOMP_EXTRA", "DEVICE_CHUNK_BYTES", "device_
 
 #: How to install nvCOMP's Python package for the course (an optional extra).
 NVCOMP_EXTRA = "pip install -e '.[nvcomp]' (nvidia-nvcomp-cu13, for CUDA 13)"
-#: Bytes of levels per chunk (one nvCOMP call) the compression on the device was measured fast
-#: with: 16 levels of 4 MiB per call, 24 GB/s on the H200, where one 4 MiB level per call ran at
-#: 1.8 GB/s (benchmarks/nvcomp.json). A call costs about 2 ms however small.
-DEVICE_CHUNK_BYTES = 64 * 2**20
+#: Bytes of levels per chunk (one nvCOMP call). A call costs the device milliseconds however
+#: small, so larger calls compress faster: on an H100, 1024² x 320 streamed with every level saved,
+#: 16 levels of 4 MiB per call compressed at 16 GB/s, 32 at 27 GB/s and 64 at 42 GB/s
+#: (benchmarks/gpu_compress.json). 128 MiB keeps the store's ring on the device under a GiB.
+DEVICE_CHUNK_BYTES = 128 * 2**20
 
 
 def device_batch(level_bytes: int) -> int:
@@ -152,8 +153,7 @@ class NvcompCompressor:
         self.level_bytes = n0 * n1 * 4
         self.inner_bytes = rows * n1 * 4
         self.per_level = n0 // rows
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.copy_stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream, self.copy_stream = _compression_streams(cupy)
         # The codec is used by this object's thread alone once the run starts (nvCOMP's rule).
         self.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
                                   uncomp_chunk_size=self.inner_bytes, cuda_stream=self.stream.ptr)
@@ -189,7 +189,7 @@ class NvcompCompressor:
                 device[0, 0, :rows].fill(0)
             self._encode(0, 1, 0)()
         except BaseException:
-            self.let_go()             # the codec goes before its stream, not whenever the collector runs
+            self.let_go()             # now, not whenever the collector runs
             raise
         self.intervals = []                  # (first level index, n, t0, t1, t2, compressed bytes)
         self.queue = queue.SimpleQueue()
@@ -315,11 +315,9 @@ class NvcompCompressor:
         return sizes_of
 
     def let_go(self) -> None:
-        """Drop the codec, then the device and pinned buffers, then the streams (the run is over).
-
-        In this order, and now rather than whenever the garbage collector gets to this object:
-        nvCOMP's codec uses its stream when it is destroyed, and a codec destroyed after its
-        stream crashed the process (seen on an H100 with nvCOMP 6.0)."""
+        """Drop the codec and the device and pinned buffers, once the streams have drained (the
+        run is over): now rather than whenever the garbage collector gets to this object. The
+        streams stay (see :func:`_compression_streams`)."""
         for stream in (self.stream, self.copy_stream):
             if stream is not None:
                 stream.synchronize()
@@ -327,6 +325,22 @@ class NvcompCompressor:
         self.host, self.host_crcs, self.out, self.packed, self.crcs = [], [], None, None, None
         self.flat, self.device, self.strides = None, None, None
         self.stream = self.copy_stream = None
+
+
+_streams_lock = threading.Lock()
+_STREAMS = {}
+
+
+def _compression_streams(cupy):
+    """The compression stage's two streams on the current device (nvCOMP's, and the packing's and
+    copy's), made once and kept for every later run. nvCOMP's codec and the batches described for
+    it use their stream when they are destroyed, which can be after the run (a traceback may hold
+    them), and a stream destroyed before them crashed the process (seen on an H100 with nvCOMP 6.0)."""
+    device = cupy.cuda.runtime.getDevice()
+    with _streams_lock:
+        if device not in _STREAMS:
+            _STREAMS[device] = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True))
+        return _STREAMS[device]
 
 
 def _raiser(exc):
