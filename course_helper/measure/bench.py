@@ -40,7 +40,8 @@ from ..graphs import capture_graph, graphs_supported
 from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
 from ..solver import STRATEGIES, available_strategies, chunk_levels, plan_memory, solve, suggest_nscratch
 from ..wave import saved_levels
-from ..streams import create_events, create_streams, elapsed_ms, synchronize
+from ..streams import create_streams, synchronize
+from ..timing import benchmark
 from ..files import write_atomically
 from ..wave import WaveProblem, launch_wave2d
 
@@ -68,19 +69,6 @@ QUICK_POINTS = [(64, 80, 1), (128, 80, 4)]
 RAW_ROW = "raw-cupy-events"
 
 
-def _median_ms(fn, stream, repeats):
-    start, end = create_events(2, timing=True)
-    times = []
-    for _ in range(repeats):
-        synchronize()
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        times.append(elapsed_ms(start, end))
-    return float(np.median(times))
-
-
 def peak_d2h_gbps(mib: float = 512, repeats: int = 5) -> float:
     """Device-to-host bandwidth of one large pinned copy, in GB/s (1 GB = 1e9 bytes)."""
     n = int(mib * 2**20) // 4
@@ -89,9 +77,7 @@ def peak_d2h_gbps(mib: float = 512, repeats: int = 5) -> float:
     (s,) = create_streams(1, name="bandwidth")
     rt = runtime.get()
     with rt.times_only(rt.modelled):         # only the time is asked for
-        copy_to_host_async(dst, src, s)      # warm-up
-        s.synchronize()
-        ms = _median_ms(lambda: copy_to_host_async(dst, src, s), s, repeats)
+        ms = benchmark(lambda: copy_to_host_async(dst, src, s), s, n_repeat=repeats, n_warmup=1).median_ms
     return n * 4 / (ms * 1e-3) / 1e9
 
 
@@ -114,13 +100,11 @@ def compute_only_ms(problem: WaveProblem, repeats: int = 5) -> float:
 
     rt = runtime.get()
     with rt.times_only(rt.modelled):         # only the time is asked for
-        loop()
-        best = _median_ms(loop, s, repeats)
+        best = benchmark(loop, s, n_repeat=repeats, n_warmup=1).median_ms
         if graphs_supported()[0]:
             with capture_graph(s) as cap:
                 loop()
-            cap.graph.launch()
-            best = min(best, _median_ms(cap.graph.launch, s, repeats))
+            best = min(best, benchmark(cap.graph.launch, s, n_repeat=repeats, n_warmup=1).median_ms)
     return best
 
 
