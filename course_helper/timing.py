@@ -9,7 +9,7 @@ time from, untimed: an idle device by default, a busy stream to queue behind, a 
 
 On a GPU the events are CUDA events; on the CPU backend they are the modelled device's, and the
 host clock is the modelled host's: the same calls give the same modelled times, to the tick.
-The benchmark (:mod:`course_helper.measure.bench`), the calibration
+The benchmark's limit B (:mod:`course_helper.measure.limit`), the calibration
 (:mod:`course_helper.measure.calibrate`), :func:`course_helper.memory.measure_bandwidth` and the
 GPU stopwatch (:class:`course_helper.timelines.stopwatch.Stopwatch`) all time with it.
 """
