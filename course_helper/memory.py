@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from . import checks, runtime, streams
+from . import checks, runtime, streams, timing
 from .runtime import observe
 from .runtime.backend import backend_name
 from .checks import host_memory_available
@@ -472,7 +472,6 @@ def measure_bandwidth(sizes_mib: Iterable[float] = (1, 4, 16, 64), repeats: int 
     checks.host_memory(max(sizes) * 2**20 * 3, f"measuring {max(sizes)} MiB",   # source + two host buffers
                        advice="use smaller sizes")
     stream = streams.resolve(stream) if stream is not None else streams.create_streams(1, name="copy")[0]
-    start, end = streams.create_events(2, timing=True)
     rows = []
     for size in sizes:
         n = max(1, int(size * 2**20) // 4)
@@ -480,21 +479,27 @@ def measure_bandwidth(sizes_mib: Iterable[float] = (1, 4, 16, 64), repeats: int 
         src = to_device(src_host)
         for memory in ("pinned", "pageable"):
             dst = pinned_empty(n) if memory == "pinned" else np.empty(n, np.float32)
-            times, early, ok = [], 0, True
-            for _ in range(repeats + 1):          # the first run warms up
-                dst[...] = -1
-                stream.synchronize()
-                start.record(stream)
-                copy_to_host_async(dst, src, stream, allow_pageable=True)
-                returned_before_done = not stream.done
-                end.record(stream)
-                end.synchronize()
-                times.append(streams.elapsed_ms(start, end))
-                early += returned_before_done
-                ok = ok and bool(np.array_equal(dst, src_host))
-            med = float(np.median(times[1:]))
-            rows.append({"size_mib": size, "memory": memory,
-                         "gb_per_s": (n * 4) / (med * 1e-3) / 1e9 if med > 0 else float("inf"),
-                         "returned_early": early / (repeats + 1), "correct": ok})
+            rows.append({"size_mib": size, "memory": memory, **_timed_copies(dst, src, src_host, stream, repeats)})
             del dst
     return rows
+
+
+def _timed_copies(dst, src, expected, stream, repeats):
+    """:func:`measure_bandwidth`'s row for one destination: ``repeats + 1`` copies of ``src`` into
+    ``dst``, each from an idle stream into a reset buffer (the first warms up: timed and checked
+    like the others, left out of the median)."""
+    early, intact = [], []
+
+    def reset():
+        dst[...] = -1
+        stream.synchronize()
+
+    def copy():
+        copy_to_host_async(dst, src, stream, allow_pageable=True)
+        early.append(not stream.done)          # returned before the copy had finished
+
+    t = timing.benchmark(copy, stream, n_repeat=repeats + 1, before=reset,
+                         after=lambda: intact.append(bool(np.array_equal(dst, expected))))
+    med = float(np.median(t.device_ms[1:]))
+    return {"gb_per_s": dst.nbytes / (med * 1e-3) / 1e9 if med > 0 else float("inf"),
+            "returned_early": sum(early) / (repeats + 1), "correct": all(intact)}

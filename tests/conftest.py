@@ -112,3 +112,15 @@ def fault_at_launch(monkeypatch):
         monkeypatch.setattr(strategies, "launch_wave2d", flaky)
         return real
     return arm
+
+
+@pytest.fixture
+def modelled_stopwatch(cpu):
+    """A GPU :class:`~course_helper.timelines.stopwatch.Stopwatch` on the CPU backend: its spin
+    (a CUDA kernel, compiled by ``__init__``) is a 4 MiB copy on its stream, long next to a launch."""
+    from course_helper.timelines.stopwatch import Stopwatch
+    watch = Stopwatch.__new__(Stopwatch)
+    (watch.s,) = ch.create_streams(1, name="calibrate")
+    src, dst = ch.device_zeros(2**22), ch.pinned_empty(2**22)
+    watch.hold = lambda ms=4.0: ch.copy_to_host_async(dst, src, watch.s)
+    return watch

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import course_helper as ch
-from course_helper.measure import bench
+from course_helper.measure import bench, disk_sweep
 from course_helper import checks, exercises, solver
 from course_helper.runtime import profiles
 from course_helper.cli import main
@@ -215,8 +215,9 @@ def test_bench_refuses_empty_points(cpu, capsys):
 def test_bench_disk_checks_its_folder_before_measuring(cpu, tmp_path, capsys, monkeypatch):
     def measured(*args, **kwargs):
         raise AssertionError("measured before checking the folder")
-    monkeypatch.setattr(bench, "peak_d2h_gbps", measured)
-    monkeypatch.setattr(bench, "disk_bandwidth", measured)
+    monkeypatch.setattr(bench, "peak_d2h_gbps", measured)           # the command line's call
+    monkeypatch.setattr(disk_sweep, "peak_d2h_gbps", measured)
+    monkeypatch.setattr(disk_sweep, "disk_bandwidth", measured)
     assert main(["bench", "--backend", "cpu", "--disk", str(tmp_path / "missing"), "--no-progress"]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -21,7 +21,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "course_helper"
 #: Layer of each subpackage, and of each top-level module (``__init__`` is the face of its folder).
 LAYERS = {
     "runtime": 0, "checks": 0, "files": 0,
-    "streams": 1, "memory": 1, "graphs": 1, "sanitizer": 1, "host_watch": 1, "kernels": 1,
+    "streams": 1, "memory": 1, "graphs": 1, "sanitizer": 1, "host_watch": 1, "kernels": 1, "timing": 1,
     "timelines": 2,
     "wave": 3, "raw_cupy": 3,
     "strategies": 4, "disk": 4,

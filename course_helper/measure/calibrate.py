@@ -30,6 +30,7 @@ from ..memory import (copy_on_device_async, copy_to_host, copy_to_host_async, de
 from ..solver import solve
 from ..streams import create_events, create_streams, elapsed_ms, synchronize
 from ..timelines.stopwatch import Stopwatch
+from ..timing import benchmark
 from ..wave import WaveProblem, launch_wave2d
 
 if TYPE_CHECKING:
@@ -125,28 +126,29 @@ def _wake(bench, turns=WAKE_TURNS, wait_ms=0.3, n=200):
     U = [device_zeros(p.shape) for _ in range(3)]
     V = to_device(p.velocity)
     (other,) = create_streams(1, name="after the wait")
-    mark, done = create_events(2, timing=True)
+    (done,) = create_events(1, timing=True)     # as the timer's end event: each turn records alike
 
-    def run_turns():
-        for _ in range(turns):
+    def queue_turns(last_record=True):
+        # Timed, the last turn's record is the timer's own end event.
+        for i in range(turns):
             launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=other)
-            other.record(done)
+            if last_record or i < turns - 1:
+                other.record(done)
+
+    def woken():
+        bench.s.synchronize()                 # blocks until the spin has ended
+        queue_turns(last_record=False)
 
     after, unhurried = [], []
-    run_turns()
+    queue_turns()
     for _ in range(n):
-        synchronize()
-        bench.hold(wait_ms)
-        bench.s.record(mark)
-        bench.s.synchronize()                 # blocks until the spin has ended
-        run_turns()
-        done.synchronize()
-        after.append(elapsed_ms(mark, done))
-        run_turns()                           # the host is busy with calls, not back from a wait
-        bench.s.record(mark)                  # on the idle stream: not behind the last turn's kernel
-        run_turns()
-        done.synchronize()
-        unhurried.append(elapsed_ms(mark, done))
+        # The mark ends a spin the host then waits for, and the turns follow at once.
+        after += benchmark(woken, bench.s, before=lambda: bench.idle_then_hold(wait_ms), n_repeat=1,
+                           end_stream=other).device_ms
+        # The host is busy with calls, not back from a wait; the mark goes on the idle stream,
+        # not behind the last turn's kernel.
+        unhurried += benchmark(lambda: queue_turns(last_record=False), bench.s, before=queue_turns, n_repeat=1,
+                               end_stream=other).device_ms
     return wake_us(after, unhurried), after, unhurried
 
 

@@ -1,7 +1,7 @@
 """Run several strategies on one problem and put them side by side.
 
 :func:`time_strategies` is the timing both :func:`compare_strategies` and the
-benchmark (:mod:`course_helper.measure.bench`) use.
+benchmark's sweep (:mod:`course_helper.measure.sweep`) use.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..streams import create_events, create_streams, elapsed_ms, synchronize
+from ..streams import create_streams, synchronize
+from ..timing import benchmark
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,7 +30,6 @@ class Stopwatch:
         self.cupy = cupy
         self.spin = cupy.RawKernel(_SPIN, "course_helper_spin")
         (self.s,) = create_streams(1, name="calibrate")
-        self.start, self.end = create_events(2, timing=True)
 
     def hold(self, ms: float = 4.0) -> None:
         """Keep the stream busy for about ``ms`` (clock rate ~1.7 GHz; only needs to outlast the queueing)."""
@@ -37,16 +37,14 @@ class Stopwatch:
             self.spin((1,), (1,), (np.int64(ms * 2e6),))
 
     def device_ms(self, queue: Callable[[], object], repeat: int = 20) -> float:
-        """Device time of one ``queue()``: ``repeat`` of them queued behind a spin, timed by events."""
-        queue()                                    # warm-up (module loads, pool allocations)
+        """Device time of one ``queue()``: ``repeat`` of them queued behind a spin, timed by events
+        (after one untimed call: module loads, pool allocations)."""
+        return benchmark(queue, self.s, n_warmup=1, n_repeat=1, calls=repeat, before=self.idle_then_hold).per_call_ms
+
+    def idle_then_hold(self, ms: float = 4.0) -> None:
+        """Wait for the device to be idle, then :meth:`hold` the stream: what a device time starts from."""
         synchronize()
-        self.hold()
-        self.start.record(self.s)
-        for _ in range(repeat):
-            queue()
-        self.end.record(self.s)
-        self.end.synchronize()
-        return elapsed_ms(self.start, self.end) / repeat
+        self.hold(ms)
 
     def host_us(self, call: Callable[[], object], n: int = 200, busy: bool = True) -> float:
         """Median wall time (µs) of one ``call()`` by the host, over ``n`` calls (with ``busy``: queued

@@ -370,9 +370,9 @@ def test_disk_bench_point_reports_the_bound_with_the_disk(tmp_path):
 def test_disk_bench_holds_each_run_against_the_disk_on_both_sides_of_it(tmp_path, monkeypatch):
     """The disk is measured before the first raw run and after each; a run's B takes the mean
     of the two measurements around it, and its efficiency is the median of B / time."""
-    from course_helper.measure import bench
+    from course_helper.measure import bench, disk_sweep
     speeds = iter([1.0, 3.0, 1.0, 2.0, 5.0])          # GB/s: a burst, then before run 1, after 1, 2, 3
-    monkeypatch.setattr(bench, "disk_bandwidth", lambda *a: next(speeds))
+    monkeypatch.setattr(disk_sweep, "disk_bandwidth", lambda *a: next(speeds))
     point = bench.disk_point(48, 30, 1, tmp_path, strategies=("events",), compress=(None,), repeats=3)
     run = point["runs"][0]
     nbytes = point["output_bytes"]
@@ -386,14 +386,14 @@ def test_disk_bench_holds_each_run_against_the_disk_on_both_sides_of_it(tmp_path
 def test_the_disk_is_measured_once_the_run_before_is_deleted(tmp_path, monkeypatch):
     """A measurement right after a run must not find that run's store still on the disk: each
     measurement then follows a deletion of a run's files and each run a measurement's, alike."""
-    from course_helper.measure import bench
+    from course_helper.measure import bench, disk_sweep
     stores_seen = []
 
     def measure(where, *args):
         stores_seen.append(sorted(str(p) for p in Path(tmp_path).rglob("*.zarr")))
         return 1.0
 
-    monkeypatch.setattr(bench, "disk_bandwidth", measure)
+    monkeypatch.setattr(disk_sweep, "disk_bandwidth", measure)
     bench.disk_point(48, 30, 1, tmp_path, strategies=("events",), compress=(None,), repeats=2)
     assert len(stores_seen) == 4 and stores_seen == [[]] * 4        # a burst, before, after 1, after 2
 

@@ -5,7 +5,7 @@ import re
 import pytest
 
 import course_helper as ch
-from course_helper.measure import bench
+from course_helper.measure import bench, sweep
 from course_helper import checks, runtime
 from course_helper.cli import main
 
@@ -61,7 +61,7 @@ def test_the_raw_row_runs_right_after_the_events_loop(backend):
 
 def test_tracing_cost_is_taken_in_rounds_of_one_untraced_and_one_traced_run(backend, monkeypatch):
     made = []
-    real_solve = bench.solve
+    real_solve = sweep.solve
 
     def solve(*args, **kwargs):
         r = real_solve(*args, **kwargs)
@@ -70,7 +70,7 @@ def test_tracing_cost_is_taken_in_rounds_of_one_untraced_and_one_traced_run(back
         r.elapsed_ms = {1: 2.0, 2: 3.0, 3: 6.0, 4: 5.0, 5: 10.0, 6: 20.0}[len(made)]
         return r
 
-    monkeypatch.setattr(bench, "solve", solve)
+    monkeypatch.setattr(sweep, "solve", solve)
     cost = bench.measure_trace_cost(ch.WaveProblem(24, 24, nt=12), "events", 1, repeats=3)
     assert made == [False, True] * 3
     # round by round 1.5, 0.83, 2.0 -> median 1.5 (the medians' ratio would be 5 / 6)
@@ -156,13 +156,13 @@ def test_the_sweep_times_every_untraced_run_before_any_traced_one(backend, monke
     """A CUPTI recording leaves the process slower, so no point's untraced runs may follow a
     traced run: the sweep reports both passes, untraced first for every point."""
     traced = []
-    real_solve = bench.solve
+    real_solve = sweep.solve
 
     def solve(*args, **kwargs):
         traced.append(bool(kwargs.get("trace", True)))
         return real_solve(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "solve", solve)                 # the traced runs
+    monkeypatch.setattr(sweep, "solve", solve)                 # the traced runs
     monkeypatch.setattr(ch.measure.compare, "solve", solve)         # the timed, untraced ones
     seen = []
     doc = bench.run_bench([(32, 20, 1), (40, 20, 2)], ["events"], repeats=1,
@@ -222,7 +222,7 @@ def _times_only(solve):
 
 
 def test_a_ring_depth_a_strategy_cannot_use_is_refused_before_anything_is_measured(cpu, monkeypatch):
-    monkeypatch.setattr(bench, "peak_d2h_gbps", lambda *a, **k: pytest.fail("measured before checking"))
+    monkeypatch.setattr(sweep, "peak_d2h_gbps", lambda *a, **k: pytest.fail("measured before checking"))
     with pytest.raises(ValueError, match="nscratch=3 is unsafe"):
         bench.run_bench([(64, 40, 1)], ["events"], repeats=1, nscratch=[8, 3])
     with pytest.raises(ValueError, match="at least one ring depth"):

@@ -1,0 +1,210 @@
+"""The benchmark sweep: every strategy timed at each point against the physical limit B,
+and what tracing its runs costs.
+
+``efficiency = B / time`` (B: :mod:`course_helper.measure.limit`). Each strategy's row also
+says how much of its work overlapped, from its traced runs (CUPTI on a GPU, the model on the
+CPU; :meth:`Trace.overlap`).
+"""
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import checks, raw_cupy, runtime
+from ..runtime.backend import backend_name
+from ..solver import STRATEGIES, available_strategies, plan_memory, solve, suggest_nscratch
+from ..wave import WaveProblem, saved_levels
+from .compare import baseline_first, nscratch_for, time_strategies
+from .limit import peak_d2h_gbps, physical_limit
+from .report import machine_info
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+__all__ = ["DEFAULT_POINTS", "BALANCED_POINT", "EVERY_POINTS", "QUICK_POINTS", "RAW_ROW", "parse_nscratch",
+           "bench_point", "add_trace_cost", "measure_trace_cost", "paired_ratio", "run_bench"]
+
+#: (n, nt, every) where overlap is the lesson: compute and copies take about as long, so overlapping
+#: them can nearly halve the time if the ring is deep enough; and a kernel is long next to the Python
+#: that queues each turn, so the compute stream has no host gaps for the copies to fall into. What
+#: was measured there, on which GPU: docs/results.md.
+BALANCED_POINT = (3072, 320, 16)
+#: (n, nt, every): the course sweep, from launch-bound to IO-bound, and the balanced point.
+DEFAULT_POINTS = [(256, 640, 1), (1024, 640, 1), (2048, 320, 8), (2048, 320, 16), BALANCED_POINT, (4096, 128, 8)]
+#: A sweep of the snapshot interval at one size: the crossover from IO-bound to compute-bound.
+EVERY_POINTS = [(2048, 320, e) for e in (1, 2, 4, 16, 32)]
+#: Small enough for the CPU backend.
+QUICK_POINTS = [(64, 80, 1), (128, 80, 4)]
+#: The reference row of a GPU sweep: the events loop in plain CuPy (:mod:`raw_cupy`).
+RAW_ROW = "raw-cupy-events"
+
+
+def _fits(output_bytes, strategies):
+    """None when the point fits in host memory, else the reason it does not."""
+    # the sequential answer is kept for comparison while each other strategy runs
+    need = output_bytes * (2 if len(strategies) > 1 else 1)
+    avail = checks.host_memory_shortfall(need)
+    if avail is not None:
+        return (f"needs {need / 2**30:.1f} GiB of host memory for the output stacks but only "
+                f"{avail / 2**30:.1f} GiB are available")
+    return None
+
+
+def parse_nscratch(text: str) -> list[int]:
+    """The ring depths of ``--nscratch``, e.g. ``"5,8,12"`` -> ``[5, 8, 12]`` (each at least 1;
+    whether a strategy can run with it is checked before anything is measured)."""
+    depths = []
+    for item in str(text).split(","):
+        try:
+            k = int(item.strip())
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise ValueError(f"cannot read the ring depth {item.strip()!r} in --nscratch {text!r}; give whole "
+                             "numbers of scratch buffers separated by commas, e.g. --nscratch 5,8,12")
+        depths.append(k)
+    return list(dict.fromkeys(depths))
+
+
+def _check_point(n, nt, every, strategies, nscratch):
+    """Refuse a point that a strategy cannot run (at this ring depth), before anything is measured;
+    returns the output bytes."""
+    problem = WaveProblem(n0=n, n1=n, nt=nt)
+    for name in strategies:
+        depth, least = nscratch_for(name, nscratch), STRATEGIES[name].min_nscratch
+        if depth is not None and depth < least:        # the benchmark times safe runs only
+            raise ValueError(f"nscratch={depth} is unsafe for the {name!r} strategy (it races: "
+                             f"the level being copied shares a buffer with the one being computed); the "
+                             f"benchmark times safe runs only: use ring depths of at least {least}")
+        plan_memory(problem, name, every, depth)
+    return plan_memory(problem, "sequential", every)["host"]
+
+
+def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats: int = 5,
+                peak_gbps: float | None = None, trace_cost: bool = True, nscratch: int | None = None) -> dict:
+    """Measure one (n, nt, every) point: B's two parts and each strategy's times (and, with
+    ``trace_cost``, what tracing costs and how much overlapped: see :func:`add_trace_cost`).
+    ``nscratch`` is the ring depth of the strategies that take one (None: their defaults)."""
+    problem = WaveProblem(n0=n, n1=n, nt=nt)
+    order = baseline_first(strategies)
+    output_bytes = _check_point(n, nt, every, order, nscratch)      # refuses bad input before measuring
+    point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
+             "output_bytes": output_bytes, "nscratch": nscratch}
+    reason = _fits(output_bytes, order) if runtime.get().computes_data else None   # times only: no stacks held
+    if reason is not None:
+        point["skipped"] = reason
+        return point
+    point.update(physical_limit(problem, every, peak_gbps, repeats))
+    # On a GPU the events loop in plain CuPy is the reference row: it runs right after the
+    # helper's events loop in every round (the helper's overhead is the gap), before any traced
+    # (CUPTI) run.
+    raw = backend_name() == "gpu" and "events" in order
+    # The same ring as the helper's events loop: the depth given, or the one solve chooses by default.
+    ring = {"nscratch": nscratch if nscratch is not None else suggest_nscratch(problem, every, "events")[0]}
+    also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every, **ring)} if raw else None
+    timed = time_strategies(problem, order, repeats, every, nscratch=nscratch, also=also,
+                            also_after="events" if raw else None)
+    point["strategies"] = {
+        name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
+               "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
+               "identical_to_sequential": None if t["max_diff"] is None else t["max_diff"] == 0.0,
+               "speedup": t["speedup"]}
+        for name, t in timed.items()}
+    if raw:
+        point["strategies"][RAW_ROW]["events_over_raw"] = paired_ratio(timed["events"]["times_ms"],
+                                                                        timed[RAW_ROW]["times_ms"])
+    if trace_cost:
+        add_trace_cost(point, order, repeats)
+    return point
+
+
+def add_trace_cost(point: dict, strategies: Iterable[str], repeats: int = 5) -> dict:
+    """Add to each strategy of a measured ``point`` what recording its timeline costs
+    (``trace_overhead``: traced over untraced, in rounds of one of each, see :func:`measure_trace_cost`),
+    the clock that timed the traces, and how much of the work overlapped in them
+    (``compute_busy_ms``, ``copy_busy_ms``, ``overlap_ms``, ``hidden_fraction``); returns ``point``.
+
+    Run it after every untraced measurement of the process: a CUPTI recording leaves the rest
+    of the process slower, plain CuPy and the helper alike (docs/tracing.md), and the untraced
+    times must not pay for it."""
+    if "strategies" not in point:
+        return point
+    problem = WaveProblem(n0=point["n"], n1=point["n"], nt=point["nt"])
+    for name in strategies:
+        row = point["strategies"][name]
+        row.update(measure_trace_cost(problem, name, point["every"], repeats, point.get("nscratch")))
+    return point
+
+
+def measure_trace_cost(problem: WaveProblem, name: str, every: int, repeats: int,
+                       nscratch: int | None = None) -> dict:
+    """What recording a timeline costs: ``repeats`` rounds of one untraced and one traced run,
+    back to back (a host whose speed drifts slows both alike). Returns the medians
+    (``traced_ms``, ``untraced_beside_ms``), ``trace_overhead``, the median of the rounds'
+    traced / untraced ratios, ``trace_timing``, the clock that timed the traces, the medians
+    over the traces of :meth:`Trace.overlap`'s numbers (``compute_busy_ms``, ``copy_busy_ms``,
+    ``overlap_ms``, ``hidden_fraction``; ``overlap_timing`` is ``trace_timing``) and the ring
+    depth the runs used (``nscratch``; ``nscratch`` asks for one where the strategy takes it)."""
+    repeats = checks.positive_int("repeats", repeats)
+    untraced, traced, overlaps = [], [], []
+    nscratch = nscratch_for(name, nscratch)
+    for _ in range(repeats):
+        untraced.append(solve(problem, name, every=every, nscratch=nscratch, trace=False).elapsed_ms)
+        r = solve(problem, name, every=every, nscratch=nscratch, trace=True)
+        traced.append(r.elapsed_ms)
+        overlaps.append(r.trace.overlap().as_dict())
+    timing = overlaps[-1]["overlap_timing"]
+    busy = {key: float(np.median([o[key] for o in overlaps]))
+            for key in ("compute_busy_ms", "copy_busy_ms", "overlap_ms", "hidden_fraction")}
+    return {"traced_ms": float(np.median(traced)), "untraced_beside_ms": float(np.median(untraced)),
+            "trace_overhead": paired_ratio(traced, untraced), "trace_timing": timing, **busy,
+            "overlap_timing": timing, "nscratch": r.nscratch}
+
+
+def paired_ratio(times: Sequence[float], reference_times: Sequence[float]) -> float:
+    """The median over rounds of ``times[i] / reference_times[i]``: two loops timed back to back
+    in each round, compared round by round, so that the host's drift between rounds cancels."""
+    if len(times) != len(reference_times) or not times:
+        raise ValueError("paired_ratio needs two equally long, non-empty lists of times")
+    return float(np.median([t / r for t, r in zip(times, reference_times)]))
+
+
+def run_bench(points: Iterable[tuple[int, int, int]] | None = None, strategies: Iterable[str] | None = None,
+              repeats: int = 5, progress: Callable[[dict, str], object] | None = None,
+              nscratch: Iterable[int] | None = None) -> dict:
+    """Run the sweep and return ``{"machine": ..., "points": [...]}``.
+
+    ``nscratch``: a list of ring depths; every point is then measured once at each (an entry
+    of ``points`` per point and depth, its ``nscratch`` saying which). Every point's untraced
+    runs come first, then every point's traced ones (see :func:`add_trace_cost`);
+    ``progress(point, stage)`` is called after each point of each pass, ``stage`` being
+    ``"untraced"`` or ``"traced"``."""
+    if points is None:
+        points = DEFAULT_POINTS if backend_name() == "gpu" else QUICK_POINTS
+    strategies = baseline_first(available_strategies() if strategies is None else strategies)
+    repeats = checks.positive_int("repeats", repeats)
+    depths = [None] if nscratch is None else [checks.positive_int("nscratch", k) for k in nscratch]
+    if not depths:
+        raise ValueError("nscratch: give at least one ring depth, or None for the strategies' defaults")
+    runs = [(n, nt, every, k) for n, nt, every in points for k in depths]
+    for n, nt, every, k in runs:                 # every point and depth checked before any is measured
+        _check_point(n, nt, every, strategies, k)
+    peak = peak_d2h_gbps()
+    doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine_info(), "repeats": repeats, "peak_d2h_gbps": peak,
+           "definition": "B = max(compute-only ms, output bytes / peak pinned D2H bandwidth); "
+                         "efficiency = B / median time", "points": []}
+    # Every untraced run of the sweep first, then the traced ones: a CUPTI recording leaves the
+    # process slower (see add_trace_cost).
+    for n, nt, every, k in runs:
+        doc["points"].append(bench_point(n, nt, every, strategies, repeats, peak_gbps=peak, trace_cost=False,
+                                         nscratch=k))
+        if progress is not None:
+            progress(doc["points"][-1], "untraced")
+    for point in doc["points"]:
+        add_trace_cost(point, strategies, repeats)
+        if progress is not None:
+            progress(point, "traced")
+    return doc
