@@ -79,7 +79,7 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
     profile's ``disk`` section).
 
     ``"gpu-zstd"`` compresses on the device (one nvCOMP call per chunk): its staged run ships
-    chunks of about 64 MiB (:func:`course_helper.disk.device_batch`), its events run one level
+    chunks of about 128 MiB (:func:`course_helper.disk.device_batch`), its events run one level
     per chunk as the loop hands them over; its entry adds ``compression`` (where, and the
     compression's own speed: :meth:`course_helper.disk.DiskSink.compression_summary`) and
     ``batch``."""
