@@ -45,18 +45,21 @@ for it (the CPU backend's model follows CUDA's sticky errors); a chunk whose cop
 was skipped is neither written nor flagged, while chunks whose copies had landed are written
 and flagged. The error says how many levels are flagged; a store that keeps nothing is removed.
 
-Timing. On a GPU, writer ``i`` times each chunk's write on the host clock (lane "disk i" of
-the timeline). On the CPU backend the disk is a stage of the modelled machine
+Timing. The sink keeps time with one clock, chosen when it is made. On a GPU it is the host's
+wall clock: writer ``i`` times each chunk's write on it (lane "disk i" of the timeline). On the
+CPU backend the disk is a stage of the modelled machine
 (:meth:`course_helper.runtime.model.ModelRuntime.disk_write`): a chunk's modelled write starts
 when the copy into its slot has completed and takes latency + bytes / bandwidth from the
 profile's ``disk`` section, the writers sharing the disk's bandwidth; the host waits for a slot
 until its modelled write has ended. The writer threads still write the files, but nothing they
 do moves the model's clocks, so a streamed run's modelled time and timeline are the same on
-every run.
+every run. Each slot's state between its copy and its write (the chunk it holds, its modelled
+write, which threads still read it) is one :class:`SlotState`.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import os
@@ -73,6 +76,8 @@ import numpy as np
 
 from .. import checks, files, runtime, streams
 from ..memory import HandsOnCopies, TakesCopiesOnDevice, copy_on_device_async, device_empty, pinned_empty
+from ..runtime.disk_lanes import DiskWrite
+from ..runtime.model import ModelRuntime
 from ..runtime.ops import OpKind
 from ..runtime import observe
 from ..streams import Stream
@@ -84,7 +89,7 @@ from .layout import (DATA, NUMCODECS, SHARDED, StoreWriteError, check_target, cr
 from .reading import StoredImages, open_store
 from .shards import ChunkFile, compress_on_host, inner_chunks, raw_file, shard_file
 
-__all__ = ["DEFAULT_WRITERS", "FLAGS_EVERY_S", "ring_slots", "Slot", "DeviceSlot", "Ring", "DiskSink"]
+__all__ = ["DEFAULT_WRITERS", "FLAGS_EVERY_S", "ring_slots", "Slot", "DeviceSlot", "SlotState", "Ring", "DiskSink"]
 
 DEFAULT_WRITERS = 4             # enough chunks in flight that one writer's own work leaves the disk busy
 FLAGS_EVERY_S = 0.1             # the flags thread writes ``complete`` and ``peak`` at most this often
@@ -141,6 +146,37 @@ class DeviceSlot(TakesCopiesOnDevice):
         self._hand_on(stream)
 
 
+@dataclasses.dataclass(eq=False)
+class SlotState:
+    """One slot of a store's ring and the chunk it holds, from the loop's taking it until the
+    chunk is on the disk. The ring hands it out and frees it (``free``, ``first``, ``pending``);
+    the sink's clock keeps the chunk's modelled write in it (``write``), and the sink's threads
+    what they have done with the chunk (``readers``, ``written``, ``peaked``)."""
+    index: int                       # its place in the ring (and in the compression stage's buffers)
+    array: Any                       # its memory: one chunk of levels, on the host or the device
+    free: threading.Event = dataclasses.field(default_factory=threading.Event)   # set: it holds no chunk
+    first: int | None = None         # the first level index of the chunk it holds
+    pending: bool = False            # handed to the loop, and no copy queued into it yet
+    write: DiskWrite | None = None   # on the CPU backend: its chunk's write on the modelled disk
+    readers: int = 0                 # threads still reading it (its writer, the peaks thread)
+    written: bool = False            # its chunk's file is on the disk
+    peaked: bool = False             # its chunk's peaks are taken
+
+    def __post_init__(self) -> None:
+        self.free.set()
+
+    def take(self, first: int) -> None:
+        """The loop takes the slot for the chunk whose levels start at ``first``: it holds that
+        chunk until a writer has written it, and waits for the copy into it until :meth:`copy_queued`."""
+        self.free.clear()
+        self.first = first
+        self.pending = True
+
+    def copy_queued(self) -> None:
+        """The copy into the slot is queued: the slot now waits for its chunk's write."""
+        self.pending = False
+
+
 class Ring:
     """What a loop sees as ``run.images`` when the run streams to disk.
 
@@ -159,23 +195,23 @@ class Ring:
         self.sink = sink
         self.chunk = chunk
         self.shape = (nsaved, *shape)
-        self.on_device = device is not None       # the slots are on the device (compression there)
-        if self.on_device:
-            self.slots = [device[s] for s in range(nslots)]     # views of one device buffer (nslots, chunk, ...)
+        if device is not None:          # the slots are on the device (compression there)
+            arrays = [device[s] for s in range(nslots)]     # views of one device buffer (nslots, chunk, ...)
         else:
             make = pinned_empty if pinned else (lambda s: np.empty(s, np.float32))
-            self.slots = [make((chunk, *shape)) for _ in range(nslots)]
-        self.free = [threading.Event() for _ in range(nslots)]
-        for f in self.free:
-            f.set()
+            arrays = [make((chunk, *shape)) for _ in range(nslots)]
+        self.on_device = device is not None
+        self.states = [SlotState(s, array) for s, array in enumerate(arrays)]   # one per slot
         self.freed = threading.Condition()   # notified whenever a slot becomes free
-        self.first = [None] * nslots       # first level index held by each slot
-        self.pending = [False] * nslots    # handed to the loop, and no copy queued into it yet
-        self.modelled = [None] * nslots    # CPU backend: the modelled disk write of each slot's chunk
+
+    @property
+    def slots(self) -> list[Any]:
+        """The slots' memory, one array of a chunk's levels each (what a sanitizer names "ring slot")."""
+        return [s.array for s in self.states]
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.slots)
+        return sum(s.array.nbytes for s in self.states)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -196,34 +232,192 @@ class Ring:
 
     def __getitem__(self, key: int | slice) -> Slot | DeviceSlot:
         first, stop = self._span(key)
-        s = self.sink.take_slot(first // self.chunk)      # the host waits here if the ring is full
-        self.free[s].clear()                              # taken until a writer has written it
-        self.first[s] = first
+        slot = self.sink.take_slot(first // self.chunk)   # the host waits here if the ring is full
+        slot.take(first)                                  # taken until a writer has written it
         j = first % self.chunk
-        levels = self.slots[s][j] if not isinstance(key, slice) else self.slots[s][j:j + stop - first]
-        hand_on = lambda stream: self.sink.copy_queued(s, first, stop - first, stream)   # noqa: E731
+        levels = slot.array[j] if not isinstance(key, slice) else slot.array[j:j + stop - first]
+        hand_on = lambda stream: self.sink.copy_queued(slot, first, stop - first, stream)   # noqa: E731
         if self.on_device:                # compression on the device: the copy stays there
             return DeviceSlot(levels, hand_on)
         view = levels.view(Slot)          # once the copy into it is queued, it goes to the sink:
         view.copy_queued = hand_on
         return view
 
-    def let_go(self) -> None:
-        """The run is over: drop the slots (pinned memory), whoever still holds the ring."""
-        self.slots = []
-        self.modelled = [None] * len(self.modelled)
+    def taken_for(self, chunk: int) -> SlotState | None:
+        """The slot the loop took for chunk number ``chunk`` and queued no copy into yet (a loop
+        that takes ``ring[k]`` twice gets the same slot again), or None."""
+        return next((s for s in self.states if s.pending and s.first // self.chunk == chunk), None)
 
-    def release(self, s: int) -> None:
-        """Slot ``s`` is free again (its chunk is on the disk)."""
+    def a_free_slot(self, timeout: float | None = None) -> SlotState | None:
+        """A free slot, or None if none became free within ``timeout`` seconds."""
         with self.freed:
-            self.free[s].set()
+            self.freed.wait_for(lambda: any(s.free.is_set() for s in self.states), timeout)
+            return next((s for s in self.states if s.free.is_set()), None)
+
+    def held(self) -> list[SlotState]:
+        """The slots holding a chunk (taken, and not yet written)."""
+        return [s for s in self.states if not s.free.is_set()]
+
+    def release(self, slot: SlotState) -> None:
+        """``slot`` is free again (its chunk is on the disk)."""
+        with self.freed:
+            slot.free.set()
             self.freed.notify_all()
 
-    def a_free_slot(self, timeout: float | None = None) -> int | None:
-        """The index of a free slot, or None if none became free within ``timeout`` seconds."""
-        with self.freed:
-            self.freed.wait_for(lambda: any(f.is_set() for f in self.free), timeout)
-            return next((s for s, f in enumerate(self.free) if f.is_set()), None)
+    def never_free(self, slots: list[SlotState]) -> RuntimeError:
+        """The error for a loop that asks the ring for a slot while the ``slots`` it would wait
+        for were taken by the loop and never copied into (they would never come free)."""
+        taken = ", ".join(f"run.images[{s.first}]" for s in slots)
+        return RuntimeError(
+            f"the loop asked the store's ring for another slot, but it took {taken} and queued no copy "
+            f"into {'it' if len(slots) == 1 else 'them'}, so the ring ({len(self.states)} slots) would never "
+            "free one: with store=PATH each run.images[k] a loop takes is a slot that its copy "
+            "(copy_to_host_async or copy_to_host) hands to the disk. Copy into each run.images[k] the loop "
+            "takes, right after taking it; the run stopped here instead of waiting for ever")
+
+    def let_go(self) -> None:
+        """The run is over: drop the slots (pinned memory) and their modelled writes, whoever
+        still holds the ring or a slot (a modelled write's encoding names its slot)."""
+        for slot in self.states:
+            slot.array = slot.write = None
+        self.states = []
+
+
+class _WallClock:
+    """The disk's clock on a GPU: the host's wall clock.
+
+    A chunk goes to a writer as soon as its copy is queued; the writer waits for the copy, then
+    encodes the slot, and times its write on the host clock, on its own timeline lane. The host
+    takes whichever slot frees first (the writers' fsyncs finish out of order)."""
+
+    def chunk_file(self, slot: SlotState, first: int, n: int, done: Any, stream: Stream,
+                   encode: Callable[[], ChunkFile]) -> Callable[[], ChunkFile]:
+        """The function a writer calls for the chunk's file: once the copy into ``slot`` (before
+        the event ``done``) has landed, ``encode()``."""
+        def after_copy():
+            done.synchronize()
+            return encode()
+        return after_copy
+
+    def free_slot(self, ring: Ring, chunk: int, check: Callable[[], None]) -> SlotState:
+        """A free slot for chunk number ``chunk``; while none is, the host waits, calling ``check()``
+        (which raises a writer's error) as it does, for as long as a slot can still come free."""
+        slot = ring.a_free_slot(timeout=0)
+        if slot is None:
+            # Every slot's chunk is still on its way to the disk: the host waits here, and the
+            # device runs on through the work already queued. Nothing is dropped.
+            with streams.host_wait("wait for disk (ring full)"):
+                while (slot := ring.a_free_slot(timeout=0.05)) is None:
+                    check()                       # a writer failed: stop instead of waiting forever
+                    held = ring.held()
+                    if held and all(s.pending for s in held):
+                        raise ring.never_free(held)
+        check()
+        return slot
+
+    def timed(self, lane: str, slot: SlotState, write: Callable[[], None]) -> tuple[str, tuple[float, float]]:
+        """``write()`` the chunk of ``slot``; returns the timeline lane and its (start, end) on the host clock."""
+        t0 = runtime.host_ms()
+        write()
+        return lane, (t0, runtime.host_ms())
+
+    def wait_for_writes(self, slots: list[SlotState]) -> None:
+        """Nothing: the writer threads write each chunk as soon as its copy has landed."""
+
+    def cancel_writes(self, slots: list[SlotState]) -> None:
+        """Nothing: no write waits for a clock of its own."""
+
+    def compressions(self) -> list:
+        """Nothing: on a GPU the nvCOMP stage times the compressions (:class:`.NvcompCompressor`)."""
+        return []
+
+
+class _ModelledClock:
+    """The disk's clock on the CPU backend: the modelled machine's
+    (:meth:`course_helper.runtime.model.ModelRuntime.disk_write`).
+
+    A chunk's write is queued on the modelled disk when its copy is queued (after its modelled
+    compression, where the device compresses), on writer lane k mod ``lanes``; it is encoded when
+    it begins in modelled time (its copy has landed by then). The host takes the slots in turn
+    (equal writes end in turn) and waits for a slot until its modelled write has ended. The
+    writer threads still write the files, but nothing they do moves the model's clocks."""
+
+    def __init__(self, rt: ModelRuntime, *, lanes: int, chunk: int, level_bytes: int,
+                 compresses: bool) -> None:
+        self._rt = rt
+        self._lanes, self._chunk, self._level_bytes = lanes, chunk, level_bytes
+        self._compresses = compresses    # the modelled device compresses each chunk before its copy out
+        self._compressed = []            # (first, n, modelled chunk) of each chunk compressed there
+
+    def chunk_file(self, slot: SlotState, first: int, n: int, done: Any, stream: Stream,
+                   encode: Callable[[], ChunkFile]) -> Callable[[], ChunkFile]:
+        """Queue the chunk's modelled write (after the copy before the event ``done``, or after the
+        compressed bytes' copy) and keep it in ``slot``; returns the function a writer calls for the
+        chunk's file, which ``encode()`` made when the modelled write (or compression) began, so
+        that the modelled disk writes the bytes the file will hold."""
+        after, encode = done.raw, streams.placed(encode, stream)
+        if self._compresses:
+            after = self._rt.compress_chunk("zstd", done.raw, n * self._level_bytes, encode)
+            self._compressed.append((first, n, after))
+            encode = after.result
+        slot.write = self._rt.disk_write(f"disk {(first // self._chunk) % self._lanes}", after, encode)
+        return functools.partial(_modelled_file, slot.write, done)
+
+    def free_slot(self, ring: Ring, chunk: int, check: Callable[[], None]) -> SlotState:
+        """The slot of chunk number ``chunk`` (equal writes end in turn, so the oldest slot is the
+        first free one), once its modelled write has ended (the host clock moves there) and its real
+        file is written (in real time only); ``check()`` raises a writer's error meanwhile."""
+        slot = ring.states[chunk % len(ring.states)]
+        if slot.pending:
+            raise ring.never_free([slot])
+        if slot.write is not None and not slot.write.done:
+            with streams.host_wait("wait for disk (ring full)"):
+                self._rt.disk_wait(slot.write)
+        while not slot.free.wait(0.05):    # the real file, in real time only: the model's
+            check()                        # clocks do not move
+        check()
+        return slot
+
+    def timed(self, lane: str, slot: SlotState, write: Callable[[], None]) -> tuple[str, Callable[[], tuple]]:
+        """``write()`` the chunk of ``slot``; returns the lane of its modelled write and that write's
+        (start, end) in modelled ms (a function: the write may not have ended yet in modelled time)."""
+        write()
+        return slot.write.lane, slot.write.interval
+
+    def wait_for_writes(self, slots: list[SlotState]) -> None:
+        """The host waits until the modelled writes of ``slots`` have ended (its clock moves to
+        the last one's end); the writer threads waiting for them to begin go on meanwhile."""
+        for write in (s.write for s in slots if s.write is not None):
+            self._rt.disk_wait(write)
+
+    def cancel_writes(self, slots: list[SlotState]) -> None:
+        """The run stopped early, and the model may never begin some writes of ``slots`` (their
+        copies never ran, or the host stopped waiting): they are cancelled, so that no writer
+        thread waits for them for ever."""
+        for write in (s.write for s in slots if s.write is not None):
+            write.cancel(RuntimeError("the run stopped before this chunk's copy ran"))
+
+    def compressions(self) -> list:
+        """``(first level index, n, (start, end) of the compression, (start, end) of the compressed
+        bytes' copy, compressed bytes)`` of each chunk compressed on the modelled device, in modelled ms."""
+        return [(first, n, *chunk.intervals(), chunk.nbytes) for first, n, chunk in self._compressed
+                if chunk.task.done and chunk.task.error is None]
+
+
+def _modelled_file(write, done):
+    """The file of a modelled write, encoded when the write began: the copy (before the event
+    ``done``) has landed by then, so the host is ordered after it (the peaks read the slot)."""
+    chunk = write.result()
+    observe.notify("host_synced", done)
+    return chunk
+
+
+def _disk_clock(rt, *, lanes, chunk, level_bytes, compresses):
+    """The disk's clock for the runtime ``rt``: the modelled machine's on the CPU backend, the
+    host's wall clock on a GPU. ``compresses``: the modelled device compresses the chunks."""
+    if isinstance(rt, ModelRuntime):
+        return _ModelledClock(rt, lanes=lanes, chunk=chunk, level_bytes=level_bytes, compresses=compresses)
+    return _WallClock()
 
 
 class DiskSink:
@@ -248,16 +442,16 @@ class DiskSink:
         if not checked:                # solve() checks the target once, before it allocates anything
             check_target(self.path, self.nsaved * problem.nbytes_level, compress)
         self.every = every
+        self.chunk = chunk
         self.writers = writers
         self.level_bytes = problem.nbytes_level
         self.sharded = compress in SHARDED
         self._encode = _encoder(compress, problem.shape, chunk)
-        rt = runtime.get()
-        self._model = rt if rt.modelled else None     # the CPU backend: the disk is modelled
         where, why = engine_for(compress)             # where the chunks are compressed: "host", "device", "modelled"
         self.compression = {"codec": compress, "where": where, "why": why}
+        self._clock = _disk_clock(runtime.get(), lanes=writers, chunk=chunk, level_bytes=self.level_bytes,
+                                  compresses=where == "modelled")
         self._compressor = None        # on a GPU with compression on the device: the nvCOMP stage
-        self._compressed = []          # CPU backend, compression on the device: (first, n, modelled chunk)
         self._error = None             # the first error of a writer, the peaks or the flags thread
         self._ended = False            # finish() has run
         self._recorder = None          # the solving thread's recorder (the disk lanes go into it)
@@ -269,18 +463,15 @@ class DiskSink:
         self._landed = np.zeros(self.nsaved, bool)                 # what the flags thread writes
         self._peak = np.full(self.nsaved, np.nan, np.float32)
         self._dirty, self._stop = threading.Event(), threading.Event()
-        self._threads = [threading.Thread(target=self.writer, args=(f"disk {i}",), name=f"disk writer {i}",
+        self._threads = [threading.Thread(target=self._write_chunks, args=(f"disk {i}",), name=f"disk writer {i}",
                                           daemon=True) for i in range(writers)]
-        self._peaker = threading.Thread(target=self.peaker, name="disk peaks", daemon=True)
-        self._flagger = threading.Thread(target=self.flagger, name="disk flags", daemon=True)
+        self._peaker = threading.Thread(target=self._take_peaks, name="disk peaks", daemon=True)
+        self._flagger = threading.Thread(target=self._keep_flags, name="disk flags", daemon=True)
         self.group, self._state, self._checksums = create_store(self.path, problem, every, chunk, compress)
         try:
             self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
             device = self._device_ring(problem, chunk, ring_slots(writers)) if where != "host" else None
             self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned, device)
-            self._readers = [0] * len(self.ring.slots)     # threads still reading each slot (writer, peaks)
-            self._written = [False] * len(self.ring.slots)  # whether each slot's chunk reached its file
-            self._peaked = [False] * len(self.ring.slots)   # and whether its peaks were taken
             for t in (*self._threads, self._peaker, self._flagger):
                 t.start()
             if self._compressor is not None:
@@ -305,7 +496,7 @@ class DiskSink:
         if free is None:
             checks.host_memory(need, what, advice="use fewer levels per chunk (batch), or a smaller grid")
         device = device_empty((nslots, chunk, *problem.shape))
-        if self._model is not None:
+        if self.compression["where"] == "modelled":      # the modelled device's engine: no nvCOMP stage
             return device
         try:
             self._compressor = NvcompCompressor(device, inner_chunks(problem.shape)[0], self._deliver)
@@ -318,104 +509,34 @@ class DiskSink:
         return device
 
     # -- the solving thread ------------------------------------------------
-    def copy_queued(self, s: int, first: int, n: int, stream: Stream) -> None:
-        """The copy into slot ``s`` (levels ``first`` to ``first + n - 1``) is queued on
-        ``stream``: record an event after it and pass the slot to a writer thread."""
-        self.ring.pending[s] = False
+    def copy_queued(self, slot: SlotState, first: int, n: int, stream: Stream) -> None:
+        """The copy into ``slot`` (levels ``first`` to ``first + n - 1``) is queued on ``stream``:
+        record an event after it and pass the slot to a writer thread (on the CPU backend, with
+        the chunk's write queued on the modelled disk)."""
+        slot.copy_queued()
         self._handed[first:first + n] = True
         self._recorder = recording.current()      # the disk lanes go into the solving thread's timeline
         done = streams.create_events(1)[0]
         done.record(stream)
         if self._compressor is not None:          # on a GPU: nvCOMP compresses it, then a writer writes it
-            self._compressor.put(first, n, s, done)
+            self._compressor.put(first, n, slot.index, done)
             return
-        modelled = None
-        if self._model is not None:
-            # The write's place on the modelled disk: after the copy (or, compressed on the modelled
-            # device, after the compressed bytes' copy), on writer lane k mod writers. The chunk is
-            # encoded when that compression or write begins (the copy has landed by then), so the
-            # modelled disk writes the bytes the file will hold.
-            after, encode = done.raw, streams.placed(lambda: self._encoded(s, n), stream)
-            if self.ring.on_device:
-                after = self._model.compress_chunk("zstd", done.raw, n * self.level_bytes, encode)
-                self._compressed.append((first, n, after))
-                encode = after.result
-            modelled = self._model.disk_write(f"disk {(first // self.ring.chunk) % self.writers}", after, encode)
-            self.ring.modelled[s] = modelled
-            fetch = functools.partial(self._modelled_file, modelled, done)
-        else:
-            fetch = functools.partial(self._after_copy, done, s, n)
-        self._queue.put((first, n, s, fetch, modelled))
-
-    @staticmethod
-    def _modelled_file(modelled, done):
-        """The file of a modelled write, encoded when the write began: the copy (before the event
-        ``done``) has landed by then, so the host is ordered after it (the peaks read the slot)."""
-        chunk = modelled.result()
-        observe.notify("host_synced", done)
-        return chunk
-
-    def _after_copy(self, done, s, n):
-        """Slot ``s``'s chunk file, once the copy into it (before the event ``done``) has landed."""
-        done.synchronize()
-        return self._encoded(s, n)
+        fetch = self._clock.chunk_file(slot, first, n, done, stream, lambda: self._encoded(slot, n))
+        self._queue.put((first, n, slot, fetch))
 
     def _deliver(self, first, n, s, fetch):
         """The compression stage hands a chunk to the writers (``fetch()`` gives its file)."""
-        self._queue.put((first, n, s, fetch, None))
+        self._queue.put((first, n, self.ring.states[s], fetch))
 
-    def take_slot(self, chunk: int) -> int:
+    def take_slot(self, chunk: int) -> SlotState:
         """A free slot for chunk number ``chunk``; the host waits while the ring is full, for as
         long as a slot can still come free: a slot the loop took but never copied into is never
-        written, so waiting for it raises at once (:meth:`_never_free`). A slot taken for this
+        written, so waiting for it raises at once (:meth:`Ring.never_free`). A slot taken for this
         chunk and not copied into yet is handed out again."""
-        ring = self.ring
-        s = next((i for i, p in enumerate(ring.pending) if p and ring.first[i] // ring.chunk == chunk), None)
-        if s is None:
-            s = self._free_slot(chunk)
-            ring.pending[s] = True            # until the copy into it is queued (copy_queued)
-        return s
-
-    def _free_slot(self, chunk):
-        """:meth:`take_slot`'s wait for a free slot."""
-        ring = self.ring
-        if self._model is None:
-            s = ring.a_free_slot(timeout=0)
-            if s is None:
-                # Every slot's chunk is still on its way to the disk: the host waits here, and the
-                # device runs on through the work already queued. Nothing is dropped.
-                with streams.host_wait("wait for disk (ring full)"):
-                    while (s := ring.a_free_slot(timeout=0.05)) is None:
-                        self.raise_error()           # a writer failed: stop instead of waiting forever
-                        waiting = [i for i, f in enumerate(ring.free) if not f.is_set()]
-                        if all(ring.pending[i] for i in waiting):
-                            raise self._never_free(waiting)
-            self.raise_error()
-            return s
-        s = chunk % len(ring.slots)           # modelled: equal writes end in turn, so the oldest slot
-        if ring.pending[s]:
-            raise self._never_free([s])
-        modelled = ring.modelled[s]           # is the first free one
-        if modelled is not None and not modelled.done:
-            # Modelled time: the host clock moves to the end of the slot's modelled write.
-            with streams.host_wait("wait for disk (ring full)"):
-                self._model.disk_wait(modelled)
-        while not ring.free[s].wait(0.05):    # the real file, in real time only: the model's
-            self.raise_error()                # clocks do not move
-        self.raise_error()
-        return s
-
-    def _never_free(self, slots):
-        """The error for a loop that asks the ring for a slot while the slots it would wait for
-        were taken by the loop and never copied into (they would never come free)."""
-        ring = self.ring
-        taken = ", ".join(f"run.images[{ring.first[i]}]" for i in slots)
-        return RuntimeError(
-            f"the loop asked the store's ring for another slot, but it took {taken} and queued no copy "
-            f"into {'it' if len(slots) == 1 else 'them'}, so the ring ({len(ring.slots)} slots) would never "
-            "free one: with store=PATH each run.images[k] a loop takes is a slot that its copy "
-            "(copy_to_host_async or copy_to_host) hands to the disk. Copy into each run.images[k] the loop "
-            "takes, right after taking it; the run stopped here instead of waiting for ever")
+        slot = self.ring.taken_for(chunk)
+        if slot is None:
+            slot = self._clock.free_slot(self.ring, chunk, self.raise_error)
+        return slot
 
     def require_every_level(self, strategy: str) -> None:
         """Raise a RuntimeError if the loop of ``strategy`` did not copy every saved level into
@@ -453,10 +574,8 @@ class DiskSink:
         self._ended = True
         with _ctrl_c_held():             # a Ctrl-C now is raised once everything has stopped
             stopped = None               # an error (a second Ctrl-C) while waiting for the modelled writes
-            try:
-                if self._model is not None:    # first: the writer threads wait for the modelled writes to begin
-                    for write in (w for w in self.ring.modelled if w is not None):
-                        self._model.disk_wait(write)
+            try:                 # first: the writer threads wait for the modelled writes to begin
+                self._clock.wait_for_writes(self.ring.states)
             except BaseException as exc:  # noqa: BLE001 - raised below, once everything is stopped
                 stopped = exc
             self._stop_threads(cancel=error is not None or stopped is not None)
@@ -484,8 +603,7 @@ class DiskSink:
         the model may never begin some writes (their copies never ran, or the host stopped
         waiting): they are cancelled, so that no writer thread waits for them for ever."""
         if cancel:
-            for write in (w for w in self.ring.modelled if w is not None):
-                write.cancel(RuntimeError("the run stopped before this chunk's copy ran"))
+            self._clock.cancel_writes(self.ring.states)
         started = lambda threads: [t for t in threads if t.ident is not None]   # noqa: E731
         if self._compressor is not None:
             self._compressor.stop()            # first: it hands its last chunks to the writers
@@ -519,8 +637,7 @@ class DiskSink:
         if self._compressor is not None:
             return [(first, n, (t0, t1), (t1, t2), nbytes)
                     for first, n, t0, t1, t2, nbytes in self._compressor.intervals]
-        return [(first, n, *chunk.intervals(), chunk.nbytes) for first, n, chunk in self._compressed
-                if chunk.task.done and chunk.task.error is None]
+        return self._clock.compressions()
 
     def compression_summary(self) -> dict:
         """Where the chunks were compressed (``where``: "device", "modelled" or "host"; ``why``),
@@ -550,83 +667,80 @@ class DiskSink:
             rec.add_interval("compress", OpKind.D2H, f"{OpKind.D2H} zstd level {level}", c, d, nbytes, level)
 
     # -- the writer threads --------------------------------------------------
-    def writer(self, lane: str) -> None:
+    def _write_chunks(self, lane):
         """A writer thread: for each slot handed over, wait for its chunk's file (its copy, or its
-        compression on the device), write it (timed on timeline lane ``lane``) and hand the slot
-        to the peaks thread."""
+        compression on the device), write it (timed on timeline lane ``lane``, or the modelled
+        disk's) and hand the slot to the peaks thread."""
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            first, n, s, fetch, modelled = item
+            first, n, slot, fetch = item
             with self._lock:
-                self._readers[s], self._written[s], self._peaked[s] = 1, False, False
+                slot.readers, slot.written, slot.peaked = 1, False, False
             try:
                 chunk = fetch()                   # waits for the copy (or the compression) to land
                 with self._lock:
-                    self._readers[s] += 1
-                self._peaks_queue.put((first, n, s, chunk.peaks))   # taken while this thread writes the file
+                    slot.readers += 1
+                self._peaks_queue.put((first, n, slot, chunk.peaks))   # taken while this thread writes the file
                 if self._error is None:
-                    t0 = runtime.host_ms() if modelled is None else None
-                    self._write_chunk(first, chunk)
-                    times = (t0, runtime.host_ms()) if modelled is None else modelled.interval
+                    lane_used, times = self._clock.timed(lane, slot, functools.partial(self._write_chunk, first, chunk))
                     with self._lock:
-                        self._intervals.append((first, lane if modelled is None else modelled.lane,
-                                                n * self.level_bytes, times))
-                        self._written[s] = True
+                        self._intervals.append((first, lane_used, n * self.level_bytes, times))
+                        slot.written = True
             except BaseException as exc:  # noqa: BLE001 - handed to the solving thread
                 with self._lock:
                     if self._error is None:
                         self._error = _disk_error(exc, self.path, first, self.every)
             finally:
-                self._release(s, first, n)
+                self._release(slot, first, n)
 
-    def peaker(self) -> None:
-        """Take each handed slot's peaks (largest |u| per level) while its writer writes it (those
-        read on the device come with the chunk)."""
+    def _take_peaks(self):
+        """The peaks thread: take each handed slot's peaks (largest |u| per level) while its writer
+        writes it (those read on the device come with the chunk)."""
         while True:
             item = self._peaks_queue.get()
             if item is None:
                 return
-            first, n, s, peak = item
+            first, n, slot, peak = item
             try:
                 if peak is None:
-                    peak = _peaks(self.ring.slots[s][:n])
+                    peak = _peaks(slot.array[:n])
                 with self._lock:
                     self._peak[first:first + n] = peak
-                    self._peaked[s] = True
+                    slot.peaked = True
             except BaseException as exc:  # noqa: BLE001 - handed to the solving thread; keep serving
                 with self._lock:
                     self._error = self._error or exc
             finally:
-                self._release(s, first, n)
+                self._release(slot, first, n)
 
-    def _release(self, s, first, n):
-        """A reader of slot ``s`` (its writer or the peaks thread) is done. After the last one the
+    def _release(self, slot, first, n):
+        """A reader of ``slot`` (its writer or the peaks thread) is done. After the last one the
         chunk's levels count as landed if its file was written and its peaks taken, and the slot
         is free again."""
         with self._lock:
-            self._readers[s] -= 1
-            if self._readers[s]:
+            slot.readers -= 1
+            if slot.readers:
                 return
-            if self._written[s] and self._peaked[s]:
+            if slot.written and slot.peaked:
                 self._landed[first:first + n] = True
         self._dirty.set()
-        self.ring.release(s)
+        self.ring.release(slot)
 
-    def _encoded(self, s, n):
-        """The file of the chunk in slot ``s`` (its first ``n`` levels), a :class:`~.shards.ChunkFile`.
+    def _encoded(self, slot, n):
+        """The file of the chunk in ``slot`` (its first ``n`` levels), a :class:`~.shards.ChunkFile`.
         The array's last chunk may hold fewer levels: an unsharded chunk's file holds a whole
         chunk all the same (Zarr's rule), the levels past the end being the fill value; a shard
         leaves their inner chunks out (they read as the fill value). On the CPU backend's device
         (compression modelled there) the slot is read at the compression's start, with its peaks."""
-        block = self.ring.slots[s][:n]
+        block = slot.array[:n]
         if self.ring.on_device:
             block = block.view(np.ndarray)
             parts, tag, nbytes, _ = self._encode(block)
             return ChunkFile(parts, tag, nbytes, _peaks(block))
-        if n < self.ring.chunk and not self.sharded:
-            block = np.concatenate([block, np.full((self.ring.chunk - n, *block.shape[1:]), np.nan, np.float32)])
+        if n < self.chunk and not self.sharded:
+            block = np.concatenate([block, np.full((self.chunk - n, *block.shape[1:]), np.nan, np.float32)])
         return self._encode(block)
 
     def _write_chunk(self, first, chunk):
@@ -634,14 +748,14 @@ class DiskSink:
         array's ``crc32c`` codec appends it; or a shard), written under a temporary name,
         fsync'ed, renamed. The chunk's record (its tag tied to its place,
         :class:`~.layout.Checksums`) is put in place first, so that every chunk file has one."""
-        k = first // self.ring.chunk
+        k = first // self.chunk
         self._checksums.record(k, chunk.tag)
         files.write_atomically(self.path / DATA / self.data.metadata.encode_chunk_key((k, 0, 0)), chunk.parts)
 
     # -- the flags thread ---------------------------------------------------
-    def flagger(self) -> None:
-        """Write ``peak`` and ``complete`` (for the levels whose chunks have landed) as soon as
-        chunks have landed, then at most every :data:`FLAGS_EVERY_S`."""
+    def _keep_flags(self):
+        """The flags thread: write ``peak`` and ``complete`` (for the levels whose chunks have
+        landed) as soon as chunks have landed, then at most every :data:`FLAGS_EVERY_S`."""
         while True:
             self._dirty.wait()
             if self._stop.is_set():

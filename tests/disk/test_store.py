@@ -428,17 +428,37 @@ def test_on_a_gpu_a_full_ring_hands_out_whichever_slot_frees_first(tmp_path):
     """Writers finish out of order; the host takes the first slot freed, not the oldest one."""
     import threading
     sink = disk.DiskSink(tmp_path / "s.zarr", _problem(), 1, 1)
-    sink._model = None                       # the real-time path a GPU run takes
-    ring, n = sink.ring, len(sink.ring.slots)
+    sink._clock = sink_module._WallClock()   # the real-time path a GPU run takes
+    ring, n = sink.ring, len(sink.ring.states)
     try:
         assert [_slot_of(ring, ring[k]) for k in range(n)] == list(range(n))   # all taken
-        ring.pending = [False] * n               # as if their copies were queued: their writers free them
-        threading.Timer(0.2, ring.release, args=(3,)).start()
-        threading.Timer(1.0, ring.release, args=(0,)).start()
+        for slot in ring.states:
+            slot.copy_queued()                   # as if their copies were queued: their writers free them
+        threading.Timer(0.2, ring.release, args=(ring.states[3],)).start()
+        threading.Timer(1.0, ring.release, args=(ring.states[0],)).start()
         assert _slot_of(ring, ring[n]) == 3    # not slot 0, which chunk n would take in turn
     finally:
-        for s in range(n):
-            ring.release(s)
+        for slot in ring.states:
+            ring.release(slot)
+        sink.finish()
+
+
+def test_on_a_gpu_a_slot_freed_while_the_host_looks_is_taken_not_refused(tmp_path):
+    """The host finds no free slot, then no slot held either: a writer freed one in between.
+    The host takes it; it does not call a ring with nothing held one that never frees."""
+    sink = disk.DiskSink(tmp_path / "s.zarr", _problem(), 1, 1)
+    ring, looks = sink.ring, []
+    real = ring.a_free_slot
+
+    def late(timeout=None):            # the first two looks miss the slots that are free
+        looks.append(timeout)
+        return None if len(looks) <= 2 else real(timeout)
+    ring.a_free_slot = late
+    try:
+        assert not ring.held()
+        assert sink_module._WallClock().free_slot(ring, 0, sink.raise_error) is ring.states[0]
+        assert looks == [0, 0.05, 0.05]
+    finally:
         sink.finish()
 
 
@@ -1009,7 +1029,7 @@ def test_a_loop_that_takes_slots_and_never_copies_stops_with_an_error(tmp_path, 
 
         def real_time(self, *a, **k):
             real(self, *a, **k)
-            self._model = None
+            self._clock = sink_module._WallClock()
         monkeypatch.setattr(sink_module.DiskSink, "__init__", real_time)
     entry = _register("takes-slots", _takes_slots_and_never_copies)
     try:
