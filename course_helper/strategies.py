@@ -42,8 +42,7 @@ from . import checks, runtime
 from .graphs import capture_graph, graphs_supported
 from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
                      to_device, zero_async)
-from .runtime.model import kernel_us, link_ms
-from .runtime.ops import OpKind
+from .runtime.ops import LinkCost, OpKind
 from .streams import Event, Stream, synchronize
 from .wave import WaveProblem, kernel_cost, launch_wave2d, saved_levels
 
@@ -309,11 +308,10 @@ def level_times(problem: WaveProblem) -> LevelTimes:
     """
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     rt = runtime.get()
-    if rt.modelled:
+    if rt.predicts_times:
         level = problem.nbytes_level
-        cost = kernel_cost(level)                 # what the model charges a launch
-        kernel = kernel_us(rt.profile, cost.shape, cost.nbytes) * 1e-3
-        return LevelTimes(kernel, link_ms(rt.profile, OpKind.D2H, level), rt.device_label)
+        return LevelTimes(rt.predicted_ms(kernel_cost(level)), rt.predicted_ms(LinkCost(OpKind.D2H, level)),
+                          rt.clock_label)
     return LevelTimes(*_measured_level_times(*problem.shape))
 
 
