@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 import numpy as np
 
 from . import checks, runtime
-from .graphs import capture_graph, graphs_supported
+from .graphs import capture_with_one_io_stream, graphs_supported
 from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
                      to_device, zero_async)
 from .runtime.ops import LinkCost, OpKind
@@ -240,19 +240,18 @@ def capture_loop(loop: Callable[["Run"], None], run: "Run") -> "Graph":
     Nothing runs during the capture; ``graph.launch()`` replays the whole loop. ``solve``
     captures the graph strategies this way (untimed, like compiling) and times one replay.
 
-    All copies are captured on one IO stream: in a graph every captured stream
-    becomes a branch, and one chain of copies keeps pace with the stream loops
-    where copies spread over several branches fell behind them (docs/results.md)."""
+    All copies are captured on one IO stream, which joins ``compute`` back if it took part
+    (:func:`~course_helper.graphs.capture_with_one_io_stream` says why one)."""
     compute = run.compute
-    run = replace(run, io=[run.io[0]] * len(run.io))   # one IO stream for every buffer: one chain of copies
-    with capture_graph(compute) as cap:
+
+    def queue(io):                                  # io: one IO stream for every buffer
         zero_async(run.U[0], compute)               # levels 0 and 1 are reset on every replay,
         zero_async(run.U[1], compute)               # or a second replay would start from old data
-        loop(run)
-        for io, copied in zip(run.io, run.copied):
-            if copied.recorded:                     # this IO stream took part in the capture:
-                compute.wait_stream(io)             # join it back into the capture stream
-    return cap.graph
+        loop(replace(run, io=io))
+        # The IO streams that took part (forked from compute): each is joined back into it
+        # (compute.wait_stream), or the capture fails.
+        return [s for s, copied in zip(io, run.copied) if copied.recorded]
+    return capture_with_one_io_stream(compute, run.io, queue)
 
 
 # --------------------------------------------------------------------------
