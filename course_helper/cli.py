@@ -256,7 +256,7 @@ def bench_main(args: argparse.Namespace) -> int:
         return _disk_bench(args)
     nscratch = bench.parse_nscratch(args.nscratch) if args.nscratch else None
     rt = runtime.get()
-    predict = rt.modelled and not args.compute
+    predict = rt.predicts_times and not args.compute
     if predict:
         print(f"predicting the sweep on the {rt.device_label} (times only: the wavefields are not "
               "computed; pass --compute to compute them too)", file=sys.stderr)
@@ -288,7 +288,7 @@ def bench_main(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    clock = f" ({rt.device_label})" if rt.modelled else ""
+    clock = f" ({rt.clock_label})" if rt.clock_label else ""
     print(f"{doc['machine']['device']}{clock}, peak pinned D2H {doc['peak_d2h_gbps']:.1f} GB/s, "
           f"{args.repeats} repeats; B = the physical limit of each point")
     print(bench.table(doc))

@@ -21,12 +21,12 @@ from .runtime import observe
 from .runtime.base import GraphsUnsupported
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterable, Iterator, Sequence
     from typing import Any
 
     from .streams import Stream
 
-__all__ = ["GraphsUnsupported", "Graph", "capture_graph", "graphs_supported"]
+__all__ = ["GraphsUnsupported", "Graph", "capture_graph", "capture_with_one_io_stream", "graphs_supported"]
 
 
 def graphs_supported() -> tuple[bool, str]:
@@ -96,3 +96,23 @@ def capture_graph(stream: Stream) -> Iterator[_Capture]:
         raise
     cap.graph = Graph(graph, stream)
     observe.notify("capture_ended", stream, cap.graph)
+
+
+def capture_with_one_io_stream(compute: Stream, io: Sequence[Stream],
+                               queue: Callable[[list[Stream]], Iterable[Stream]]) -> Graph:
+    """Capture a loop into a :class:`Graph` on ``compute``, every copy on one IO stream.
+
+    ``queue(chain)`` queues the loop's work, with ``chain`` in place of its IO streams ``io``:
+    ``chain[b]`` is ``io[0]`` for every buffer ``b``. In a graph every captured stream becomes a
+    branch, and one chain of copies keeps pace with the stream loops where copies spread over
+    several branches fell behind them (docs/results.md). ``queue`` returns the streams it forked
+    into the capture (each stream other than ``compute`` that it queued work on); each joins
+    ``compute`` back before the capture ends, as a capture requires. The single-GPU graph
+    strategies (:func:`course_helper.strategies.capture_loop`) and a rank's captured loop
+    (:func:`course_helper.distributed.capture_rank_loop`) are captured this way.
+    """
+    chain = [io[0]] * len(io)
+    with capture_graph(compute) as cap:
+        for stream in queue(chain):
+            compute.wait_stream(stream)
+    return cap.graph

@@ -39,11 +39,10 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 import numpy as np
 
 from . import checks, runtime
-from .graphs import capture_graph, graphs_supported
+from .graphs import capture_with_one_io_stream, graphs_supported
 from .memory import (copy_on_device_async, copy_to_host, copy_to_host_async, device_zeros, pinned_empty,
                      to_device, zero_async)
-from .runtime.model import kernel_us, link_ms
-from .runtime.ops import OpKind
+from .runtime.ops import LinkCost, OpKind
 from .streams import Event, Stream, synchronize
 from .wave import WaveProblem, kernel_cost, launch_wave2d, saved_levels
 
@@ -241,19 +240,18 @@ def capture_loop(loop: Callable[["Run"], None], run: "Run") -> "Graph":
     Nothing runs during the capture; ``graph.launch()`` replays the whole loop. ``solve``
     captures the graph strategies this way (untimed, like compiling) and times one replay.
 
-    All copies are captured on one IO stream: in a graph every captured stream
-    becomes a branch, and one chain of copies keeps pace with the stream loops
-    where copies spread over several branches fell behind them (docs/results.md)."""
+    All copies are captured on one IO stream, which joins ``compute`` back if it took part
+    (:func:`~course_helper.graphs.capture_with_one_io_stream` says why one)."""
     compute = run.compute
-    run = replace(run, io=[run.io[0]] * len(run.io))   # one IO stream for every buffer: one chain of copies
-    with capture_graph(compute) as cap:
+
+    def queue(io):                                  # io: one IO stream for every buffer
         zero_async(run.U[0], compute)               # levels 0 and 1 are reset on every replay,
         zero_async(run.U[1], compute)               # or a second replay would start from old data
-        loop(run)
-        for io, copied in zip(run.io, run.copied):
-            if copied.recorded:                     # this IO stream took part in the capture:
-                compute.wait_stream(io)             # join it back into the capture stream
-    return cap.graph
+        loop(replace(run, io=io))
+        # The IO streams that took part (forked from compute): each is joined back into it
+        # (compute.wait_stream), or the capture fails.
+        return [s for s, copied in zip(io, run.copied) if copied.recorded]
+    return capture_with_one_io_stream(compute, run.io, queue)
 
 
 # --------------------------------------------------------------------------
@@ -309,11 +307,10 @@ def level_times(problem: WaveProblem) -> LevelTimes:
     """
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     rt = runtime.get()
-    if rt.modelled:
+    if rt.predicts_times:
         level = problem.nbytes_level
-        cost = kernel_cost(level)                 # what the model charges a launch
-        kernel = kernel_us(rt.profile, cost.shape, cost.nbytes) * 1e-3
-        return LevelTimes(kernel, link_ms(rt.profile, OpKind.D2H, level), rt.device_label)
+        return LevelTimes(rt.predicted_ms(kernel_cost(level)), rt.predicted_ms(LinkCost(OpKind.D2H, level)),
+                          rt.clock_label)
     return LevelTimes(*_measured_level_times(*problem.shape))
 
 

@@ -27,7 +27,6 @@ import numpy as np
 
 from .. import runtime
 from ..memory import pinned_empty
-from ..runtime.compress_lane import compress_spec
 from .layout import SHARDED
 from .shards import ALIGNMENT, ChunkFile, shard_index, shard_tag, zstd_bound
 
@@ -69,13 +68,13 @@ def engine_for(compress: str | None) -> tuple[str, str]:
     if compress not in SHARDED:
         return "host", ""
     rt = runtime.get()
-    if rt.modelled:
-        if compress_spec(rt.profile, "zstd") is not None:
-            return "modelled", f"the modelled {rt.device_label}'s compression engine (its profile's 'compress' figures)"
-        note = rt.profile.get("compress", {}).get("note", "")
-        why = (f"the profile {rt.profile.get('name', '')!r} has no measured compression on the device"
-               f"{': ' + note if note else ''}; the writer threads compress the chunks on the host (the same "
-               "store), and the modelled time has no compression stage")
+    modelled = rt.compresses_on_device("zstd")       # a model's own engine, or None: nvCOMP decides
+    if modelled is not None:
+        on_device, why = modelled
+        if on_device:
+            return "modelled", why
+        why += ("; the writer threads compress the chunks on the host (the same store), and the modelled time "
+                "has no compression stage")
     else:
         try:
             nvcomp = nvcomp_module()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import checks, runtime, streams
-from ..graphs import Graph, capture_graph
+from ..graphs import Graph, capture_with_one_io_stream
 from ..memory import zero_async
 from ..runtime.ops import OpKind
 from ..streams import synchronize
@@ -105,17 +105,18 @@ def capture_rank_loop(run: "RankRun") -> "Graph":
     they are (``run_rank`` zeroes them first). The copies share one IO stream (one chain of
     copies in the graph, as ``solve``'s graph strategies do)."""
     io = run.io
-    run.io = [io[0]] * run.m
+
+    def queue(chain):
+        run.io = chain                               # one IO stream for every buffer
+        _levels(run, hand_over=False)                # a capture cannot wait for anything
+        return (run.boundary, run.link.stream, *chain[:1 if len(run.levels) else 0])   # the streams it forked
     try:
-        with capture_graph(run.compute) as cap:
-            _levels(run, hand_over=False)            # a capture cannot wait for anything
-            for stream in (run.boundary, run.link.stream, *run.io[:1 if len(run.levels) else 0]):
-                run.compute.wait_stream(stream)      # every stream the capture forked joins it again
+        graph = capture_with_one_io_stream(run.compute, io, queue)
     finally:
         run.io = io
     run.unsent.clear()
-    cap.graph.upload()
-    return cap.graph
+    graph.upload()
+    return graph
 
 
 def _replay(run, graph):

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import runtime
 from ..memory import measure_bandwidth
+from ..runtime.ops import LinkCost
 from ..streams import synchronize
 from ..timelines.timeline import Trace, TraceEvent, covered_length, intersection_length, merge_intervals
 from .rank import RankRun
@@ -96,9 +97,9 @@ def link_note() -> str:
     """How printed times count the halo exchanges: on the CPU backend, on the profile's ``peer``
     link, or not at all where the profile has none; on a GPU, measured (``""``)."""
     rt = runtime.get()
-    if not rt.modelled:
+    if not rt.predicts_times:
         return ""
-    if "peer" in rt.profile["links"]:
+    if rt.predicted_ms(LinkCost("peer", 0)) is not None:
         return "halo exchanges on the profile's peer link"
     return "the halo exchanges are not modelled"
 

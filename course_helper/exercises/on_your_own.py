@@ -132,8 +132,8 @@ def check_ring_depth(nscratch: int | None, problem: WaveProblem, every: int, goa
 
     def hidden(depth):
         # The median of a few traced runs: a GPU's hidden share moves from run to run (the host's
-        # pace, CUPTI), and the verdict should not; the modelled device gives the same every run.
-        runs = 1 if runtime.get().modelled else 3
+        # pace, CUPTI), and the verdict should not; predicted times are the same every run.
+        runs = 1 if runtime.get().predicts_times else 3
         return float(np.median([solve(problem, "streams", every=every, nscratch=depth).trace.overlap().hidden_fraction
                                 for _ in range(runs)]))
 

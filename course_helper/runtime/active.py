@@ -58,8 +58,7 @@ def host_ms() -> float:
 
 def time_label() -> str:
     """How times of the active backend are to be read: ``""`` on a GPU, ``"modelled H200"`` on the model."""
-    rt = get()
-    return rt.device_label if rt.modelled else ""
+    return get().clock_label
 
 
 def wants_op(stream: Any) -> bool:

@@ -80,6 +80,28 @@ class Runtime(ABC):
     needs_op = True      #: False when work can be queued without an ``op`` (see :meth:`launch`, :meth:`copy_async`)
     device_array_type = None   #: the exact type of this runtime's device arrays
 
+    # -- capabilities: what callers ask instead of which backend this is ------------
+    #: True where a model of the device gives the times without running the work: then
+    #: :meth:`predicted_ms` answers, :meth:`times_only` can skip the arithmetic, and a run
+    #: takes the same time every time it runs. False where times are measured (a GPU).
+    predicts_times = False
+    #: What keeps the times where the device does not measure them, as printed beside them
+    #: (``"modelled H200"``); ``""`` where they are measured.
+    clock_label = ""
+
+    def predicted_ms(self, cost: Cost) -> float | None:
+        """How long the operation ``cost`` takes the device alone, in ms, predicted without
+        running it; None where this runtime cannot predict it: a device that measures its
+        times (time the operation instead), or a model with no figure for it (a link its
+        profile never measured)."""
+        return None
+
+    def compresses_on_device(self, codec: str) -> tuple[bool, str] | None:
+        """Whether this runtime compresses chunks with ``codec`` on the device itself:
+        ``(True, what does it)`` or ``(False, why not)``; None where the device's own
+        compression library decides (nvCOMP on a GPU: see :mod:`course_helper.disk.compression`)."""
+        return None
+
     @contextlib.contextmanager
     def times_only(self, on: bool = True) -> Iterator[None]:
         """Inside the block (when ``on``), model the times and skip the arithmetic: a modelled

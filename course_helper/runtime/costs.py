@@ -9,7 +9,7 @@ from typing import Any
 from .ops import CopyCost, Cost, FillCost, KernelCost, LinkCost, OpKind
 from .scheduler import ticks
 
-__all__ = ["kernel_us", "link_ms", "timing"]
+__all__ = ["kernel_us", "link_ms", "alone_ms", "timing"]
 
 
 def kernel_us(profile: dict, shape: str, nbytes: float) -> float:
@@ -36,6 +36,26 @@ def link_ms(profile: dict, link: str, nbytes: float) -> float:
     """Modelled time (ms) of one copy of ``nbytes`` alone on ``link``: latency + bytes / bandwidth."""
     spec = profile["links"][link]
     return spec["latency_us"] * 1e-3 + nbytes / (spec["gbps"] * 1e6)
+
+
+def alone_ms(profile: dict, cost: Cost) -> float | None:
+    """Modelled time (ms) of the operation ``cost`` alone on the device (no graph, nothing
+    sharing its engine or link), or None where ``profile`` has no figure for it. A copy's or a
+    fill's bytes are those of its arrays (``src``, ``dst``)."""
+    match cost:
+        case KernelCost(shape=shape):
+            if shape not in profile["kernels"]:
+                return None
+            return (kernel_us(profile, shape, cost.nbytes) + cost.hold_us) * 1e-3
+        case FillCost(dst=dst):
+            return kernel_us(profile, "fill", dst.nbytes) * 1e-3
+        case CopyCost(kind=kind, src=src):
+            link = kind + ("_pageable" if cost.pageable else "")
+            return link_ms(profile, link, src.nbytes) if link in profile["links"] else None
+        case LinkCost(link=link):
+            return link_ms(profile, link, cost.nbytes) if link in profile["links"] else None
+    raise TypeError(f"no modelled cost for a {type(cost).__name__}; pass a KernelCost, CopyCost, "
+                    "FillCost or LinkCost (course_helper.runtime.ops)")
 
 
 def timing(profile: dict, op: Any, cost: Cost, replaying: bool) -> dict:

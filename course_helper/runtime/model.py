@@ -76,8 +76,8 @@ import numpy as np
 
 from .base import CpuDeviceArray, Runtime
 from .capture import Call, CapturedCall, ModelGraph
-from .compress_lane import CompressedChunk, ModelCompressor
-from .costs import kernel_us, link_ms, timing
+from .compress_lane import CompressedChunk, ModelCompressor, compress_spec
+from .costs import alone_ms, kernel_us, link_ms, timing
 from .disk_lanes import DiskWrite, ModelDisk
 from .host import ModelHost
 from .ops import CopyCost, Cost, FillCost, KernelCost, OpKind
@@ -123,12 +123,14 @@ class ModelRuntime(Runtime):
 
     name = "cpu"
     modelled = True
+    predicts_times = True
     device_array_type = CpuDeviceArray
 
     def __init__(self, profile: dict) -> None:
         self.profile = profile
         self.device_label = f"modelled {profile['device']['short_name']}" \
             if "short_name" in profile["device"] else f"modelled {profile['device']['name']}"
+        self.clock_label = self.device_label
         # True where the calling context predicts times only (see times_only): a context
         # variable, so that it belongs to the thread (and the block) that set it.
         self._times_only = contextvars.ContextVar(f"times only on {self.device_label}", default=False)
@@ -167,6 +169,20 @@ class ModelRuntime(Runtime):
             yield
         finally:
             self._times_only.reset(token)
+
+    def predicted_ms(self, cost: Cost) -> float | None:
+        """The time of ``cost`` alone on the modelled device, from its profile (see
+        :func:`~.costs.alone_ms`)."""
+        return alone_ms(self.profile, cost)
+
+    def compresses_on_device(self, codec: str) -> tuple[bool, str]:
+        """``(True, ...)`` where the profile measured ``codec`` on the device (its ``compress``
+        figures), which the modelled compression engine then runs; else ``(False, why not)``."""
+        if compress_spec(self.profile, codec) is not None:
+            return True, f"the modelled {self.device_label}'s compression engine (its profile's 'compress' figures)"
+        note = self.profile.get("compress", {}).get("note", "")
+        return False, (f"the profile {self.profile.get('name', '')!r} has no measured compression on the device"
+                       f"{': ' + note if note else ''}")
 
     # -- the host clock ---------------------------------------------------------
     def host_ms(self) -> float:

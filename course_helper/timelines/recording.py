@@ -64,8 +64,8 @@ class Recorder:
         self.tracks = []
         synchronize()
         self.cupti = None
-        if self.runtime.modelled:
-            self.timing = self.runtime.device_label          # "modelled H200"
+        if self.runtime.clock_label:
+            self.timing = self.runtime.clock_label           # "modelled H200": its own clock times it
         elif cupti_trace.wanted():
             self.timing = "CUPTI"
         else:
@@ -159,8 +159,8 @@ class Recorder:
         tracks = (sorted(self.tracks, key=_track_order) + (["host"] if self.hosts else [])
                   + sorted({it[0] for it in self.intervals}, key=_track_order))
         meta = dict(self.meta, backend=self.backend, device=rt.device_label, timing=self.timing)
-        if rt.modelled:
-            meta["clock"] = rt.device_label         # "modelled H200": these times are modelled
+        if rt.clock_label:
+            meta["clock"] = rt.clock_label          # "modelled H200": these times are modelled
         return Trace(events, tracks, meta)
 
 

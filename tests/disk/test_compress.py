@@ -13,6 +13,7 @@ import course_helper as ch
 from course_helper import disk, memory
 from course_helper.disk import compression, layout, shards
 from course_helper.runtime import profiles
+from course_helper.runtime.base import Runtime
 from course_helper.runtime.scheduler import ticks
 from course_helper.timelines.timeline import intersection_length, merge_intervals
 
@@ -80,7 +81,8 @@ def test_the_host_writes_the_same_store_where_the_device_cannot_compress_and_say
 def test_without_nvcomp_on_a_gpu_the_host_compresses_and_says_how_to_install_it(monkeypatch):
     """engine_for on a GPU runtime whose nvCOMP does not import: the host path, and the extra named."""
     class Gpu:
-        modelled, device_label = False, "a GPU"
+        device_label = "a GPU"
+        compresses_on_device = Runtime.compresses_on_device    # a GPU's answer (None): nvCOMP decides
 
     monkeypatch.setattr(compression.runtime, "get", lambda: Gpu())
 

@@ -734,3 +734,69 @@ def test_the_scheduler_orders_two_lanes_by_their_queues_an_event_and_the_engine(
     assert (k2.start, k2.end) == (one, 2 * one)         # runs under the copy: another engine
     assert k3.start == max(copy.end, k2.end) == k2.end  # in order on io, and the one compute engine is k2's
     assert k3.end == 3 * one
+
+
+# -- the capabilities callers ask instead of the backend ---------------------------
+def test_the_model_predicts_each_operation_alone_as_a_trace_of_it_shows(rt):
+    from course_helper.runtime.ops import CopyCost, FillCost, KernelCost, LinkCost, OpKind
+    assert rt.predicts_times and rt.clock_label == rt.device_label == runtime.time_label() == "modelled H200"
+    host, dev = ch.pinned_empty((4 * MIB // 4,)), ch.device_zeros((4 * MIB // 4,))
+    predicted = {OpKind.D2H: rt.predicted_ms(CopyCost(OpKind.D2H, host, dev)),
+                 "D2H_pageable": rt.predicted_ms(CopyCost(OpKind.D2H, np.empty_like(host), dev, pageable=True)),
+                 OpKind.MEMSET: rt.predicted_ms(FillCost(dev)),
+                 "kernel": rt.predicted_ms(KernelCost("wave2d_4o", 4 * MIB)),
+                 "held": rt.predicted_ms(KernelCost("wave2d_4o", 4 * MIB, hold_us=10.0))}
+    assert predicted[OpKind.D2H] == model.link_ms(rt.profile, "D2H", 4 * MIB)
+    assert predicted["D2H_pageable"] == model.link_ms(rt.profile, "D2H_pageable", 4 * MIB) > predicted[OpKind.D2H]
+    assert predicted["kernel"] == model.kernel_us(rt.profile, "wave2d_4o", 4 * MIB) * 1e-3
+    assert predicted["held"] == pytest.approx(predicted["kernel"] + 0.010)
+    assert rt.predicted_ms(LinkCost("peer", MIB)) == model.link_ms(rt.profile, "peer", MIB)
+    # what the device then takes for them, each alone
+    (s,) = ch.create_streams(1)
+    with ch.tracing() as t:
+        ch.copy_to_host_async(host, dev, s)
+        s.synchronize()
+        ch.memory.zero_async(dev, s)
+        s.synchronize()
+    (copy,), (fill,) = t.trace.of_kind("D2H"), t.trace.of_kind("memset")
+    assert copy.duration_ms == pytest.approx(predicted[OpKind.D2H], abs=2e-6)
+    assert fill.duration_ms == pytest.approx(predicted[OpKind.MEMSET], abs=2e-6)
+
+
+def test_the_model_predicts_nothing_it_has_no_figure_for(rt, tmp_path):
+    from course_helper.runtime.ops import KernelCost, LinkCost
+    assert rt.predicted_ms(KernelCost("no such kernel", MIB)) is None
+    assert rt.predicted_ms(LinkCost("no such link", MIB)) is None
+    with pytest.raises(TypeError, match="KernelCost, CopyCost"):
+        rt.predicted_ms(MIB)
+    ch.set_backend("cpu", profile="h100")              # a profile without a peer link
+    try:
+        assert runtime.get().predicted_ms(LinkCost("peer", MIB)) is None
+        assert ch.distributed.link_note() == "the halo exchanges are not modelled"
+    finally:
+        ch.set_backend("cpu")
+    assert ch.distributed.link_note() == "halo exchanges on the profile's peer link"
+
+
+def test_the_model_compresses_on_its_device_where_its_profile_measured_it(rt):
+    on_device, what = rt.compresses_on_device("zstd")
+    assert on_device and "compression engine" in what
+    assert rt.compresses_on_device("lz4") == (False, "the profile 'h200' has no measured compression on the device")
+    ch.set_backend("cpu", profile="h100")
+    try:
+        on_device, why = runtime.get().compresses_on_device("zstd")
+    finally:
+        ch.set_backend("cpu")
+    assert not on_device and "the profile 'h100" in why and "no compression on the device was measured" in why
+
+
+@pytest.mark.gpu
+def test_a_gpu_measures_its_times_and_predicts_none(backend):
+    if backend != "gpu":
+        pytest.skip("asks the GPU runtime")
+    from course_helper.runtime.ops import KernelCost, LinkCost, OpKind
+    rt = runtime.get()
+    assert not rt.predicts_times and rt.clock_label == "" == runtime.time_label()
+    assert rt.predicted_ms(KernelCost("wave2d_4o", MIB)) is None and rt.predicted_ms(LinkCost(OpKind.D2H, MIB)) is None
+    assert rt.compresses_on_device("zstd") is None                  # nvCOMP decides (disk.compression)
+    assert ch.distributed.link_note() == ""

@@ -1,0 +1,38 @@
+"""course_helper.graphs: the capture with one IO stream that the graph strategies and a rank's
+captured loop share (capture_graph's own rules are tested with the modelled device's, in
+tests/runtime/test_model.py)."""
+import numpy as np
+import pytest
+
+import course_helper as ch
+from course_helper.graphs import capture_with_one_io_stream
+
+
+def test_a_capture_with_one_io_stream_chains_every_copy_and_joins_what_the_loop_forked(backend):
+    ok, why = ch.graphs_supported()
+    if not ok:
+        pytest.skip(why)
+    compute = ch.create_streams(1, name="compute")[0]
+    io = ch.create_streams(3, name="io")
+    levels = [ch.device_zeros((8, 8)) for _ in range(3)]
+    host = ch.pinned_empty((3, 8, 8))
+    host.fill(np.nan)
+    given = []
+
+    def queue(chain):
+        given.append(chain)
+        for b, level in enumerate(levels):
+            ch.bake_layer(level, b + 1, compute)
+            chain[b].wait_event(compute.record())          # the IO stream forks from the capture
+            ch.copy_to_host_async(host[b], level, chain[b], level=b)
+        return chain[:1]                                   # the one stream it forked
+    graph = capture_with_one_io_stream(compute, io, queue)
+    assert given == [[io[0]] * 3]                          # every buffer's copies on io[0]
+    assert np.isnan(host).all()                            # nothing ran during the capture
+    graph.launch()
+    compute.synchronize()                                  # the copies were joined back into compute
+    for b in range(3):
+        np.testing.assert_array_equal(host[b], ch.exercises.layer_values(b + 1, (8, 8)))
+
+    with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureUnjoined"):
+        capture_with_one_io_stream(compute, io, lambda chain: queue(chain)[:0])   # a fork left unjoined
