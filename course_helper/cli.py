@@ -328,7 +328,7 @@ def _disk_bench(args):
                          "(runs[].bound_ms); the point's disk_gbps and bound_ms take the median of all "
                          "measurements, and a compressed run's efficiency is that B / its median time. "
                          "disk_burst_gbps is a 256 MiB burst, reported only. gpu-zstd runs compress each chunk "
-                         "on the device (one nvCOMP call per chunk; the staged run ships chunks of about 64 MiB, "
+                         "on the device (one nvCOMP call per chunk; the staged run ships chunks of about 128 MiB, "
                          "runs[].batch levels): runs[].compression says where, and the compression's own GB/s "
                          "(raw bytes / the time compressing, as the host saw it, or modelled)",
            "points": [bench.disk_point(n, nt, every, args.disk, strategies, repeats=args.repeats, peak_gbps=peak)

@@ -475,7 +475,7 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
         Compress the chunks of ``store``: on the writer threads (``"zstd"``, ``"blosc"``), or on
         the device before they cross to the host (``"gpu-zstd"``: nvCOMP on a GPU, modelled on
         the CPU backend; each chunk a Zarr shard of small zstd chunks that any Zarr reader opens;
-        the staged loop with ``batch`` levels of about 64 MiB per chunk compresses fastest).
+        the staged loop with ``batch`` levels of about 128 MiB per chunk compresses fastest).
 
     Examples
     --------

@@ -224,7 +224,7 @@ def compare_strategies(problem: WaveProblem | None = None,
     rt = runtime.get()
     # A modelled GPU's times do not depend on the data, so its timed runs skip the arithmetic;
     # the traced run below computes it, and the images are compared from there.
-    with rt.times_only(rt.modelled):
+    with rt.times_only(rt.predicts_times):
         timed = time_strategies(problem, strategies, repeats, every, nscratch, progress)
     results, rows = {}, []
     for name, t in timed.items():
