@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from ..runtime.observe import Op
     from ..solver import Result
 
-__all__ = ["check_copy_after_kernels", "check_speedup", "SPEEDUP_RTOL", "check_ring_depth", "RING_GOAL",
-           "check_race_fix", "RACE_FIX_PROBLEM"]
+__all__ = ["check_copy_after_kernels", "check_speedup", "SPEEDUP_RTOL", "SPEEDUP_ROUNDS", "check_ring_depth",
+           "RING_GOAL", "check_race_fix", "RACE_FIX_PROBLEM"]
 
 
 class _NotYet(ExerciseError):
@@ -79,12 +79,17 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
 #: How far a claimed speed-up may be from the check's own measurement at the same size: copies
 #: into pageable memory vary from run to run on a GPU (the CPU backend's model never varies).
 SPEEDUP_RTOL = 0.25
+#: How many times the check measures on a GPU before it says an answer is wrong.
+SPEEDUP_ROUNDS = 3
 
 
 def check_speedup(size_mib: float, speedup: float | None, repeats: int = 3) -> Verdict:
     """Measure pinned and pageable copies at ``size_mib`` again and say whether ``speedup``
     (pinned GB/s over pageable GB/s, as you measured it) is what this measurement finds,
-    within :data:`SPEEDUP_RTOL`."""
+    within :data:`SPEEDUP_RTOL`. On a GPU the check measures up to :data:`SPEEDUP_ROUNDS` times
+    and takes an answer any of them agrees with: copies into pageable memory are as fast as the
+    host is free, and the same speed-up measured twice a minute apart differed by half (an H100
+    machine's 8.3x, then 5.7x). The model measures the same every time, so it measures once."""
     if speedup is None:
         return Verdict("Not answered yet: measure at my_size_mib, set my_speedup, run this cell again.", False)
     try:
@@ -92,19 +97,25 @@ def check_speedup(size_mib: float, speedup: float | None, repeats: int = 3) -> V
         size_mib = checks.positive_float("my_size_mib", size_mib)
     except (TypeError, ValueError) as err:
         return Verdict(f"Not yet: {err}.", False)
-    speeds = {r["memory"]: r["gb_per_s"] for r in measure_bandwidth(sizes_mib=(size_mib,), repeats=repeats)}
-    measured = speeds["pinned"] / speeds["pageable"]
-    if abs(claimed - measured) <= SPEEDUP_RTOL * measured:
-        verdict = "faster" if measured > 1 else "not faster"
-        return Verdict(f"Right: measured again at {size_mib:g} MiB, the speed-up agrees with yours; pinned copies "
-                       f"were {verdict}.", True)
-    if abs(1 / claimed - measured) <= SPEEDUP_RTOL * measured:
+    found = []                                   # (pinned / pageable, the speeds) of each round
+    for _ in range(1 if runtime.get().predicts_times else SPEEDUP_ROUNDS):
+        speeds = {r["memory"]: r["gb_per_s"] for r in measure_bandwidth(sizes_mib=(size_mib,), repeats=repeats)}
+        measured = speeds["pinned"] / speeds["pageable"]
+        found.append((measured, speeds))
+        if abs(claimed - measured) <= SPEEDUP_RTOL * measured:
+            verdict = "faster" if measured > 1 else "not faster"
+            return Verdict(f"Right: measured again at {size_mib:g} MiB, the speed-up agrees with yours; pinned "
+                           f"copies were {verdict}.", True)
+    if any(abs(1 / claimed - measured) <= SPEEDUP_RTOL * measured for measured, _ in found):
         return Verdict(f"Not yet: {claimed:.2f} is the pageable speed over the pinned one; the speed-up is pinned "
                        "GB/s divided by pageable GB/s.", False)
+    measured, speeds = found[-1]
+    others = "" if len(found) == 1 else f" (the {len(found)} measurements: " + ", ".join(
+        f"{m:.2f}x" for m, _ in found) + ")"
     return Verdict(f"Not yet: measured again at {size_mib:g} MiB, pinned copies ran at {speeds['pinned']:.1f} GB/s "
-                   f"and pageable ones at {speeds['pageable']:.1f} GB/s, {measured:.2f}x; your {claimed:.2f}x is not "
-                   f"within {SPEEDUP_RTOL:.0%} of that. Is it pinned GB/s divided by pageable GB/s, measured at "
-                   "my_size_mib?", False)
+                   f"and pageable ones at {speeds['pageable']:.1f} GB/s, {measured:.2f}x{others}; your "
+                   f"{claimed:.2f}x is not within {SPEEDUP_RTOL:.0%} of that. Is it pinned GB/s divided by "
+                   "pageable GB/s, measured at my_size_mib?", False)
 
 
 # --------------------------------------------------------------------------
