@@ -88,10 +88,13 @@ def test_notebook_metadata_names_no_interpreter(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_uses_only_the_public_surface(path):
-    """A notebook imports the package as `ch` and reaches no private name through it."""
+    """A notebook imports the package as `ch` and reaches no private name through it. Showing a
+    private function's source (``ch.show_code(...)``, e.g. the store's writer thread) is reading
+    the code that runs, not using it, and is allowed."""
     import nbformat
     nb = nbformat.read(path, as_version=4)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    code = re.sub(r"\bch\.show_code\([^()]*\)", "", code)
     assert not re.findall(r"^\s*(?:from course_helper\b.*|import course_helper\.\S*)", code, re.M)
     assert not re.findall(r"\bch(?:\.[A-Za-z]\w*)*\._(?!_)\w+", code), "a private name of course_helper"
 
