@@ -179,7 +179,7 @@ class ModelRuntime(Runtime):
         """``(True, ...)`` where the profile measured ``codec`` on the device (its ``compress``
         figures), which the modelled compression engine then runs; else ``(False, why not)``."""
         if compress_spec(self.profile, codec) is not None:
-            return True, f"the modelled {self.device_label}'s compression engine (its profile's 'compress' figures)"
+            return True, f"the {self.device_label}'s compression engine (its profile's 'compress' figures)"
         note = self.profile.get("compress", {}).get("note", "")
         return False, (f"the profile {self.profile.get('name', '')!r} has no measured compression on the device"
                        f"{': ' + note if note else ''}")
