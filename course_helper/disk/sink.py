@@ -488,8 +488,12 @@ class DiskSink:
         """The ring's slots on the device (one buffer), and on a GPU the nvCOMP stage; None, and
         the host compresses instead (saying why), where nvCOMP cannot start on this GPU."""
         need = nslots * chunk * problem.nbytes_level
+        what = f"the store's ring on the device ({nslots} slots of {chunk} level(s)"
+        if self.compression["where"] == "device":
+            need += 3 * chunk * problem.nbytes_level    # nvCOMP's two output buffers and the packed one
+            what += ", and the compression's three buffers of about a chunk each"
+        what += ")"
         free = runtime.get().device_free_bytes()
-        what = f"the store's ring on the device ({nslots} slots of {chunk} level(s))"
         if free is not None and need > 0.9 * free:
             raise MemoryError(f"{what} needs {need / 2**20:,.0f} MiB of device memory but only {free / 2**20:,.0f} "
                               "MiB are free; use fewer levels per chunk (batch), or a smaller grid")

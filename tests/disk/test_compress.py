@@ -263,3 +263,16 @@ def test_on_a_gpu_the_packing_kernel_lays_out_each_inner_chunk_with_its_crc32c()
     pieces = [src[int(f):int(f) + int(z)].tobytes() for f, z in zip(frm, sizes)]
     assert dst.get().tobytes() == b"".join(p + shards.checksum(p) for p in pieces)
     assert crcs.get().tobytes() == b"".join(shards.checksum(p) for p in pieces)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_memory_check_counts_the_compression_buffers(tmp_path, monkeypatch):
+    """Before it allocates, the store asks for its ring and nvCOMP's three chunk-sized buffers: where
+    the ring alone would fit, the run is refused with a message that names them."""
+    _gpu_with_nvcomp()
+    p, batch = ch.WaveProblem(n0=256, n1=256, nt=64), 8
+    ring = disk.ring_slots() * batch * p.nbytes_level
+    rt = ch.runtime.get()
+    monkeypatch.setattr(type(rt), "device_free_bytes", lambda self: int(ring / 0.8))   # the ring alone fits
+    with pytest.raises(MemoryError, match="compression's three buffers"):
+        ch.solve(p, "staged", trace=False, store=tmp_path / "m.zarr", batch=batch, compress="gpu-zstd")
