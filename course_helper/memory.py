@@ -262,11 +262,6 @@ def copy_to_host_async(dst: np.ndarray, src: Any, stream: streams.Stream | None 
             return
         ptr = _require_pinned("dst", dst, "device-to-host")
         _require_writable("dst", dst)
-    elif not (stream.runtime.needs_op or observe.wants_ops()):
-        # The loops' copy on a GPU with nobody watching (queue_copy's first branch, spelled out:
-        # a loop copies a level every few steps, and each call saved is a tenth of a microsecond).
-        _copy_unobserved(D2H, dst, src, stream, level, ptr)
-        return                       # a plain or pinned NumPy array: nothing to hand the copy on to
     queue_copy(D2H, dst, src, stream, level, host_ptr=ptr)
     _hand_on(dst, stream)
 

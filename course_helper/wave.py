@@ -400,11 +400,10 @@ def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: in
     scalars, grid = _launch_arguments(U0, U1, U2, V, problem)      # checks them (see _check_launch)
     stream = streams.resolve(stream)
     args = (U0, U1, U2, V, *scalars, problem.source_amplitude(n))
-    rt = stream.runtime
-    if not (rt.needs_op or observe.wants_ops()):        # runtime.wants_op(stream), spelled out here
+    if not runtime.wants_op(stream):
         # CuPy on a GPU, nobody watching: the kernel goes straight to the runtime, and only
         # the thread's op journal hears of it.
-        rt.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
+        stream.runtime.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
         if observe.journaling():
             observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
         return

@@ -28,7 +28,7 @@ import numpy as np
 from .. import runtime
 from ..memory import pinned_empty
 from .layout import SHARDED
-from .shards import ALIGNMENT, ChunkFile, shard_index, shard_tag, zstd_bound
+from .shards import ALIGNMENT, ChunkFile, packed_shard, zstd_bound
 
 __all__ = ["CompressionFallback", "NVCOMP_EXTRA", "DEVICE_CHUNK_BYTES", "device_batch", "nvcomp_module", "engine_for",
            "NvcompCompressor"]
@@ -167,7 +167,7 @@ class NvcompCompressor:
         except Exception:  # noqa: BLE001 - no such call in this nvCOMP, or it refused the probe: zstd's bound
             bound = zstd_bound(self.inner_bytes) + 64
         self.cap = -(-bound // align) * align                      # each output buffer's capacity
-        self.entries = entries = self.chunk * self.per_level
+        entries = self.chunk * self.per_level
         self.flat = flat
         # nvCOMP's output, one buffer of `cap` bytes per inner chunk; two, used in turn
         self.out = [cupy.empty(entries * self.cap, cupy.uint8) for _ in range(2)]
@@ -283,9 +283,8 @@ class NvcompCompressor:
         def on_the_host():
             landed.synchronize()
             self.intervals.append((first, n, t0, t1, runtime.host_ms(), total))
-            index = shard_index(stored, self.chunk, self.per_level)
-            return ChunkFile((memoryview(host)[:total], index), shard_tag(index, [crcs[:count].tobytes()]),
-                             total + len(index), peaks)
+            return packed_shard(memoryview(host)[:total], stored, crcs[:count].tobytes(), self.chunk,
+                                self.per_level, peaks)
         return on_the_host
 
     def _encode(self, start, count, k):

@@ -35,7 +35,7 @@ import numpy as np
 from .. import files
 
 __all__ = ["INNER_CHUNK_BYTES", "ALIGNMENT", "EMPTY", "ChunkFile", "inner_rows", "inner_chunks", "checksum",
-           "raw_file", "shard_file", "shard_index", "compress_on_host", "shard_tag", "file_tag", "zstd_bound"]
+           "raw_file", "shard_file", "packed_shard", "compress_on_host", "shard_tag", "file_tag", "zstd_bound"]
 
 #: Bytes of an inner chunk of a shard (at most; whole rows). nvCOMP's zstd on an H200, 16 late
 #: levels of a 1024² run per call, raw bitstream: 64 KiB inner chunks, ratio 12.4 at 20.6 GB/s;
@@ -95,7 +95,7 @@ def raw_file(payload: files.BytesLike) -> ChunkFile:
     return ChunkFile((payload, crc), crc, memoryview(payload).nbytes + 4)
 
 
-def shard_index(sizes: Sequence[int] | np.ndarray, chunk_levels: int, per_level: int) -> bytes:
+def _index(sizes, chunk_levels, per_level):
     """The shard index (bytes, with its CRC32C appended as the last 4) of inner chunks of
     ``sizes`` bytes each (their CRC32C included), in C order, for a shard of ``chunk_levels``
     levels of ``per_level`` inner chunks; entries past ``len(sizes)`` are empty."""
@@ -118,11 +118,22 @@ def shard_file(pieces: Sequence[files.BytesLike], chunk_levels: int, per_level: 
     """A shard's file from the compressed inner chunks ``pieces`` of its first
     ``len(pieces) // per_level`` levels (C order), for a shard of ``chunk_levels`` levels."""
     crcs = [checksum(piece) for piece in pieces]
-    index = shard_index([memoryview(p).nbytes + 4 for p in pieces], chunk_levels, per_level)
     # One buffer, written in one call: a shard has a thousand inner chunks or more, and writing
     # them one by one from Python holds the interpreter lock that the other writer threads need.
-    blob = b"".join([part for piece, crc in zip(pieces, crcs) for part in (piece, crc)] + [index])
-    return ChunkFile((blob,), shard_tag(index, crcs), len(blob), peaks)
+    payload = b"".join([part for piece, crc in zip(pieces, crcs) for part in (piece, crc)])
+    return packed_shard(payload, [memoryview(p).nbytes + 4 for p in pieces], b"".join(crcs), chunk_levels,
+                        per_level, peaks)
+
+
+def packed_shard(payload: files.BytesLike, stored: Sequence[int] | np.ndarray, crcs: files.BytesLike,
+                 chunk_levels: int, per_level: int, peaks: np.ndarray | None = None) -> ChunkFile:
+    """A shard's file from its inner chunks already laid out one after the other, each followed
+    by its CRC32C (``payload``; the GPU packs them so), the bytes each of them takes there
+    (``stored``, its CRC32C included) and their CRC32Cs (``crcs``, 4 little-endian bytes each, in
+    order), for a shard of ``chunk_levels`` levels of ``per_level`` inner chunks."""
+    index = _index(stored, chunk_levels, per_level)
+    return ChunkFile((payload, index), shard_tag(index, [bytes(crcs)]), memoryview(payload).nbytes + len(index),
+                     peaks)
 
 
 def compress_on_host(block: np.ndarray, rows: int, codec: Any) -> list[bytes]:
