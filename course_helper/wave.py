@@ -397,16 +397,24 @@ def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: in
         checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     if type(n) is not int or n < 0:
         n = checks.positive_int("n (step number)", n, minimum=0)
-    scalars, grid = _launch_arguments(U0, U1, U2, V, problem)      # checks them (see _check_launch)
+    checked = _launch_arguments(U0, U1, U2, V, problem)      # checks them (see _check_launch)
+    scalars, grid = checked.scalars, checked.grid
     stream = streams.resolve(stream)
-    args = (U0, U1, U2, V, *scalars, problem.source_amplitude(n))
+    amplitude = problem.source_amplitude(n)
     if not runtime.wants_op(stream):
-        # CuPy on a GPU, nobody watching: the kernel goes straight to the runtime, and only
+        # CuPy on a GPU, nobody watching: the kernel goes straight to the runtime, its arguments
+        # packed once per argument set (only the amplitude changes from level to level), and only
         # the thread's op journal hears of it.
-        stream.runtime.launch(stream.raw, _gpu_kernel, grid, _BLOCK, args)
+        raw = stream.raw
+        packed = checked.packed
+        if packed is None or not packed.serves(raw):
+            packed = checked.packed = stream.runtime.pack_launch(raw, _gpu_kernel, grid, _BLOCK,
+                                                                 (U0, U1, U2, V, *scalars, amplitude))
+        packed(raw, amplitude)
         if observe.journaling():
             observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
         return
+    args = (U0, U1, U2, V, *scalars, amplitude)
 
     def cuda(raw_stream):
         stream.runtime.launch(raw_stream, _gpu_kernel, grid, _BLOCK, args)
@@ -431,28 +439,38 @@ def _kernel_scalars_and_grid(problem):
     return scalars, grid
 
 
-#: Argument sets of launch_wave2d already checked: (ids) -> (weak references, the problem's numbers
-#: the kernel reads, the kernel's scalar arguments but the source amplitude, grid).
+class _Checked:
+    """An argument set of launch_wave2d that passed its checks: the problem's numbers the kernel
+    reads, the kernel's scalar arguments but the source amplitude, its grid, and (on a GPU) the
+    launch with all of them packed, made on the first launch that needs it."""
+    __slots__ = ("refs", "numbers", "scalars", "grid", "packed")
+
+    def __init__(self, refs, numbers, scalars, grid):
+        self.refs, self.numbers, self.scalars, self.grid, self.packed = refs, numbers, scalars, grid, None
+
+
+#: Argument sets of launch_wave2d already checked: (ids) -> :class:`_Checked`.
 #: The strategies launch with the same few buffers every level, so the checks run once per set
 #: and buffer ring, not once per level. Weak references: a cached set keeps no memory alive, and
 #: the death of any of its objects removes the set (the references' callback) before the
-#: object's memory is freed, so an id found here always belongs to the object checked.
+#: object's memory is freed, so an id found here always belongs to the object checked, and a
+#: packed launch never holds the address of freed memory.
 _CHECKED = {}
 _CHECKED_MAX = 256
 
 
 def _launch_arguments(U0, U1, U2, V, problem):
-    """The kernel's scalar arguments (all but the source amplitude) and grid for these arrays,
-    checking them (:func:`_check_launch`) on first sight. The checks cost a launch about a sixth
-    of its host time on the CPU backend, and a loop launches with the same few buffers every level."""
+    """The checked argument set (:class:`_Checked`) of these arrays, checking them
+    (:func:`_check_launch`) on first sight. The checks cost a launch about a sixth of its host
+    time on the CPU backend, and a loop launches with the same few buffers every level."""
     key = (id(problem), id(U0), id(U1), id(U2), id(V))
     # What may change in place on the same objects is the problem's numbers (a notebook may set
     # p.dt). An array can be reshaped in place (``a.shape = ...``) but keeps its size and memory,
     # which is all the kernel relies on once the set has been checked.
     numbers = (problem.n0, problem.n1, problem.dt, problem.dx0, problem.dx1, problem.source)
     hit = _CHECKED.get(key)
-    if hit is not None and hit[1] == numbers:
-        return hit[2], hit[3]
+    if hit is not None and hit.numbers == numbers:
+        return hit
     _check_launch(U0, U1, U2, V, problem)
     scalars, grid = _kernel_scalars_and_grid(problem)
     if len(_CHECKED) >= _CHECKED_MAX:
@@ -461,8 +479,9 @@ def _launch_arguments(U0, U1, U2, V, problem):
     def forget(_ref):
         _CHECKED.pop(key, None)
 
-    _CHECKED[key] = (tuple(weakref.ref(o, forget) for o in (problem, U0, U1, U2, V)), numbers, scalars, grid)
-    return scalars, grid
+    checked = _CHECKED[key] = _Checked(tuple(weakref.ref(o, forget) for o in (problem, U0, U1, U2, V)),
+                                       numbers, scalars, grid)
+    return checked
 
 
 def _check_launch(U0, U1, U2, V, problem):

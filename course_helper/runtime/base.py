@@ -188,6 +188,14 @@ class Runtime(ABC):
         runtime has it)."""
         raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
 
+    def pack_launch(self, stream: Any, kernel_for: Callable, grid: tuple, block: tuple, args: tuple) -> Callable:
+        """The launch of ``kernel_for(stream)`` with ``args`` packed once for the raw ``stream``'s
+        device: a callable ``(raw stream, last argument)`` that queues it, rewriting only the last
+        argument, with a method ``serves(raw stream)`` telling whether it may be queued on that
+        stream. What a loop launching the same kernel on the same buffers calls where
+        :attr:`needs_op` is False (only such a runtime has it)."""
+        raise NotImplementedError(f"the {self.name} runtime queues work through enqueue() only (needs_op)")
+
     def copy_async(self, stream: Any, kind: OpKind, dst: Any, src: Any, host_ptr: int | None = None) -> None:
         """Queue a copy (one of :data:`~.ops.COPY_KINDS`) directly: what callers do instead of
         :meth:`enqueue` where :attr:`needs_op` is False (only such a runtime has it)."""

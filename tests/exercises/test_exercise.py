@@ -413,30 +413,40 @@ def _notebook_cell(path, defines):
     return next("".join(c["source"]) for c in cells if c["cell_type"] == "code" and defines in "".join(c["source"]))
 
 
+def _notebook_9s_race(source):
+    """One fresh run of notebook 9's loop without the copy's wait: ``(wrong levels, levels whose
+    copy started before their kernel ended)``."""
+    ns = {"ch": ch, "np": np}
+    # the model shows it within 48 levels; on a GPU the host gets far enough ahead later on
+    exec(source.replace("nt=96", "nt=48") if ch.backend_name() == "cpu" else source, ns)
+    with ch.tracing() as t:
+        ns["events_without_copy_wait"]()
+        ch.synchronize()
+    run, reference = ns["run"], ns["reference"]
+    wrong = [int(level) for level, a, b in zip(run.levels, run.images, reference.images) if not np.array_equal(a, b)]
+    kernel_end = {e.level: e.end_ms for e in t.trace.kernels}
+    early = [c.level for c in t.trace.copies if c.level in kernel_end and c.start_ms < kernel_end[c.level]]
+    run.close()
+    return wrong, early
+
+
 def test_notebook_9s_missing_wait_changes_the_same_levels_on_every_run(backend):
     """The notebook's own loop (on the CPU backend on 48 levels rather than 96, to be quick): the
     copies that start before their kernel save wrong levels, the same ones on every fresh run of
-    the model."""
+    the model. On a GPU the damage depends on how far the host runs ahead, as the notebook says:
+    it must show in one of three runs, and only in levels whose copy started early."""
     source = _notebook_cell("notebooks/09_what_goes_wrong.ipynb", "def events_without_copy_wait")
     assert "nt=96" in source
-    runs = []
-    for _ in range(2 if ch.backend_name() == "cpu" else 1):
-        ns = {"ch": ch, "np": np}
-        # the model shows it within 48 levels; on a GPU the host gets far enough ahead later on
-        exec(source.replace("nt=96", "nt=48") if ch.backend_name() == "cpu" else source, ns)
-        with ch.tracing() as t:
-            ns["events_without_copy_wait"]()
-            ch.synchronize()
-        run, reference = ns["run"], ns["reference"]
-        wrong = [int(level) for level, a, b in zip(run.levels, run.images, reference.images)
-                 if not np.array_equal(a, b)]
-        kernel_end = {e.level: e.end_ms for e in t.trace.kernels}
-        early = [c.level for c in t.trace.copies if c.level in kernel_end and c.start_ms < kernel_end[c.level]]
-        assert wrong, "the race changed no level"
-        if ch.backend_name() == "cpu":              # the model reads a copy's source when it starts
-            assert wrong == early
-        else:                                       # a wrong level comes from a copy that started early
-            assert set(wrong) <= set(early)
-        runs.append(wrong)
-        run.close()
-    assert all(r == runs[0] for r in runs)
+    if ch.backend_name() == "cpu":
+        runs = [_notebook_9s_race(source) for _ in range(2)]
+        for wrong, early in runs:
+            assert wrong, "the race changed no level"
+            assert wrong == early                   # the model reads a copy's source when it starts
+        assert runs[0] == runs[1]
+        return
+    for _ in range(3):
+        wrong, early = _notebook_9s_race(source)
+        assert set(wrong) <= set(early)             # a wrong level comes from a copy that started early
+        if wrong:
+            return
+    pytest.fail("the race changed no level in three runs on this GPU")

@@ -173,9 +173,10 @@ class DirectRuntime:
     NumPy, with the arguments the helper passed, so a wrong argument gives a wrong answer."""
 
     def __init__(self, rt, monkeypatch):
-        self.launches, self.copies = [], []
+        self.launches, self.copies, self.packs = [], [], []
         monkeypatch.setattr(rt, "needs_op", False)
         monkeypatch.setattr(rt, "launch", self.launch, raising=False)
+        monkeypatch.setattr(rt, "pack_launch", self.pack_launch, raising=False)
         monkeypatch.setattr(rt, "copy_async", self.copy_async, raising=False)
 
     def launch(self, raw, kernel_for, grid, block, args):
@@ -185,6 +186,19 @@ class DirectRuntime:
         assert grid[1] * block[1] >= n0 > (grid[1] - 1) * block[1]       # every row
         self.launches.append(grid)
         ch.wave._numpy_step(*(a.view(np.ndarray) for a in (U0, U1, U2, V)), dt2, idx0, idx1, p0, p1, amp)
+
+    def pack_launch(self, raw, kernel_for, grid, block, args):
+        """The GPU's packed launch, as a launch with ``args`` kept and the last one replaced."""
+        direct = self
+
+        class Packed:
+            def serves(self, stream):
+                return stream is raw
+
+            def __call__(self, stream, last):
+                direct.launch(stream, kernel_for, grid, block, (*args[:-1], last))
+        self.packs.append(grid)
+        return Packed()
 
     def copy_async(self, raw, kind, dst, src, host_ptr=None):
         host = dst if kind == "D2H" else src if kind == "H2D" else None
@@ -213,6 +227,7 @@ def test_unwatched_work_goes_straight_to_a_runtime_that_needs_no_op(direct):
     out[:2] = 0
     np.testing.assert_array_equal(out, ch.reference_solution(p))
     assert len(direct.launches) == p.nt - 2 and direct.copies == ["D2H"] * (p.nt - 2)
+    assert len(direct.packs) == 3                     # one packed launch per buffer set of the ring
     back = ch.device_zeros(p.shape)
     ch.memory.copy_to_device_async(back, out[5], s)
     ch.memory.copy_on_device_async(U[0], back, s)
