@@ -41,9 +41,11 @@ def point(team, problem, strategies, every, repeats):
     return row
 
 
-def host_us_per_call(team, problem, calls=2000):
+def host_us_per_call(team, problem, calls=300):
     """Host microseconds per call of each kind a halo step makes, each queued ``calls`` times back to
-    back (slowest rank): where the time goes when the host sets the pace."""
+    back (slowest rank): where the time goes when the host sets the pace. ``calls`` stays well below
+    the thousand or so launches a CUDA stream holds pending: past that, a launch waits for the device
+    to finish an earlier one, and the figure would be the kernel's time, not the host's."""
     run = RankRun(team, problem, "blocking", None, None)
     out = {}
 

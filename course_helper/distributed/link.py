@@ -8,6 +8,7 @@ with MPI (``Isend``/``Irecv``), timed by the profile's ``peer`` link where the p
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,7 +31,7 @@ if TYPE_CHECKING:                   # names for the type hints only (CuPy is not
     #: ``(neighbour's rank, rows)`` pairs: the rows sent to each neighbour, or filled from it.
     Rows = list[tuple[int, cupy.ndarray | CpuDeviceArray]]
 
-__all__ = ["HaloLink", "Team", "world"]
+__all__ = ["HaloLink", "Team", "one_core_note", "world"]
 
 _TAG = 18                   # MPI tag of halo messages: one tag will do, MPI keeps each pair's messages in order
 
@@ -63,6 +64,8 @@ class Team:
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.nccl = None
+        if self.size > 1:
+            _warn_if_on_one_core(self.rank)
         if os.environ.get("COURSE_HELPER_BACKEND", "auto").strip().lower() != "cpu":
             _pick_gpu(self.comm)
         self.backend = backend_name()
@@ -92,6 +95,32 @@ class Team:
     def max(self, value: float) -> float:
         """The largest ``value`` over the team's ranks (every rank gets it)."""
         return self.comm.allreduce(value, op=_mpi().MAX)
+
+
+def one_core_note() -> str | None:
+    """Why this process runs slowly as a rank, where it may run on one core only of a machine with
+    more (``mpiexec`` bound it to a core: Open MPI does so by default for one or two ranks);
+    None otherwise."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:          # no affinity to read on this system (macOS, Windows)
+        return None
+    if cores > 1 or (os.cpu_count() or 1) < 2:
+        return None
+    return ("this rank may run on one core only (mpiexec bound it to a core), and every thread it starts "
+            "shares that core with the Python thread that queues the work (on a GPU, NCCL's proxy thread, "
+            "which polls all the time): every call then costs the host more. Start the ranks with "
+            "`mpiexec --bind-to none` (Open MPI binds each of one or two ranks to a core by default)")
+
+
+_warned = []
+
+
+def _warn_if_on_one_core(rank):
+    note = one_core_note()
+    if note and not _warned:
+        _warned.append(rank)
+        warnings.warn(f"rank {rank}: {note}", RuntimeWarning, stacklevel=3)
 
 
 def _pick_gpu(comm):

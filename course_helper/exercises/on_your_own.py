@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..runtime.observe import Op
     from ..solver import Result
 
-__all__ = ["check_copy_after_kernels", "check_speedup", "SPEEDUP_RTOL", "SPEEDUP_ROUNDS", "check_ring_depth",
+__all__ = ["check_copy_after_kernels", "check_speedup", "SPEEDUP_FACTOR_GPU", "SPEEDUP_RTOL", "SPEEDUP_ROUNDS", "check_ring_depth",
            "RING_GOAL", "check_race_fix", "RACE_FIX_PROBLEM"]
 
 
@@ -81,15 +81,20 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
 SPEEDUP_RTOL = 0.25
 #: How many times the check measures on a GPU before it says an answer is wrong.
 SPEEDUP_ROUNDS = 3
+#: On a GPU, how far a claimed speed-up may be from the check's measurement, as a factor either
+#: way: the pageable speed moves with the host's state, and on an H100 machine a speed-up of 5.3x
+#: measured by the solution was 3.7x in three measurements seconds later (8.3x, then 5.7x, another
+#: time). Halving or tripling the answer is still refused.
+SPEEDUP_FACTOR_GPU = 1.6
 
 
 def check_speedup(size_mib: float, speedup: float | None, repeats: int = 3) -> Verdict:
     """Measure pinned and pageable copies at ``size_mib`` again and say whether ``speedup``
     (pinned GB/s over pageable GB/s, as you measured it) is what this measurement finds,
     within :data:`SPEEDUP_RTOL`. On a GPU the check measures up to :data:`SPEEDUP_ROUNDS` times
-    and takes an answer any of them agrees with: copies into pageable memory are as fast as the
-    host is free, and the same speed-up measured twice a minute apart differed by half (an H100
-    machine's 8.3x, then 5.7x). The model measures the same every time, so it measures once."""
+    and takes an answer within a factor of :data:`SPEEDUP_FACTOR_GPU` of any of them: copies into
+    pageable memory are as fast as the host is free. The model measures the same every time, so it
+    measures once."""
     if speedup is None:
         return Verdict("Not answered yet: measure at my_size_mib, set my_speedup, run this cell again.", False)
     try:
@@ -97,16 +102,27 @@ def check_speedup(size_mib: float, speedup: float | None, repeats: int = 3) -> V
         size_mib = checks.positive_float("my_size_mib", size_mib)
     except (TypeError, ValueError) as err:
         return Verdict(f"Not yet: {err}.", False)
+    modelled = runtime.get().predicts_times
+    if modelled:
+        tolerance = f"within {SPEEDUP_RTOL:.0%}"
+
+        def agrees(value, measured):
+            return abs(value - measured) <= SPEEDUP_RTOL * measured
+    else:
+        tolerance = f"within a factor of {SPEEDUP_FACTOR_GPU:g}"
+
+        def agrees(value, measured):
+            return max(value / measured, measured / value) <= SPEEDUP_FACTOR_GPU
     found = []                                   # (pinned / pageable, the speeds) of each round
-    for _ in range(1 if runtime.get().predicts_times else SPEEDUP_ROUNDS):
+    for _ in range(1 if modelled else SPEEDUP_ROUNDS):
         speeds = {r["memory"]: r["gb_per_s"] for r in measure_bandwidth(sizes_mib=(size_mib,), repeats=repeats)}
         measured = speeds["pinned"] / speeds["pageable"]
         found.append((measured, speeds))
-        if abs(claimed - measured) <= SPEEDUP_RTOL * measured:
+        if agrees(claimed, measured):
             verdict = "faster" if measured > 1 else "not faster"
             return Verdict(f"Right: measured again at {size_mib:g} MiB, the speed-up agrees with yours; pinned "
                            f"copies were {verdict}.", True)
-    if any(abs(1 / claimed - measured) <= SPEEDUP_RTOL * measured for measured, _ in found):
+    if any(agrees(1 / claimed, measured) for measured, _ in found):
         return Verdict(f"Not yet: {claimed:.2f} is the pageable speed over the pinned one; the speed-up is pinned "
                        "GB/s divided by pageable GB/s.", False)
     measured, speeds = found[-1]
@@ -114,7 +130,7 @@ def check_speedup(size_mib: float, speedup: float | None, repeats: int = 3) -> V
         f"{m:.2f}x" for m, _ in found) + ")"
     return Verdict(f"Not yet: measured again at {size_mib:g} MiB, pinned copies ran at {speeds['pinned']:.1f} GB/s "
                    f"and pageable ones at {speeds['pageable']:.1f} GB/s, {measured:.2f}x{others}; your "
-                   f"{claimed:.2f}x is not within {SPEEDUP_RTOL:.0%} of that. Is it pinned GB/s divided by "
+                   f"{claimed:.2f}x is not {tolerance} of that. Is it pinned GB/s divided by "
                    "pageable GB/s, measured at my_size_mib?", False)
 
 

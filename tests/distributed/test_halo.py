@@ -631,3 +631,39 @@ def test_two_gpus_give_the_single_device_result_bit_for_bit(strategy, n, tmp_pat
     for t in traces:
         assert "halo" in t.tracks and len(t.of_kind("halo")) == 300 - 2, t.tracks   # one NCCL bar per step
         assert all(e.end_ms >= e.start_ms for e in t.events)      # one time origin for starts and ends
+
+
+_BOUND_SCRIPT = """
+import warnings
+warnings.simplefilter("always")
+from course_helper import distributed
+team = distributed.Team()
+team.split(1)                                      # a second Team in the same process: no second warning
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a machine of two cores or more")
+@pytest.mark.parametrize("binding", ["core", "none"])
+def test_a_rank_bound_to_one_core_says_so_once_and_how_to_start_it(binding):
+    """Open MPI binds each of one or two ranks to a core by default; NCCL's proxy thread then polls
+    on the core the rank's Python thread queues its work from. The team warns, once per rank."""
+    p = subprocess.run([_mpiexec(), "-bind-to", binding, "-n", "2", sys.executable, "-c", _BOUND_SCRIPT],
+                       capture_output=True, text=True, timeout=120, env=ranks_env("cpu"))
+    assert p.returncode == 0, p.stderr
+    warned = [line for line in p.stderr.splitlines() if "may run on one core only" in line]
+    if binding == "core":
+        assert sorted(line.split("RuntimeWarning: ")[1][:6] for line in warned) == ["rank 0", "rank 1"], p.stderr
+        assert all("mpiexec --bind-to none" in line for line in warned)
+    else:
+        assert warned == []
+
+
+def test_the_one_core_note_reads_the_process_affinity(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert "--bind-to none" in distributed.link.one_core_note()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)
+    assert distributed.link.one_core_note() is None
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert distributed.link.one_core_note() is None          # a one-core machine: nothing to gain

@@ -83,7 +83,7 @@ def test_notebook_3_measures_what_you_claim(backend):
     assert not inverse.passed and "pageable speed over the pinned one" in inverse
     for wrong in (speed["pinned"], speed["pinned"] - speed["pageable"], 3 * mine, mine / 2):
         v = ch.exercises.check_speedup(size, wrong)
-        assert not v.passed and "measured again at 8 MiB" in v and "not within 25%" in v, (wrong, v)
+        assert not v.passed and "measured again at 8 MiB" in v and "is not within" in v, (wrong, v)
     assert "above 0" in ch.exercises.check_speedup(size, -2.0) and "number" in ch.exercises.check_speedup(size, "3x")
     assert not ch.exercises.check_speedup(-1, mine).passed
 
@@ -205,7 +205,7 @@ def test_notebook_9_fails_an_over_synchronised_fix(backend, name, words):
 def test_notebook_3_on_a_gpu_measures_again_before_it_says_no(monkeypatch):
     """Pageable copies vary from minute to minute on a GPU machine: the check takes an answer any of
     up to SPEEDUP_ROUNDS measurements agrees with, and says no only after all of them."""
-    rounds = iter([5.7, 8.3, 6.0, 5.7, 8.3, 6.0])
+    rounds = iter([3.0, 8.3, 6.0, 3.0, 8.3])
     calls = []
 
     def measure(**kw):
@@ -217,4 +217,19 @@ def test_notebook_3_on_a_gpu_measures_again_before_it_says_no(monkeypatch):
     assert ch.exercises.check_speedup(32, 8.3).passed and len(calls) == 2
     calls.clear()
     v = ch.exercises.check_speedup(32, 20.0)
-    assert not v.passed and len(calls) == on_your_own.SPEEDUP_ROUNDS and "6.00x, 5.70x, 8.30x" in v, v
+    assert not v.passed and len(calls) == on_your_own.SPEEDUP_ROUNDS and "6.00x, 3.00x, 8.30x" in v, v
+    assert "not within a factor of 1.6" in v, v
+
+
+def test_notebook_3_on_a_gpu_takes_a_speed_up_the_host_has_moved_since_but_not_half_or_double(monkeypatch):
+    """The solution's 5.31x against the check's 3.67x three times (an H100 machine, seconds apart):
+    within the GPU's factor; half, double or the inverse of the measurement is still refused."""
+    monkeypatch.setattr(on_your_own, "measure_bandwidth", lambda **kw: [
+        {"memory": "pinned", "gb_per_s": 48.9}, {"memory": "pageable", "gb_per_s": 13.3}])
+    monkeypatch.setattr(on_your_own.runtime, "get", lambda: SimpleNamespace(predicts_times=False))
+    measured = 48.9 / 13.3
+    assert ch.exercises.check_speedup(32, 5.31).passed
+    for wrong in (measured / 2, measured * 2, 48.9):
+        assert not ch.exercises.check_speedup(32, wrong).passed, wrong
+    inverse = ch.exercises.check_speedup(32, 1 / measured)
+    assert not inverse.passed and "pageable speed over the pinned one" in inverse
