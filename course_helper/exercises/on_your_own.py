@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from ..runtime.observe import Op
     from ..solver import Result
 
-__all__ = ["check_copy_after_kernels", "check_speedup", "SPEEDUP_FACTOR_GPU", "SPEEDUP_RTOL", "SPEEDUP_ROUNDS", "check_ring_depth",
-           "RING_GOAL", "check_race_fix", "RACE_FIX_PROBLEM"]
+__all__ = ["check_copy_after_kernels", "check_speedup", "SPEEDUP_FACTOR_GPU", "SPEEDUP_RTOL", "SPEEDUP_ROUNDS",
+           "check_ring_depth", "RING_GOAL", "check_race_fix", "RACE_FIX_PROBLEM"]
 
 
 class _NotYet(ExerciseError):
