@@ -98,19 +98,19 @@ class Team:
 
 
 def one_core_note() -> str | None:
-    """Why this process runs slowly as a rank, where it may run on one core only of a machine with
-    more (``mpiexec`` bound it to a core: Open MPI does so by default for one or two ranks);
-    None otherwise."""
+    """What to change where this process, a rank, may run on one core only of a machine with more
+    (``mpiexec`` bound it to a core: Open MPI does so by default for one or two ranks); None
+    otherwise."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:          # no affinity to read on this system (macOS, Windows)
         return None
     if cores > 1 or (os.cpu_count() or 1) < 2:
         return None
-    return ("this rank may run on one core only (mpiexec bound it to a core), and every thread it starts "
-            "shares that core with the Python thread that queues the work (on a GPU, NCCL's proxy thread, "
-            "which polls all the time): every call then costs the host more. Start the ranks with "
-            "`mpiexec --bind-to none` (Open MPI binds each of one or two ranks to a core by default)")
+    return ("this rank may run on one core only (mpiexec bound it to a core): every thread it starts shares "
+            "that core with the Python thread that queues the work, NCCL's proxy thread on a GPU included. "
+            "Start the ranks with `mpiexec --bind-to none` (Open MPI binds each of one or two ranks to a "
+            "core by default)")
 
 
 _warned = []
