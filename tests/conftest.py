@@ -50,6 +50,20 @@ def cpu():
 
 
 @pytest.fixture
+def gpu():
+    """GPU backend only (tests of the GPU runtime's own pieces), skipped cleanly without a GPU;
+    yields the GPU runtime."""
+    reason = _gpu_reason()
+    if reason:
+        pytest.skip(reason)
+    previous = ch.backend_name()
+    ch.set_backend("gpu")
+    yield ch.runtime.get()
+    ch.synchronize()
+    ch.set_backend(previous)
+
+
+@pytest.fixture
 def small():
     """A small problem that keeps the tests fast on any backend."""
     return ch.WaveProblem(n0=48, n1=48, nt=50)

@@ -16,17 +16,6 @@ extern "C" __global__ void scale(const float* x, float* y, const int n, const fl
 
 
 @pytest.fixture
-def gpu():
-    if not ch.runtime.gpu_available():
-        pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
-    previous = ch.backend_name()
-    ch.set_backend("gpu")
-    yield ch.runtime.get()
-    ch.synchronize()
-    ch.set_backend(previous)
-
-
-@pytest.fixture
 def scale(gpu):
     import cupy
     kernel = cupy.RawKernel(_SCALE, "scale")
