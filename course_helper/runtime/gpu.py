@@ -31,7 +31,7 @@ class PackedLaunch:
     the same kernel on the same buffers level after level.
 
     A ``RawKernel`` call converts each argument to C on every launch: on an H100 machine's host
-    a call of the stencil (eleven arguments) took 9.7 us, a launch of the helper packed this way
+    a call of the stencil (twelve arguments) took 9.7 us, a launch of the helper packed this way
     6.5 us with its checks (``benchmarks/h100/host_cost.json``). Packed once, a launch only
     writes its last argument (the one that changes
     each level, e.g. the source amplitude) and calls ``cuLaunchKernel``: the CUDA driver copies
