@@ -159,9 +159,11 @@ class HaloLink:
             hit = self._edges[id(U)] = (U, *_edges(self.slab, U))
         return hit[1], hit[2]
 
-    def exchange(self, U: cupy.ndarray | CpuDeviceArray, level: int, after: Event) -> None:
-        """Queue the swap of ``U``'s edge rows on the halo stream after event ``after``; returns at once."""
-        self.stream.wait_event(after)
+    def exchange(self, U: cupy.ndarray | CpuDeviceArray, level: int, after: Event | None = None) -> None:
+        """Queue the swap of ``U``'s edge rows on the halo stream (after event ``after``, if given:
+        the edge rows' kernels ran on another stream); returns at once."""
+        if after is not None:
+            self.stream.wait_event(after)
         sends, recvs = self._edges_of(U)
         if sends and not runtime.wants_op(self.stream):
             # CuPy with nobody watching: straight to NCCL, as launch_wave2d goes straight to the kernel.

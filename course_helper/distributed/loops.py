@@ -2,8 +2,8 @@
 runs one of them on this rank of a team.
 
 * ``blocking``: compute the whole slab, exchange the halos, then go on;
-* ``overlap``: compute the boundary rows first on a high-priority stream, exchange them on a halo
-  stream while the interior computes on the compute stream, and join both before the next step;
+* ``overlap``: compute the boundary rows first on the high-priority halo stream, which then sends
+  them while the interior computes on the compute stream, and join both before the next step;
 * ``overlap-graph``: the overlap loop captured once into a CUDA graph and replayed.
 
 Either way every saved level of the rank's own rows is streamed to pinned host memory on IO
@@ -38,7 +38,7 @@ __all__ = ["REGISTRY", "STRATEGIES", "HaloStrategy", "RankResult", "blocking_ste
 def blocking_step(run: "RankRun", level: int) -> None:
     """Compute the whole slab, then exchange the halos, then go on: nothing overlaps the exchange."""
     b = level % run.m
-    run.compute.wait_event(run.copied[b])            # the IO stream has finished reading U[b]
+    run.wait_until_copied(b, run.compute)            # the IO stream has finished reading U[b]
     run.launch(run.whole, level, run.compute)
     run.compute.record(run.computed)
     run.link.exchange(run.U[b], level, after=run.computed)
@@ -47,19 +47,18 @@ def blocking_step(run: "RankRun", level: int) -> None:
 
 
 def overlap_step(run: "RankRun", level: int) -> None:
-    """Boundary rows first on a high-priority stream; their exchange runs on the halo stream
-    while the interior computes; both are joined before the next level."""
+    """Boundary rows first, on the high-priority halo stream, which sends them as soon as they are
+    computed while the interior computes on the compute stream; the compute stream joins the halos
+    before the next level."""
     b = level % run.m
-    prev = run.ready[(level - 1) % run.m]            # the whole previous level, halos included
-    run.boundary.wait_event(prev)
-    run.boundary.wait_event(run.copied[b])
+    halo = run.link.stream
+    halo.wait_event(run.ready[(level - 1) % run.m])  # the whole previous level, halos included
+    run.wait_until_copied(b, halo, run.compute)
     for window in run.edges:
-        run.launch(window, level, run.boundary)
-    run.boundary.record(run.edges_done)
-    run.compute.wait_event(run.copied[b])
+        run.launch(window, level, halo)
     if run.inner is not None:
         run.launch(run.inner, level, run.compute)    # the interior, while the halos travel
-    run.link.exchange(run.U[b], level, after=run.edges_done)
+    run.link.exchange(run.U[b], level)               # on the halo stream, right behind the edges
     run.link.join(run.compute)                       # the halos, and so the edges they were sent after
     run.compute.record(run.ready[b])
 
@@ -109,7 +108,7 @@ def capture_rank_loop(run: "RankRun") -> "Graph":
     def queue(chain):
         run.io = chain                               # one IO stream for every buffer
         _levels(run, hand_over=False)                # a capture cannot wait for anything
-        return (run.boundary, run.link.stream, *chain[:1 if len(run.levels) else 0])   # the streams it forked
+        return (run.link.stream, *chain[:1 if len(run.levels) else 0])   # the streams it forked
     try:
         graph = capture_with_one_io_stream(run.compute, io, queue)
     finally:
@@ -232,6 +231,6 @@ def _rank_timeline(trace, halo_bytes):
         e.start_ms -= start.end_ms
         e.end_ms -= start.end_ms
         events.append(e)
-    tracks = [t for t in ("boundary", "compute", "halo") if any(e.track == t for e in events)]
+    tracks = [t for t in ("compute", "halo") if any(e.track == t for e in events)]
     tracks += [t for t in trace.tracks if t not in tracks and any(e.track == t for e in events)]
     return Trace(events, tracks, trace.meta)

@@ -63,17 +63,19 @@ class RankRun:
         # (slicing afresh each level made every launch a new set, about 60 us of checks on the host).
         self._views = {id(w): (w, [u[w[1]] for u in self.U], self.V[w[1]])
                        for w in (self.whole, *self.edges, self.inner) if w is not None}
-        high = stream_priority_range()[1]
         self.compute = create_streams(1, name="compute")[0]
-        self.boundary = create_streams(1, priority=high, name="boundary")[0]
-        halo_stream = create_streams(1, priority=high, name="halo")[0]
+        # High priority: the boundary rows it computes (overlap) let the halos leave sooner.
+        halo_stream = create_streams(1, priority=stream_priority_range()[1], name="halo")[0]
         self.io = create_streams(self.m, name="io")
         self.ready, self.copied = create_events(self.m), create_events(self.m)
-        self.edges_done, self.computed = create_events(2)
+        self.computed = create_events(1)[0]
+        # copying[b]: a copy of U[b] to the host was queued and no step has waited for it yet.
+        # Only then does a step that writes U[b] queue a wait (most levels are not saved).
+        self.copying = [False] * self.m
         self.link = HaloLink(team, s, halo_stream)
         self.on_snapshot = on_snapshot
         self.unsent = deque()          # (level, k, event) copies not yet handed to on_snapshot
-        self._streams = [self.compute, self.boundary, halo_stream, *self.io]
+        self._streams = [self.compute, halo_stream, *self.io]
 
     def _window(self, a, b):
         """(sub-problem, local row slice) of global rows a..b plus two rows of context each side."""
@@ -97,12 +99,21 @@ class RankRun:
             return level // self.every
         return None
 
+    def wait_until_copied(self, b: int, *streams: Stream) -> None:
+        """Make ``streams`` (all that will write ``U[b]``) wait until the copy of the last level saved
+        from ``U[b]`` has finished reading it; nothing is queued if no such copy is pending."""
+        if self.copying[b]:
+            for stream in streams:
+                stream.wait_event(self.copied[b])
+            self.copying[b] = False
+
     def save(self, level: int, k: int) -> None:
         """Stream the owned rows of ``level`` to the host on its IO stream."""
         b = level % self.m
         self.io[b].wait_event(self.ready[b])
         copy_to_host_async(self.images[k], self.U[b][HALO:-HALO], self.io[b], level=level)
         self.io[b].record(self.copied[b])
+        self.copying[b] = True
         self.unsent.append((level, k, self.copied[b]))
 
     def hand_over(self, wait: bool = False) -> None:
