@@ -20,7 +20,7 @@ from .runtime import observe
 from .runtime.ops import KernelCost
 from .memory import is_device_array
 
-__all__ = ["WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
+__all__ = ["PreparedLaunch", "WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
            "STENCIL", "stability_limit", "saved_levels"]
 
 #: 4th-order central-difference coefficients of the second derivative, as float32.
@@ -428,6 +428,42 @@ def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: in
     # those context rows with its neighbouring window, which writes them itself).
     op = observe.Op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0, (U0, U1, V), (U2[PAD:-PAD],))
     runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost=cost)
+
+
+class PreparedLaunch:
+    """:func:`launch_wave2d` with its arrays, problem and stream fixed, for a loop that launches the
+    same argument set every few levels (a rank's window of one buffer of its ring): ``prepared(n)``
+    queues step ``n`` as ``launch_wave2d(U0, U1, U2, V, problem, n, stream)`` does.
+
+    The arguments are checked here, once. On a GPU with nobody observing the stream's work, a call
+    then only reads the source amplitude from a table made here and queues the packed launch: the
+    checks, the wavelet and the argument lookups cost a launch about as much host time as
+    ``cuLaunchKernel`` itself. Anything else (the CPU backend, an observer, the first launch) goes
+    through launch_wave2d. The problem's numbers must not change while it is in use, and it keeps
+    the arrays alive (the packed launch holds their addresses).
+    """
+
+    def __init__(self, U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem,
+                 stream: streams.Stream | None = None) -> None:
+        checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+        _launch_arguments(U0, U1, U2, V, problem)          # a clear error now, not at the first launch
+        self._args = (U0, U1, U2, V, problem)
+        self._stream = streams.resolve(stream)
+        self._amplitudes = [problem.source_amplitude(n) for n in range(problem.nt)]
+        self._packed = None
+
+    def __call__(self, n: int) -> None:
+        """Queue step ``n`` (level n+2 from levels n and n+1) on the prepared stream."""
+        stream, packed = self._stream, self._packed
+        if packed is not None and type(n) is int and 0 <= n < len(self._amplitudes) \
+                and not runtime.wants_op(stream):
+            packed(stream.raw, self._amplitudes[n])
+            if observe.journaling():
+                observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
+            return
+        launch_wave2d(*self._args, n, stream)
+        if not runtime.wants_op(stream):                   # that launch packed the arguments
+            self._packed = _launch_arguments(*self._args).packed
 
 
 def _kernel_scalars_and_grid(problem):

@@ -11,7 +11,7 @@ import numpy as np
 from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
 from ..solver import suggest_nscratch
 from ..streams import create_events, create_streams, stream_priority_range
-from ..wave import PAD, WaveProblem, launch_wave2d, saved_levels
+from ..wave import PAD, PreparedLaunch, WaveProblem, launch_wave2d, saved_levels
 from .link import HaloLink
 from .slabs import HALO, Window, decompose
 
@@ -63,6 +63,7 @@ class RankRun:
         # (slicing afresh each level made every launch a new set, about 60 us of checks on the host).
         self._views = {id(w): (w, [u[w[1]] for u in self.U], self.V[w[1]])
                        for w in (self.whole, *self.edges, self.inner) if w is not None}
+        self._prepared = {}            # (id(window), level % m, stream) -> PreparedLaunch
         self.compute = create_streams(1, name="compute")[0]
         # High priority: the boundary rows it computes (overlap) let the halos leave sooner.
         halo_stream = create_streams(1, priority=stream_priority_range()[1], name="halo")[0]
@@ -84,14 +85,23 @@ class RankRun:
 
     def launch(self, window: tuple[Window, slice], level: int, stream: Stream) -> None:
         """Queue the kernel for ``level`` on the rows of ``window``."""
-        hit = self._views.get(id(window))
-        if hit is not None and hit[0] is window:
-            _, U, V = hit
-        else:                                        # a window of the caller's own
-            U, V = [u[window[1]] for u in self.U], self.V[window[1]]
         m = self.m
-        launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[level % m], V, window[0], n=level - 2,
-                      stream=stream)
+        key = (id(window), level % m, stream)
+        prepared = self._prepared.get(key)
+        if prepared is not None:
+            prepared(level - 2)
+            return
+        hit = self._views.get(id(window))
+        if hit is None or hit[0] is not window:        # a window of the caller's own: launched as it is
+            U, V = [u[window[1]] for u in self.U], self.V[window[1]]
+            launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[level % m], V, window[0], level - 2, stream)
+            return
+        _, U, V = hit
+        # One prepared launch per window, ring position and stream: checked once, and on a GPU
+        # each level then costs the host little more than cuLaunchKernel.
+        prepared = self._prepared[key] = PreparedLaunch(U[(level - 2) % m], U[(level - 1) % m], U[level % m], V,
+                                                        window[0], stream)
+        prepared(level - 2)
 
     def slot(self, level: int) -> int | None:
         """The index of ``level`` among the saved levels, or None if it is not saved."""
@@ -129,7 +139,8 @@ class RankRun:
             self.on_snapshot(level, slice(self.slab.first, self.slab.stop), self.images[k])
 
     def close(self) -> None:
-        """Release the rank's streams."""
+        """Release the rank's streams (and its prepared launches, which keep its buffers alive)."""
+        self._prepared.clear()
         for s in self._streams:
             close = getattr(s.raw, "close", None)
             if close is not None:

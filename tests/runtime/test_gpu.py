@@ -111,3 +111,22 @@ def test_packed_launches_of_the_stencil_are_bit_identical_to_cupy_calls(gpu, str
         s.raw, ch.wave._gpu_kernel, grid, ch.wave._BLOCK, (U0, U1, U2, V, *scalars, p.source_amplitude(n))))
     assert np.abs(called).max() > 0
     np.testing.assert_array_equal(packed, called)
+
+
+def test_prepared_launches_of_the_stencil_are_bit_identical_to_launch_wave2d(gpu):
+    """One PreparedLaunch per position of a three-buffer ring, its first call through launch_wave2d
+    and the rest through the packed launch, against launch_wave2d level by level."""
+    p = ch.WaveProblem(n0=64, n1=80, nt=30)
+    s = ch.create_streams(1, name="compute")[0]
+    prepared = {}
+
+    def launch(U0, U1, U2, V, n):
+        if n % 3 not in prepared:
+            prepared[n % 3] = ch.wave.PreparedLaunch(U0, U1, U2, V, p, s)
+        prepared[n % 3](n)
+
+    fast = _stencil_levels(p, s, launch)
+    assert all(pl._packed is not None for pl in prepared.values())     # the packed path was taken
+    plain = _stencil_levels(p, s, lambda U0, U1, U2, V, n: ch.launch_wave2d(U0, U1, U2, V, p, n, stream=s))
+    assert np.abs(fast).max() > 0
+    np.testing.assert_array_equal(fast, plain)

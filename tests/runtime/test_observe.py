@@ -258,3 +258,31 @@ def test_unwatched_work_is_noted_in_the_journal_and_an_op_reader_brings_the_ops_
     finally:
         observe.remove(reader)
     assert len(direct.launches) == 1 and direct.copies == ["D2H"]
+
+
+def test_a_prepared_launch_queues_the_packed_launch_unwatched_and_launch_wave2d_watched(direct):
+    """PreparedLaunch checks its arguments when it is made; unwatched, every call after the first
+    goes to the packed launch with the amplitude of its own step; watched, each call is
+    launch_wave2d's (an Op the model runs), and the loop still gives the reference."""
+    p = ch.WaveProblem(n0=41, n1=37, nt=14)
+    (s,) = ch.create_streams(1)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    with pytest.raises(ValueError, match="shape"):
+        ch.wave.PreparedLaunch(U[0], U[1], U[2], V[1:], p, s)
+    assert direct.launches == [] and direct.packs == []       # refused before anything was queued
+    prepared = [ch.wave.PreparedLaunch(U[n], U[(n + 1) % 3], U[(n + 2) % 3], V, p, s) for n in range(3)]
+    out = ch.pinned_empty((p.nt, *p.shape))
+    out[:2] = 0
+    reader = None
+    for n in range(p.nt - 2):
+        if n == 8:                                             # from here on, someone reads the Ops
+            reader = observe.add(OpReader())
+        prepared[n % 3](n)
+        ch.copy_to_host_async(out[n + 2], U[(n + 2) % 3], s, level=n + 2)
+    s.synchronize()
+    observe.remove(reader)
+    np.testing.assert_array_equal(out, ch.reference_solution(p))
+    assert len(direct.packs) == 3 and len(direct.launches) == 8       # levels 2..9 by the runtime itself
+    with pytest.raises(ValueError, match="step number"):
+        prepared[0](-1)                                        # outside the table: launch_wave2d's checks
