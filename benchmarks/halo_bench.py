@@ -109,10 +109,12 @@ def main():
     doc["strong"].append(point(team, WaveProblem(n0=STRONG, n1=STRONG, nt=nt), every_strategy, nt // 2, args.repeats))
     log(f"strong: {[(p['ranks'], p['strategies']) for p in doc['strong']]}")
 
-    # One traced run of each strategy for the timeline pictures (short, so the file stays small).
+    # One traced run of each strategy for the timeline pictures (short, so the file stays small), at
+    # 8192^2 per GPU: tracing adds host time to every call, and at 4096^2 one rank's host could then
+    # set the pace, its neighbour's exchange waiting for it after its own kernel had ended.
     doc["timelines"], doc["exchange_hidden"] = {}, {}
     for s in every_strategy:
-        res = halo.run_rank(team, WaveProblem(n0=8192, n1=4096, nt=24), s, every=8, trace=True)
+        res = halo.run_rank(team, WaveProblem(n0=16384, n1=8192, nt=24), s, every=8, trace=True)
         traces = team.comm.gather(res.trace, root=0)
         if team.rank == 0:
             doc["timelines"][s] = halo.chrome_trace(traces)
