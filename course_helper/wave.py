@@ -436,11 +436,11 @@ class PreparedLaunch:
     queues step ``n`` as ``launch_wave2d(U0, U1, U2, V, problem, n, stream)`` does.
 
     The arguments are checked here, once. On a GPU with nobody observing the stream's work, a call
-    then only reads the source amplitude from a table made here and queues the packed launch: the
-    checks, the wavelet and the argument lookups cost a launch about as much host time as
-    ``cuLaunchKernel`` itself. Anything else (the CPU backend, an observer, the first launch) goes
-    through launch_wave2d. The problem's numbers must not change while it is in use, and it keeps
-    the arrays alive (the packed launch holds their addresses).
+    then only reads the source amplitude from a table it fills as steps come (a rank's loop repeats
+    them) and queues the packed launch: the checks, the wavelet and the argument lookups cost a
+    launch about as much host time as ``cuLaunchKernel`` itself. Anything else (the CPU backend, an
+    observer, the first launch) goes through launch_wave2d. The problem's numbers must not change
+    while it is in use, and it keeps the arrays alive (the packed launch holds their addresses).
     """
 
     def __init__(self, U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem,
@@ -449,15 +449,17 @@ class PreparedLaunch:
         _launch_arguments(U0, U1, U2, V, problem)          # a clear error now, not at the first launch
         self._args = (U0, U1, U2, V, problem)
         self._stream = streams.resolve(stream)
-        self._amplitudes = [problem.source_amplitude(n) for n in range(problem.nt)]
+        self._amplitudes = {}                              # step -> source amplitude, filled on first use
         self._packed = None
 
     def __call__(self, n: int) -> None:
         """Queue step ``n`` (level n+2 from levels n and n+1) on the prepared stream."""
         stream, packed = self._stream, self._packed
-        if packed is not None and type(n) is int and 0 <= n < len(self._amplitudes) \
-                and not runtime.wants_op(stream):
-            packed(stream.raw, self._amplitudes[n])
+        if packed is not None and type(n) is int and n >= 0 and not runtime.wants_op(stream):
+            amplitude = self._amplitudes.get(n)
+            if amplitude is None:
+                amplitude = self._amplitudes[n] = self._args[4].source_amplitude(n)
+            packed(stream.raw, amplitude)
             if observe.journaling():
                 observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
             return

@@ -284,5 +284,13 @@ def test_a_prepared_launch_queues_the_packed_launch_unwatched_and_launch_wave2d_
     observe.remove(reader)
     np.testing.assert_array_equal(out, ch.reference_solution(p))
     assert len(direct.packs) == 3 and len(direct.launches) == 8       # levels 2..9 by the runtime itself
+    for u in U:                                                # again, unwatched: the steps' amplitudes
+        ch.memory.zero_async(u, s)                             # are now read from the table
+    for n in range(p.nt - 2):
+        prepared[n % 3](n)
+        ch.copy_to_host_async(out[n + 2], U[(n + 2) % 3], s, level=n + 2)
+    s.synchronize()
+    np.testing.assert_array_equal(out, ch.reference_solution(p))
+    assert len(direct.packs) == 3 and len(direct.launches) == 8 + p.nt - 2
     with pytest.raises(ValueError, match="step number"):
         prepared[0](-1)                                        # outside the table: launch_wave2d's checks
