@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .. import files
 from ..runtime.ops import COPY_KINDS, OpKind
 
@@ -385,7 +387,9 @@ class Trace:
         zooming in Perfetto).
 
         Each operation is drawn exactly as long as it ran, so a lane that was busy 5% of a
-        whole run looks it (operations far shorter than a pixel show as a faint shade), and
+        whole run looks it; operations shorter than a pixel are gathered into one-pixel columns
+        shaded by how much of the column they fill, so that no work drops out of the picture and
+        each lane's ink still matches its busy time, and
         each lane's label says how busy it was in the time shown ("compute / 5% busy"; the
         host lane: how much of it the host waited). The title names the clock that timed the
         trace (:attr:`clock`). The legend sits to the right of the axes, never over a bar.
@@ -470,14 +474,22 @@ def _draw_lane(ax, index, events, colours):
     """Draw one lane's ``events`` (in time order) as bars around y = ``index``, in rows where work
     overlapped, and label each bar of a lane that several tracks share with its track where the
     label fits inside it."""
+    from matplotlib.colors import to_rgb
     rows, nrows = _rows(events)
     height = _BAR_HEIGHT / nrows
     bars = {}
     for e, row in zip(events, rows):
         bars.setdefault((e.kind, row), []).append((e.start_ms, e.duration_ms))
+    pixel_ms = _pixel_ms(ax)
     for (kind, row), spans in bars.items():
-        ax.broken_barh(spans, (index - _BAR_HEIGHT / 2 + row * height, height), facecolors=colours[kind],
-                       edgecolor="none")
+        wide = [s for s in spans if s[1] >= pixel_ms]
+        narrow = [s for s in spans if s[1] < pixel_ms]
+        y = (index - _BAR_HEIGHT / 2 + row * height, height)
+        if wide:
+            ax.broken_barh(wide, y, facecolors=colours[kind], edgecolor="none")
+        if narrow:
+            shaded, alphas = _pixel_shades(narrow, pixel_ms, ax.get_xlim()[0])
+            ax.broken_barh(shaded, y, facecolors=[(*to_rgb(colours[kind]), a) for a in alphas], edgecolor="none")
     if len({e.track for e in events}) < 2:
         return
     # Only bars that could hold a label at all (a sixtieth of the view or more) get one: a whole
@@ -490,6 +502,36 @@ def _draw_lane(ax, index, events, colours):
             bottom = index - _BAR_HEIGHT / 2 + row * height
             name = match.group(2) if match else e.track
             ax.add_artist(label((e.start_ms, e.end_ms), (bottom, bottom + height), name))
+
+
+def _pixel_ms(ax):
+    """How many ms one pixel of ``ax`` spans at its present size and limits."""
+    lo, hi = ax.get_xlim()
+    return (hi - lo) / max(ax.get_window_extent().width, 1.0)
+
+
+def _pixel_shades(spans, pixel_ms, origin):
+    """Spans narrower than a pixel as one-pixel columns shaded by how much of each column they fill.
+
+    A bar far under a pixel wide is dropped or drawn at a random strength by the renderer, so a lane
+    of 600 short kernels would look almost idle. Here each pixel column holds the summed length of the
+    spans inside it, drawn with that fraction as its opacity: the lane's ink (width x opacity, added
+    up) equals the time its work took, as its "busy" label says. Returns the columns as
+    ``(start, width)`` pairs and their opacities."""
+    starts = np.array([s for s, _ in spans], dtype=float)
+    ends = starts + np.array([d for _, d in spans], dtype=float)
+    first = np.floor((starts - origin) / pixel_ms).astype(np.int64)
+    last = np.floor((ends - origin) / pixel_ms).astype(np.int64)
+    filled: dict[int, float] = {}
+    for a, b, s, e in zip(first, last, starts, ends):
+        for column in range(int(a), int(b) + 1):     # a span under a pixel touches at most two columns
+            lo = origin + column * pixel_ms
+            part = min(e, lo + pixel_ms) - max(s, lo)
+            if part > 0:
+                filled[column] = filled.get(column, 0.0) + part
+    columns = sorted(filled)
+    return ([(origin + c * pixel_ms, pixel_ms) for c in columns],
+            [min(filled[c] / pixel_ms, 1.0) for c in columns])
 
 
 @functools.cache

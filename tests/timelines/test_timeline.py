@@ -7,7 +7,8 @@ import sys
 import pytest
 
 import course_helper as ch
-from course_helper.timelines.timeline import Trace, TraceEvent, covered_length, intersection_length, merge_intervals
+from course_helper.timelines.timeline import (KINDS, Trace, TraceEvent, covered_length, intersection_length,
+                                              merge_intervals)
 
 
 def hand_trace():
@@ -176,6 +177,7 @@ def test_unwritable_paths_are_refused_by_name_and_leave_nothing_behind(tmp_path)
 
 def test_plot_keeps_the_legend_off_the_bars_and_draws_each_operation_as_long_as_it_ran(cpu):
     import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
     problem = ch.WaveProblem(n0=64, n1=64, nt=300)
     t = ch.solve(problem, "events").trace
     ax = t.plot()
@@ -186,10 +188,42 @@ def test_plot_keeps_the_legend_off_the_bars_and_draws_each_operation_as_long_as_
     shortest = min(e.duration_ms for e in t.events)
     lo, hi = ax.get_xlim()
     assert shortest < (hi - lo) / ax.get_window_extent().width, "the run has operations under a pixel"
-    # every bar exactly as long as its operation: lane by lane, the drawn widths (ms) are the durations
-    drawn = sorted(round(path.get_extents().width, 9) for bars in ax.collections for path in bars.get_paths())
-    assert drawn == sorted(round(e.duration_ms, 9) for e in t.events)
+    # Operations of a pixel or more are bars exactly as long as they ran; shorter ones are one-pixel
+    # columns whose opacity is the share of the column they fill. Either way each kind's ink
+    # (width x opacity, added up) is the time its operations took: nothing drops out of the picture.
+    pixel = (hi - lo) / ax.get_window_extent().width
+    wide = sorted(round(e.duration_ms, 9) for e in t.events if e.duration_ms >= pixel)
+    drawn_wide, ink = [], {}
+    for bars in ax.collections:
+        for path, colour in zip(bars.get_paths(), bars.get_facecolors()):
+            width, alpha = path.get_extents().width, colour[3]
+            if alpha == 1.0 and width != pytest.approx(pixel):
+                drawn_wide.append(round(width, 9))
+            key = tuple(round(c, 3) for c in colour[:3])
+            ink[key] = ink.get(key, 0.0) + width * alpha
+    assert sorted(drawn_wide) == wide
+    colours = {k: tuple(round(c, 3) for c in to_rgb(v)) for k, v in KINDS.items()}
+    for kind in {e.kind for e in t.events}:
+        assert ink[colours[kind]] == pytest.approx(sum(e.duration_ms for e in t.events if e.kind == kind), rel=1e-6)
     plt.close(fig)
+
+
+def test_a_whole_run_of_short_kernels_keeps_its_ink(cpu):
+    """600 kernels of a tenth of a pixel each: drawn one by one the renderer drops most of them; as
+    shaded pixel columns the compute lane's ink is still 600 kernels' time."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+    events = [TraceEvent("compute", "kernel", f"k{i}", i * 0.1, i * 0.1 + 0.005) for i in range(600)]
+    t = Trace(events, ["compute"])
+    ax = t.plot()
+    lo, hi = ax.get_xlim()
+    assert 0.005 < (hi - lo) / ax.get_window_extent().width, "the kernels are narrower than a pixel"
+    blue = to_rgb(KINDS["kernel"])
+    ink = sum(path.get_extents().width * colour[3] for bars in ax.collections
+              for path, colour in zip(bars.get_paths(), bars.get_facecolors())
+              if tuple(colour[:3]) == pytest.approx(blue))
+    assert ink == pytest.approx(600 * 0.005, rel=1e-6)
+    plt.close("all")
 
 
 def test_busy_fractions_of_a_hand_built_trace():
