@@ -19,7 +19,9 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import sys
+import textwrap
 from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
@@ -55,12 +57,12 @@ LADDER = ("sequential", "sequential-pinned", "streams", "events")
 
 #: Printed under the compare table, and in `compare --help`.
 COMPARE_COLUMNS = """\
-columns: median/min/max ms = host wall time of the untraced runs' loops, the device synchronised at
-  the end (a graph's one-off capture not included); speedup = sequential median / this median; from one
-  traced run (CUPTI on a GPU, the model on the CPU): compute ms = time a kernel ran, D2H ms = time a
-  device-to-host copy ran, overlap ms = time both ran at once, hidden = overlap / the shorter of the two
-  (100% = the shorter stage ran entirely under the other); max diff = largest absolute difference
-  between this strategy's images and the sequential ones (0 = bit-identical)."""
+columns: median/min/max ms = host wall time of the untraced runs' loops, the device synchronised
+  at the end (a graph's one-off capture not included); speedup = sequential median / this median;
+  from one traced run (CUPTI on a GPU, the model on the CPU): compute ms = time a kernel ran, D2H
+  ms = time a device-to-host copy ran, overlap ms = time both ran at once, hidden = overlap / the
+  shorter of the two (100% = the shorter stage ran entirely under the other); max diff = largest
+  absolute difference between this strategy's images and the sequential ones (0 = bit-identical)."""
 
 
 def _first_sentence(doc):
@@ -73,9 +75,24 @@ def _strategies_text():
     """Every registered strategy, each with a line on what it does (the first sentence of its
     loop's docstring where the table above has no entry, so a new strategy is listed too)."""
     width = max(len(name) for name in STRATEGIES)
-    lines = [f"  {name:<{width}}  {STRATEGY_HELP.get(name) or _first_sentence(entry.loop.__doc__)}"
+    lines = [textwrap.fill(STRATEGY_HELP.get(name) or _first_sentence(entry.loop.__doc__), width=98,
+                           initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
              for name, entry in STRATEGIES.items()]
     return "strategies:\n" + "\n".join(lines)
+
+
+def _wrapped(text: str) -> str:
+    """``text`` wrapped to a terminal's width, for help shown by the raw formatter (which keeps the
+    strategies' table as it is laid out, and so wraps nothing itself)."""
+    return textwrap.fill(text, width=min(shutil.get_terminal_size().columns, 100) - 2)
+
+
+def _progress_bar(total: int, desc: str, unit: str):
+    """A progress bar on stderr. On a terminal it is cleared when done; written to a file (or a pipe)
+    its last frame is kept and ends its line, so that what the command prints next starts on a line
+    of its own instead of after the frame."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=not sys.stderr.isatty())
 
 
 def _parser():
@@ -85,10 +102,11 @@ def _parser():
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     c = sub.add_parser("compare", help="run the IO strategies on one size and compare them",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Run each strategy on one grid size, time it, check that its images are "
-                                   "identical to the sequential loop's, and print a table. With --out, also "
-                                   "write each strategy's trace (for https://ui.perfetto.dev) and a timeline "
-                                   "picture. Exits with status 1 when a strategy's images differ.",
+                       # the raw formatter keeps the epilog's table as laid out; the prose is wrapped here
+                       description=_wrapped("Run each strategy on one grid size, time it, check that its images "
+                                            "are identical to the sequential loop's, and print a table. With --out, "
+                                            "also write each strategy's trace (for https://ui.perfetto.dev) and a "
+                                            "timeline picture. Exits with status 1 when a strategy's images differ."),
                        epilog=_strategies_text() + "\n\n" + COMPARE_COLUMNS)
     c.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
     c.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
@@ -104,13 +122,13 @@ def _parser():
 
     b = sub.add_parser("bench", help="sweep sizes and strategies against the physical limit B",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Time every strategy at several grid sizes and snapshot intervals and "
-                                   "compare each with B, the physical limit of that point: max(compute-only "
-                                   "time, output bytes / peak pinned device-to-host bandwidth). Prints a "
-                                   "table; with --out, writes bench.json and bench.png.",
-                       epilog=_strategies_text() + "\n\ncolumns: efficiency = B / median time (1 = the "
-                              "limit); speedup = sequential median / this median; identical = the images "
-                              "equal the sequential ones.")
+                       description=_wrapped("Time every strategy at several grid sizes and snapshot intervals and "
+                                            "compare each with B, the physical limit of that point: max(compute-only "
+                                            "time, output bytes / peak pinned device-to-host bandwidth). Prints a "
+                                            "table; with --out, writes bench.json and bench.png."),
+                       epilog=_strategies_text() + "\n\n" + _wrapped(
+                           "columns: efficiency = B / median time (1 = the limit); speedup = sequential median / "
+                           "this median; identical = the images equal the sequential ones."))
     b.add_argument("--points", default=None,
                    help="comma-separated NxNTxEVERY points, e.g. 256x640x1,2048x320x8 "
                         "(default: the course sweep; on the CPU backend its times are predicted by the "
@@ -174,10 +192,7 @@ def run_main(args: argparse.Namespace) -> int:
         backend.backend_name()     # its banner on a line of its own, before the progress bar starts
     problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
     nsaved = len(range(0, problem.nt, max(args.every, 1)))
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-        bar = tqdm(total=nsaved, desc="levels to disk", unit="level", file=sys.stderr, leave=False)
+    bar = None if args.no_progress else _progress_bar(nsaved, "levels to disk", "level")
 
     class Progress:                # counts the saved levels copied off the scratch buffers
         seen = set()
@@ -269,11 +284,8 @@ def bench_main(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
     if args.out:
         _check_out(args.out)
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-        bar = tqdm(total=2 * len(points) * len(nscratch or [None]), desc="points (untraced, then traced)", unit="pass",
-                   file=sys.stderr, leave=False)
+    bar = (None if args.no_progress else
+           _progress_bar(2 * len(points) * len(nscratch or [None]), "points (untraced, then traced)", "pass"))
 
     def progress(point, stage):
         if "skipped" in point and stage == "untraced":
@@ -374,10 +386,7 @@ def compare_main(args: argparse.Namespace) -> int:
     if args.out:
         _check_out(args.out)
     total = (len(set(names) | {"sequential"})) * args.repeats
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total, desc="runs", unit="run", file=sys.stderr, leave=False)
+    bar = None if args.no_progress else _progress_bar(total, "runs", "run")
     try:
         cmp = compare.compare_strategies(problem, names, repeats=args.repeats, every=args.every,
                                          progress=(lambda s, i: bar.update(1)) if bar else None)

@@ -36,6 +36,18 @@ def test_module_entry_point_and_progress_bar(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert "sequential" in p.stdout and "events" in p.stdout and "streams" not in p.stdout
+    # both streams into one file, as `> log 2>&1` does: the bar's last frame ends its line, and the
+    # table's header starts a line of its own
+    log = tmp_path / "log.txt"
+    with open(log, "w") as f:
+        p = subprocess.run([sys.executable, "-m", "course_helper", "compare", "--n", "32", "--nt", "20",
+                            "--repeats", "1", "--strategies", "events", "--backend", "cpu"],
+                           stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    assert p.returncode == 0
+    lines = log.read_text().splitlines()
+    header = next(line for line in lines if "median ms" in line)
+    assert header.split()[0] == "strategy", header
+    assert any("runs:" in line and "100%" in line for line in lines), "the bar's last frame is kept in a file"
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -113,17 +125,32 @@ def test_subcommand_help_describes_strategies_and_columns(capsys):
     assert "hidden = " in text and "max diff = " in text
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
-    assert "efficiency = B / median time" in capsys.readouterr().out
+    bench_text = capsys.readouterr().out
+    assert "efficiency = B / median time" in bench_text
+    # no paragraph runs on as one long line, whatever formatter keeps the tables
+    for line in (text + bench_text).splitlines():
+        assert len(line) <= 100, f"a help line of {len(line)} characters: {line[:60]}..."
+
+
+def _strategy_entries():
+    """``{strategy: its description}`` from --help's table, whose long entries wrap onto indented lines."""
+    entries = {}
+    for line in cli._strategies_text().splitlines()[1:]:
+        if line.startswith("  ") and not line.startswith("   "):
+            name, what = line.split(None, 1)
+            entries[name] = what
+        else:
+            entries[name] += " " + line.strip()
+    return entries
 
 
 def test_each_strategy_is_described_in_whole_sentences(monkeypatch):
     """A strategy's line in --help is its entry in STRATEGY_HELP or, for a strategy without one,
     the whole first sentence of its loop's docstring, however many lines that sentence takes."""
-    for line in cli._strategies_text().splitlines()[1:]:
-        name, what = line.split(None, 1)
+    for name, what in _strategy_entries().items():
         assert what == cli.STRATEGY_HELP[name], f"{name}: {what!r}"
     monkeypatch.setattr(cli, "STRATEGY_HELP", {})
-    lines = dict(line.split(None, 1) for line in cli._strategies_text().splitlines()[1:])
+    lines = _strategy_entries()
     assert set(lines) == set(ch.STRATEGIES)
     docstring = " ".join(ch.strategies.sequential_pinned.__doc__.split())
     assert "\n" in ch.strategies.sequential_pinned.__doc__.strip()      # a sentence over two lines

@@ -99,21 +99,26 @@ def gpu_available() -> bool:
     return _probe_gpu()[0]
 
 
-def _choose(requested):
+def _choose(requested, from_env=True):
+    """The backend to use and why, for a request read from the environment (``from_env``) or made
+    in code (:func:`set_backend`, a command's ``--backend``): an error names where the request
+    came from, so that it never blames a variable nobody set."""
     requested = (requested or "auto").strip().lower()
     if requested not in CHOICES:
+        asked = f"{ENV_VAR}={requested!r}" if from_env else repr(requested)
         raise ValueError(
-            f"{ENV_VAR}={requested!r} is not a backend; use one of {', '.join(CHOICES)} "
+            f"{asked} is not a backend; use one of {', '.join(CHOICES)} "
             "(auto picks the GPU when one works, else the CPU)")
     if requested == "cpu":
-        return "cpu", f"{ENV_VAR}=cpu" if os.environ.get(ENV_VAR) else "asked for the CPU"
+        return "cpu", f"{ENV_VAR}=cpu" if from_env and os.environ.get(ENV_VAR) else "asked for the CPU"
     ok, why = _probe_gpu()
     if ok:
         return "gpu", why
     if requested == "gpu":
-        raise BackendUnavailable(
-            f"the GPU backend was requested but cannot run here: {why}. "
-            f"Unset {ENV_VAR} (or set it to auto or cpu) to use the CPU backend.")
+        remedy = (f"Unset {ENV_VAR} (or set it to auto or cpu) to use the CPU backend." if from_env else
+                  "Ask for 'auto' or 'cpu' instead (set_backend('auto'), or --backend auto on the command line) "
+                  "to use the CPU backend.")
+        raise BackendUnavailable(f"the GPU backend was requested but cannot run here: {why}. {remedy}")
     return "cpu", why
 
 
@@ -158,7 +163,7 @@ def set_backend(name: str, profile: str | None = None) -> str:
             raise TypeError(f"profile must be a profile name or path, not {type(profile).__name__}")
         profiles.load(profile)              # a bad profile is refused before anything changes
     with _state.lock:
-        chosen, reason = _choose(name)      # raises before changing anything
+        chosen, reason = _choose(name, from_env=False)      # raises before changing anything
         if chosen != _state.name or profile != _state.profile:
             _state.announced = False
         _state.name, _state.reason, _state.profile = chosen, reason, profile
