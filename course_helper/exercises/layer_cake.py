@@ -146,7 +146,14 @@ def check_layer_cake(stack: ArrayLike, nplanes: int | None = None, loop: Callabl
     3. overlap: run again under :func:`course_helper.tracing` (CUPTI on the GPU,
        the model on the CPU backend), at least ``OVERLAP_NEEDED`` of the bakes'
        or the copies' busy time (the shorter) must run under the other. A loop
-       that runs them one after the other is told what ordered them so.
+       that runs them one after the other is told what ordered them so. When
+       the run shows too little but the loop's order does not serialise them
+       (planes too small for the device to get ahead of the host), the order
+       is judged instead: the overlap its dependencies allow with the whole
+       loop queued ahead of the device (the message says which was judged).
+
+    A copy's ``level=`` is only a label (it names the copy on timelines and in
+    messages): which layer a plane holds is read from the plane itself.
 
     Messages name the streams, events and buffers as the loop's own variables
     do (``io[0]``, ``baked[1]``, ``buffers[2]``); ``buffers`` names the device
