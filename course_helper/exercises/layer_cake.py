@@ -173,6 +173,7 @@ def check_layer_cake(stack: ArrayLike, nplanes: int | None = None, loop: Callabl
     program = _run_checked(loop, stack, buffers) if loop is not None else None
     observe.notify("host_access", stack, "r", "check_layer_cake")
     problems, unwritten = [], []
+    late = _copied_too_late(program, stack) if program else {}
     for k in range(nplanes):
         plane = stack[k]
         if np.isnan(plane).any():
@@ -186,7 +187,11 @@ def check_layer_cake(stack: ArrayLike, nplanes: int | None = None, loop: Callabl
         if np.array_equal(plane, expected):
             continue
         layers = np.unique(np.floor(plane).astype(np.int64))
-        if len(layers) == 1 and layers[0] != k:
+        if len(layers) == 1 and late.get(k, (None,))[0] == layers[0]:
+            layer, buffer = late[k]
+            problems.append(f"plane {k} (stack[{k}]) holds layer {layer}: its copy read {buffer} after the bake of "
+                            f"layer {layer} had refilled it (layer {k} was baked there before)")
+        elif len(layers) == 1 and layers[0] != k:
             problems.append(f"plane {k} (stack[{k}]) holds layer {int(layers[0])}" + (
                 "" if program else ": either an index is wrong (the plane you copy into, the layer you bake) "
                 "or its buffer was refilled before the copy read it (a race: pass loop= to tell which)"))
@@ -203,7 +208,12 @@ def check_layer_cake(stack: ArrayLike, nplanes: int | None = None, loop: Callabl
                          " - is every plane copied, and did you synchronise before checking?"))
     if problems:
         head = f"{wrong} of {nplanes} planes are wrong"
-        if program:    # ran under the sanitizer and no race was found: the order is right, an index is not
+        if late:       # no race, yet a copy is ordered after a later bake of the buffer it reads
+            head += (". The race sanitizer found no race, but a copy ordered after a later bake of its buffer "
+                     "copies that bake's layer: copy each plane out of its buffer before the buffer is baked "
+                     "again (make `compute` wait for an event recorded after the copy before it bakes into that "
+                     "buffer again)")
+        elif program:  # ran under the sanitizer and no race was found: the order is right, an index is not
             head += (". The race sanitizer found no race, so your loop's order is right and an index is "
                      "wrong: layer k belongs in stack[k] (check the plane you copy into and the layer you bake)")
         raise LayerCakeError(head + ":\n  - " + "\n  - ".join(problems[:6]) + ("\n  ..." if len(problems) > 6 else ""))
@@ -329,6 +339,28 @@ def _plane(op: Op, stack: np.ndarray) -> int | None:
     space, lo, _ = byte_span(op.writes[0])
     _, first, end = byte_span(stack)
     return (lo - first) // stack.strides[0] if space == "host" and first <= lo < end else None
+
+
+def _copied_too_late(program: LoopProgram, stack: np.ndarray) -> dict[int, tuple[int, str]]:
+    """The planes whose copy is ordered after a later bake refilled the buffer it reads:
+    ``{plane: (the layer that bake wrote, the buffer's name)}``, where the plane's own layer was
+    baked into that same buffer before. No race, yet the copy saves the wrong layer. A plane
+    copied into more than once is left out: there an index is wrong, not a copy's time. (A
+    bake's level is the layer it writes, so this reads no label of the learner's.)"""
+    found, copies = {}, {}
+    for op, *_ in program.queued:
+        plane = _plane(op, stack)
+        copies[plane] = copies.get(plane, 0) + 1
+    for i, (op, _, clock, _) in enumerate(program.queued):
+        plane = _plane(op, stack)
+        if plane is None or not op.reads or copies[plane] > 1:
+            continue
+        source = byte_span(op.reads[0])
+        bakes = [q[0] for q in program.queued[:i] if q[0].kind == "kernel" and q[0].writes
+                 and byte_span(q[0].writes[0]) == source and clock.get(q[0].stream, 0) >= q[1]]
+        if len(bakes) > 1 and bakes[-1].level != plane and any(b.level == plane for b in bakes):
+            found[plane] = (int(bakes[-1].level), program.names.of(op.reads[0], source))
+    return found
 
 
 def _why_serial(program: LoopProgram, stack: np.ndarray) -> str | None:

@@ -640,6 +640,15 @@ def bake_cake():
         ch.copy_to_host_async(stack[b], buffers[b], io[b], level=k)
         io[b].record(copied[b])
 """, 3, "plane 0 (stack[0]) holds layer 9"),
+    "every bake first, then every copy": ("""
+def bake_cake():
+    for k in range(nplanes):
+        ch.bake_layer(buffers[k % nbuf], k, compute)
+    for k in range(nplanes):
+        b = k % nbuf
+        io[b].wait_event(compute.record())
+        ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+""", 3, "plane 0 (stack[0]) holds layer 9: its copy read buffers[0] after the bake of layer 9 had refilled it"),
 }
 
 
