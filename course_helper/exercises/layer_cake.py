@@ -269,7 +269,8 @@ def _check_overlap(loop, program, stack):
         raise LayerCakeError(f"all {nplanes} layers are correct and the host never waited, but the bakes and "
                              f"the copies ran one after the other, as your loop's order makes them: {why}. {measured}")
     # The order lets some copies run during bakes and the host never waited, yet this run showed too
-    # little: the planes were too small for the device to get ahead of the host. Judge the order itself.
+    # little: most likely its planes were too small for the device to get ahead of the host. Judge the
+    # order itself.
     ordered = _ordered_overlap(program)
     work = trace.kernels + trace.of_kind(OpKind.D2H)
     per_plane = 1e3 * (max(e.end_ms for e in work) - min(e.start_ms for e in work)) / nplanes
@@ -282,7 +283,7 @@ def _check_overlap(loop, program, stack):
     if ordered >= OVERLAP_NEEDED:
         return (f"your loop's order lets the copies run while the next planes bake: queued ahead of the device, "
                 f"{ordered:.0%} of the shorter of the bakes and the copies would run under the other (judged "
-                f"from the order, as this run was too small to show it: {run})")
+                f"from the order, as this run did not show it: {run})")
     raise LayerCakeError(
         f"all {nplanes} layers are correct and the host never waited, but your loop's order lets only "
         f"{ordered:.0%} of the shorter of the bakes and the copies run under the other, even queued ahead of "
@@ -291,8 +292,9 @@ def _check_overlap(loop, program, stack):
         f"to wait only for the copy out of the buffer it refills ({run})")
 
 
-#: The rate (GB/s) of a pinned device-to-host copy on the course's H200, for the order's schedule
-#: (:func:`_ordered_overlap`): only its ratio to ``OVEN_GBPS`` matters there.
+#: The rate (GB/s) of a pinned device-to-host copy on the course's H200 (its profile's ``D2H`` link,
+#: rounded), for the order's schedule (:func:`_ordered_overlap`): only its ratio to ``OVEN_GBPS``
+#: matters there.
 _COPY_GBPS = 55.0
 
 
@@ -303,11 +305,11 @@ def _ordered_overlap(program: LoopProgram) -> float:
 
     Each operation starts once everything ordered before it has ended (the operation before it on
     its stream, and what the events its stream waited for were recorded after: its vector clock);
-    the bakes take turns on one compute engine and the copies on one copy engine, as on the
-    model. A bake lasts its oven time, a copy its bytes at ``_COPY_GBPS``, anything else (a copy
-    on the device, a fill) no time: it only orders. Both durations grow with the plane's bytes,
-    so the share is the one a run shows when its planes are big enough for the host to keep
-    ahead of the device."""
+    the bakes take turns on one compute engine, and the copies to the host on the link (the
+    H200's calibration found one copy at a time per direction). A bake lasts its oven time, a
+    copy its bytes at ``_COPY_GBPS``, anything else (a copy on the device, a fill) no time: it
+    only orders. Both durations grow with the plane's bytes, so the share is the one a run shows
+    when its planes are big enough for the host to keep ahead of the device."""
     ends = {}                       # (id(stream), position on it) -> when that operation ended
     engine_free = {"kernel": 0.0, OpKind.D2H: 0.0}
     bakes, copies = [], []
