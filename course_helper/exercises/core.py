@@ -221,10 +221,15 @@ class LoopProgram(Sanitizer):
     and after which operation each event was last recorded.
 
     ``loop``: the learner's function; while it runs, its locals name what it made (streams,
-    events and buffers made inside the function are named as the function names them)."""
+    events and buffers made inside the function are named as the function names them).
 
-    def __init__(self, names: dict[str, Any], loop: Callable | None = None):
+    ``check_levels=False``: a copy's ``level=`` is only a label, never compared with the level
+    of the operation that last wrote its source (a checker that judges the data by its content
+    needs no such claim, and must not refuse a loop for a label)."""
+
+    def __init__(self, names: dict[str, Any], loop: Callable | None = None, *, check_levels: bool = True):
         super().__init__(names, host_sync_fixes=False)       # the exercises' rule: the host never waits
+        self.check_levels = check_levels
         self.queued = []              # (op, its position on its stream, its clock, the waits before it)
         self.last_op = {}             # stream -> the last operation queued on it
         self.after = {}               # id(event) -> (event, the operation its latest record follows)
@@ -284,6 +289,10 @@ class LoopProgram(Sanitizer):
         super().close()
         self.frame = None
 
+    def _check_version(self, acc, overlapping):
+        if self.check_levels:          # else a copy's level is a label: nothing to compare
+            super()._check_version(acc, overlapping)
+
     # -- why the kernels and the copies did not overlap ----------------------------------------
     def why_serial(self, is_copy: Callable[[Op], bool]) -> Serial | None:
         """Why no copy (an operation for which ``is_copy`` is true) could run during a kernel:
@@ -331,19 +340,19 @@ def explain_serial(program: LoopProgram, serial: Serial, name_op: Callable[[Op],
 
 
 def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError], what: str,
-                args: tuple = ()) -> LoopProgram:
+                args: tuple = (), *, check_levels: bool = True) -> LoopProgram:
     """Run ``loop(*args)`` under the race sanitizer (a :class:`LoopProgram` naming things with
     ``names`` and the loop's own names) and count the host's waits inside it; returns the
     program, its ``host_waits`` filled in.
 
     A race raises ``error`` saying it can ``what`` (e.g. "bake a wrong cake") on any run; a loop that still
     raises NotImplementedError is told it is not written yet. Any other error of the loop is
-    the learner's: raised as it is."""
+    the learner's: raised as it is. ``check_levels``: as for :class:`LoopProgram`."""
     __tracebackhide__ = True       # a failure shows the learner's cell, not this file
     if not callable(loop):
         raise TypeError(f"loop must be a function that queues the whole run, got {type(loop).__name__}")
     names = {**learner_names(loop), **names}
-    program = LoopProgram(names, loop)
+    program = LoopProgram(names, loop, check_levels=check_levels)
     waits = observe.add(HostWaits(), every_thread=True)   # a loop may queue its body from a thread
     observe.add(program, every_thread=True)
     kept = None                                    # what the loop returns (its device buffers) lives until the
