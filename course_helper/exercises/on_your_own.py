@@ -118,6 +118,8 @@ def _copied_level(program: LoopProgram, kernels: list[Op], copies: list[Op]) -> 
             written.pop(id(buffer), None)
             written[id(buffer)] = (buffer, op)
     contents = [(buffer, op, to_host(buffer)) for buffer, op in written.values()]
+    if not contents:             # kernels that write nothing the check can see: nothing to judge by
+        return ""
     last_buffer, last_kernel, last_data = contents[-1]
 
     def name(buffer):
