@@ -33,6 +33,7 @@ from .distributed.launch import check_job
 from . import disk
 from .strategies import STRATEGIES
 from .files import write_atomically
+from . import grading, preflight
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -143,6 +144,8 @@ def _parser():
                                    "which the CPU backend's modelled GPU then follows: "
                                    "COURSE_HELPER_PROFILE=PATH or bench --profile PATH. Needs a GPU.")
     k.add_argument("--out", required=True, help="the profile to write (JSON), e.g. my_gpu.json")
+    preflight.add_preflight_parser(sub)
+    grading.add_grade_parser(sub)
     return p
 
 
@@ -506,6 +509,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_main(args)
         if args.command == "calibrate":
             return calibrate_main(args)
+        if args.command == "preflight":
+            return preflight.preflight_main(args)
+        if args.command == "grade":
+            return grading.grade_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
         print(f"error: {_with_notes(exc)}", file=sys.stderr)
         return 2
