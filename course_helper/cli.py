@@ -7,6 +7,8 @@ Run it with::
     python -m course_helper run --store run.zarr --n 512 --nt 1000 --compress zstd
     python -m course_helper run --store run.zarr --n 1024 --strategy staged --batch 16 --compress gpu-zstd
     python -m course_helper calibrate --out my_gpu.json      (on a GPU)
+    python -m course_helper preflight                        (is this machine ready for the course?)
+    python -m course_helper grade submissions/*              (learners' notebooks, on the CPU backend)
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
 in https://ui.perfetto.dev) and a PNG timeline to ``--out``, and exits with
