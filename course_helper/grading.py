@@ -243,9 +243,9 @@ def grade_notebook(path: str | os.PathLike, learner: str, timeout: float = DEFAU
             # The kernel's own log (its start-up warnings) is not the learner's: left out.
             client.execute(env=ranks_env("cpu"), stderr=subprocess.DEVNULL)
         except CellTimeoutError:
-            stopped = f"ran past its {timeout:g} s timeout in cell {state['cell'] - 1}"
+            stopped = f"ran past its {timeout:g} s timeout {_where(state['cell'])}"
         except DeadKernelError:
-            stopped = f"its kernel died in cell {state['cell'] - 1}"
+            stopped = f"its kernel died {_where(state['cell'])}"
         if state["cell"] is not None:
             claim(state["cell"])
         calls = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
@@ -263,6 +263,13 @@ def grade_notebook(path: str | os.PathLike, learner: str, timeout: float = DEFAU
               for name, (cell, own) in sorted(exercises.items(), key=lambda kv: (kv[1][0] is None, kv[1][0]))]
     return NotebookGrade(learner, str(path), graded, errors, stopped, seconds,
                          sorted(i - 1 for i in client.output_capped))
+
+
+def _where(cell_index):
+    """Where a notebook stopped, given the index nbclient ran (the added cell is index 0)."""
+    if not cell_index:
+        return "before its first cell (starting the kernel and the grading took the whole time)"
+    return f"in cell {cell_index - 1}"
 
 
 def _grade(name, cell, own, calls, cells, errors, stopped):
