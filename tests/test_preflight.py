@@ -1,6 +1,6 @@
 """``python -m course_helper preflight``: what each notebook will run here, and the fix for what is missing."""
 import json
-import time
+import threading
 
 import pytest
 
@@ -80,7 +80,9 @@ def test_a_missing_piece_names_the_notebooks_that_need_it_and_the_fix():
 
 
 def test_a_check_that_hangs_or_raises_is_contained():
-    status, detail, _ = preflight._bounded(lambda: time.sleep(30), 0.2)    # given up on, not waited for
+    release = threading.Event()
+    status, detail, _ = preflight._bounded(lambda: release.wait(60), 0.2)    # given up on, not waited for
+    release.set()                                                               # (then let the thread end)
     assert status == "missing" and "no answer within 0.2 s" in detail
 
     def broken():
