@@ -7,6 +7,8 @@ Run it with::
     python -m course_helper run --store run.zarr --n 512 --nt 1000 --compress zstd
     python -m course_helper run --store run.zarr --n 1024 --strategy staged --batch 16 --compress gpu-zstd
     python -m course_helper calibrate --out my_gpu.json      (on a GPU)
+    python -m course_helper preflight                        (is this machine ready for the course?)
+    python -m course_helper grade submissions/*              (learners' notebooks, on the CPU backend)
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
 in https://ui.perfetto.dev) and a PNG timeline to ``--out``, and exits with
@@ -35,6 +37,7 @@ from .distributed.launch import check_job
 from . import disk
 from .strategies import STRATEGIES
 from .files import write_atomically
+from . import grading, preflight
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -161,6 +164,8 @@ def _parser():
                                    "which the CPU backend's modelled GPU then follows: "
                                    "COURSE_HELPER_PROFILE=PATH or bench --profile PATH. Needs a GPU.")
     k.add_argument("--out", required=True, help="the profile to write (JSON), e.g. my_gpu.json")
+    preflight.add_preflight_parser(sub)
+    grading.add_grade_parser(sub)
     return p
 
 
@@ -515,6 +520,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_main(args)
         if args.command == "calibrate":
             return calibrate_main(args)
+        if args.command == "preflight":
+            return preflight.preflight_main(args)
+        if args.command == "grade":
+            return grading.grade_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
         print(f"error: {_with_notes(exc)}", file=sys.stderr)
         return 2

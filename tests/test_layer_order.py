@@ -27,7 +27,7 @@ LAYERS = {
     "strategies": 4, "disk": 4,
     "solver": 5, "distributed": 5, "viewer": 5,
     "measure": 6, "exercises": 6,
-    "cli": 7, "__main__": 7, "__init__": 7,
+    "cli": 7, "__main__": 7, "__init__": 7, "preflight": 7, "grading": 7,
 }
 
 

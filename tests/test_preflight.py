@@ -1,0 +1,114 @@
+"""``python -m course_helper preflight``: what each notebook will run here, and the fix for what is missing."""
+import json
+import threading
+
+import pytest
+
+from course_helper import preflight
+from course_helper.cli import main
+
+
+@pytest.fixture(scope="module")
+def report():
+    """One run of ``preflight --json`` (a few seconds: it starts two MPI ranks and writes to the disk)."""
+    out = []
+    from course_helper.cli import _parser
+    code = preflight.preflight_main(_parser().parse_args(["preflight", "--json"]), say=out.append)
+    return code, json.loads(out[0])
+
+
+def test_preflight_says_the_course_can_run_here_and_names_every_notebook(report):
+    code, doc = report
+    assert code == 0, doc["missing"]
+    assert doc["can_run"] is True and doc["missing"] == []
+    numbers = [p["number"] for p in doc["notebooks"]]
+    lessons = [n for n, _, _ in preflight.course_notebooks()]
+    assert numbers == lessons
+    assert [f"{k:02d}" for k in range(1, 14)] == [n for n in numbers if n != "14"]
+    for p in doc["notebooks"]:
+        assert p["runs"] and p["missing"] == []
+        assert p["real"] or p["modelled"], p           # each says what runs, and how
+    # Every check answered, in its bounded time, with one of the four words.
+    assert set(doc["checks"]) == set(preflight.CHECKS)
+    assert {c["status"] for c in doc["checks"].values()} <= {"ok", "modelled", "warn", "missing"}
+
+
+def test_the_gpu_is_modelled_where_the_runtime_predicts_times(report):
+    import course_helper as ch
+    _, doc = report
+    expected = "modelled" if ch.runtime.get().predicts_times else "ok"
+    assert doc["checks"]["gpu"]["status"] == expected
+    gpu_lessons = [p for p in doc["notebooks"] if "gpu" in preflight.NOTEBOOK_NEEDS[p["number"]]]
+    key = "modelled" if expected == "modelled" else "real"
+    assert all(preflight.CHECKS["gpu"][0] in p[key] for p in gpu_lessons)
+
+
+def test_the_text_report_lists_each_notebook_and_exits_0(capsys):
+    code = main(["preflight"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    for _, _, title in preflight.course_notebooks():
+        assert title in text
+    assert "the course can run here" in text
+
+
+def test_a_missing_mpiexec_gives_the_command_that_fixes_it(monkeypatch, capsys):
+    from course_helper.distributed import launch
+
+    def no_mpiexec():
+        raise FileNotFoundError("no mpiexec found")
+    monkeypatch.setattr(launch, "find_mpiexec", no_mpiexec)
+    code = main(["preflight"])
+    text = capsys.readouterr().out
+    assert code == 1, text
+    assert "MISSING mpiexec, two ranks" in text
+    assert "python3 -m pip install -e '.[distributed]'" in text
+    assert "cannot run whole here: missing mpiexec, two ranks" in text
+    line = next(line for line in text.splitlines() if "Beyond one GPU" in line)
+    assert "MISSING mpiexec" in line                  # notebook 12 is the one that needs it
+    assert all("MISSING" not in line for line in text.splitlines() if "Streams and events" in line)
+
+
+def test_a_missing_piece_names_the_notebooks_that_need_it_and_the_fix():
+    checks = {n: preflight.Check(n, t, "ok", "") for n, (t, _) in preflight.CHECKS.items()}
+    checks["widgets"] = preflight.Check("widgets", "ipywidgets, ipympl", "missing", "not here", "FIX IT")
+    plan = preflight.notebook_plan(checks, preflight.course_notebooks())
+    blocked = sorted(p["number"] for p in plan if not p["runs"])
+    assert blocked == sorted(n for n, needs in preflight.NOTEBOOK_NEEDS.items() if "widgets" in needs)
+    assert all(p["missing"] == [{"what": "ipywidgets, ipympl", "why": "not here", "fix": "FIX IT"}]
+               for p in plan if not p["runs"])
+
+
+def test_a_check_that_hangs_or_raises_is_contained():
+    release = threading.Event()
+    status, detail, _ = preflight._bounded(lambda: release.wait(60), 0.2)    # given up on, not waited for
+    release.set()                                                               # (then let the thread end)
+    assert status == "missing" and "no answer within 0.2 s" in detail
+
+    def broken():
+        raise RuntimeError("driver says no")
+    assert preflight._bounded(broken, 5) == ("missing", "the check raised RuntimeError: driver says no", "")
+
+
+def test_a_store_that_is_not_a_folder_is_refused_early(tmp_path, capsys):
+    assert main(["preflight", "--store", str(tmp_path / "nowhere")]) == 2
+    assert "--store" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_device_pinned_memory_and_cupti_run_for_real(gpu):
+    checks = preflight.run_checks()
+    assert checks["gpu"].status == "ok" and "driver CUDA" in checks["gpu"].detail
+    assert checks["cupy"].status == "ok"
+    assert checks["pinned"].status == "ok", checks["pinned"].detail
+    assert checks["copy_engines"].status in ("ok", "warn")
+    assert checks["cupti"].status in ("ok", "warn")
+    assert checks["nvcomp"].status in ("ok", "warn")
+
+
+def test_ranks_that_fail_to_start_are_missing_with_the_fix(monkeypatch):
+    from course_helper.distributed import launch
+    monkeypatch.setenv(launch.MPIEXEC_VAR, "false")          # an "mpiexec" that exits 1 at once
+    status, detail, fix = preflight.check_mpi()
+    assert status == "missing" and "failed (exit 1)" in detail
+    assert fix == "python3 -m pip install -e '.[distributed]'"
