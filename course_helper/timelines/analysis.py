@@ -298,12 +298,14 @@ def _clip(intervals, lo, hi):
 
 
 def _first_where(items):
-    return next((i.where for i in items if i.where), None)
+    """The learner's line most of ``items`` were called from (the first of those tied), or None."""
+    lines = [i.where for i in items if i.where]
+    return max(dict.fromkeys(lines), key=lines.count) if lines else None
 
 
 def _make(code, what_happened, cost, where, numbers, modelled):
     meaning, fix, section = CODES[code]
-    at = f" (first at {_short(where)})" if where else ""
+    at = f" (at {_short(where)})" if where else ""
     clock = " (modelled)" if modelled else ""
     message = (f"{code}: {what_happened}{at}. It cost about {cost:.2f} ms{clock}. "
                f"Fix: {fix}. See {section}.")
@@ -327,10 +329,13 @@ def diagnose(records: Records) -> list[Finding]:
     call_of = {c.corr: c for c in calls if c.corr is not None}
     found = {}
 
-    def unhidden(selected):
-        """Busy time of ``selected`` copies inside the kernels' window that no kernel ran under."""
-        busy = _clip(_busy(selected), *window)
-        return covered_length(busy) - intersection_length(busy, kern_busy)
+    def lost(selected, inside=None):
+        """The overlap ``selected`` copies missed inside the kernels' window (or ``inside``): the shorter
+        of their busy time and the kernels' there, less the time both ran at once. What running every
+        copy under a kernel (or every kernel under a copy, where the copies take longer) would save."""
+        lo, hi = inside or window
+        busy, kern = _clip(_busy(selected), lo, hi), _clip(kern_busy, lo, hi)
+        return min(covered_length(busy), covered_length(kern)) - intersection_length(busy, kern)
 
     # pageable-copy: the host held inside each call while the driver staged the copy.
     pageable = [o for o in copies if o.host == "PAGEABLE"]
@@ -349,11 +354,15 @@ def diagnose(records: Records) -> list[Finding]:
                 cost, _first_where(pcalls), {"copies": len(pageable), "host_ms": round(host_ms, 4),
                                              "copy_ms": round(copy_ms, 4)}, records.modelled)
 
-    # default-stream: kernels on the legacy default stream, copies on other streams never under them.
+    # default-stream: kernels on the legacy default stream, and copies on streams of their own, queued
+    # among those kernels, that never ran under them.
+    kernel_streams = {k.stream for k in kernels}
     legacy_kernels = [k for k in kernels if records.is_legacy_default(k.stream)]
-    others = [o for o in copies if not records.is_legacy_default(o.stream)]
-    if legacy_kernels and others:
-        cost = unhidden(others)
+    among = ((legacy_kernels[0].start, max(k.end for k in legacy_kernels)) if len(legacy_kernels) > 1
+             else (0.0, 0.0))
+    others = [o for o in copies if o.stream not in kernel_streams and among[0] <= o.start < among[1]]
+    if others:
+        cost = lost(others, among)
         if cost >= floor:
             share = _share_under(others, _busy(legacy_kernels))
             streams = sorted({records.stream_name(o.stream) for o in others})
@@ -366,15 +375,15 @@ def diagnose(records: Records) -> list[Finding]:
                  "hidden": round(share, 4)}, records.modelled)
 
     # copy-on-compute-stream: copies on a stream that ran kernels too.
-    kernel_streams = {k.stream for k in kernels}
     shared = [o for o in copies if o.stream in kernel_streams]
     if shared:
-        cost = unhidden(shared)
+        cost = lost(shared)
         if cost >= floor:
             streams = sorted({records.stream_name(o.stream) for o in shared})
             found["copy-on-compute-stream"] = _make(
                 "copy-on-compute-stream", f"{len(shared)} copies were queued on {', '.join(streams)}, the "
-                f"stream the kernels ran on; {cost:.2f} ms of copying ran with no kernel beside it",
+                "stream the kernels ran on, so each waited for the kernels queued before it and held back "
+                "those queued after it",
                 cost, _first_where([call_of[o.corr] for o in shared if o.corr in call_of]),
                 {"copies": len(shared), "copy_ms": round(covered_length(_busy(shared)), 4)}, records.modelled)
 
@@ -417,9 +426,7 @@ def diagnose(records: Records) -> list[Finding]:
 
     # copies-not-hidden: the remainder.
     if copies and kernels and not found:
-        busy = _clip(_busy(copies), *window)
-        under = intersection_length(busy, kern_busy)
-        cost = min(covered_length(busy), covered_length(kern_busy)) - under
+        cost = lost(copies)
         if cost >= floor:
             share = _share_under(copies, kern_busy)
             found["copies-not-hidden"] = _make(
