@@ -138,6 +138,9 @@ def test_a_host_wait_that_lets_the_device_run_dry_is_told_and_one_at_the_end_is_
     assert f.cost_ms == pytest.approx(5.0 - 4.0)              # no kernel from 4.0 (k3's end) to 5.0
     assert k4.start == 4.0
     assert "host-wait-in-loop" not in ch.timelines.diagnose_records(_records(ops, calls, [at_end])).codes
+    # a wait that ends while the device still runs a copy (an older one, in a ring) leaves it no gap to fill
+    busy = [o._replace(end=4.8) if o.kind == "D2H" and o.start == 3.0 else o for o in shifted]
+    assert "host-wait-in-loop" not in ch.timelines.diagnose_records(_records(busy, calls, [wait, at_end])).codes
 
 
 def test_kernels_that_start_when_their_launch_call_ends_are_launch_bound():
