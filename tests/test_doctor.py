@@ -20,7 +20,8 @@ FIXTURES = ROOT / "tests" / "doctor_fixtures"
 
 def _tool():
     """tools/record_doctor_fixtures.py as a module: its loops, and the cause each must be told."""
-    spec = importlib.util.spec_from_file_location("record_doctor_fixtures", ROOT / "tools" / "record_doctor_fixtures.py")
+    path = ROOT / "tools" / "record_doctor_fixtures.py"
+    spec = importlib.util.spec_from_file_location("record_doctor_fixtures", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -274,7 +275,7 @@ def test_a_host_wait_in_the_loop_names_the_learners_line(cpu):
 def test_the_diagnosis_exists_only_after_the_block_and_renders(cpu):
     with ch.doctor() as dx:
         with pytest.raises(RuntimeError, match="after the `with doctor"):
-            dx.findings
+            _ = dx.findings
         a = ch.device_zeros((64, 64))
         ch.to_host(a)
     assert dx.codes == []
