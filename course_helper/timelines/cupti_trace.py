@@ -211,11 +211,6 @@ class ActivitySession:
         """The ``cupti`` module of cupti-python this session records with."""
         return self._cupti
 
-    def stream_id(self, stream_ptr: int) -> int | tuple:
-        """CUPTI's id of the CUDA stream at ``stream_ptr`` (0: the legacy default stream), as its
-        records carry it."""
-        return _cupti_stream_id(self._cupti, stream_ptr)
-
     def stop(self) -> None:
         """Flush every completed record into ``records`` and stop recording."""
         global _receiver

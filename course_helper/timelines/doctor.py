@@ -193,9 +193,17 @@ class _GpuBlock:
             cupy_module().cuda.runtime.deviceSynchronize()
         self.session.stop()
 
+    def _legacy_stream_id(self):
+        """CUPTI's id of the legacy default stream (the NULL stream) of the current context, or None."""
+        try:
+            ctx = int(cupy_module().cuda.driver.ctxGetCurrent())
+            return int(self.session.cupti.get_stream_id_ex(ctx, 0, 0))
+        except Exception:  # noqa: BLE001 - then no stream is taken for the legacy default one
+            return None
+
     def records(self) -> Records:
         cupy = cupy_module()
-        legacy = self.session.stream_id(0)
+        legacy = self._legacy_stream_id()
         t0, t_end = self.session.t0_ns, self.t_end_ns
         sites = self.sites.sites if self.sites is not None else {}
 
