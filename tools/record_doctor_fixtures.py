@@ -54,7 +54,6 @@ def pageable_get(steps=STEPS):
     """The first loop everyone writes: kernels, then ``.get()`` into a new (pageable) array."""
     cp, _ = _cupy()
     a, = _work()
-    cp.cuda.Device().synchronize()
     for _ in range(steps):
         _kernels(a)
         host = a[:ROWS].get()                                              # doctor: copy
@@ -68,7 +67,6 @@ def asnumpy_pageable(steps=STEPS):
     a, = _work()
     compute, io = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     out = np.empty((ROWS, SHAPE[1]), np.float32)
-    cp.cuda.Device().synchronize()
     for _ in range(steps):
         with compute:
             _kernels(a)
@@ -84,7 +82,6 @@ def pinned_on_compute_stream(steps=STEPS):
     a, = _work()
     out = cupyx.empty_pinned((ROWS, SHAPE[1]), dtype=cp.float32)
     compute = cp.cuda.Stream(non_blocking=True)
-    cp.cuda.Device().synchronize()
     with compute:
         for _ in range(steps):
             _kernels(a)
@@ -107,7 +104,6 @@ def ring(depth, steps=STEPS, legacy=False, wait_each=False):
     else:
         compute, io = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
     copied = [None] * depth
-    cp.cuda.Device().synchronize()
     for i in range(steps):
         s = i % depth
         with compute:
@@ -149,7 +145,6 @@ def tiny_kernels(steps=400):
     """Many tiny kernels, one after another: the host cannot launch them as fast as they run."""
     cp, _ = _cupy()
     b = cp.zeros(256, dtype=cp.float32)
-    cp.cuda.Device().synchronize()
     for _ in range(steps):
         b += 1.0
     cp.cuda.Device().synchronize()
