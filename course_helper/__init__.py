@@ -14,6 +14,7 @@ The names a learner uses (``__all__``)::
     solve, prepare, STRATEGIES, compare_strategies, graphs_supported   the IO strategies
     timing_only                                              sweeps of modelled times, fast
     tracing                                                  timelines of your own loops
+    doctor                                                   why your own code does (not) overlap
     plot_slices, compare_slices, animate, show_code          looking at results and code
     bake_layer, check_layer_cake, LayerCakeError             the exercise
     physical_limit, plot_bench                               the benchmark's limit B
@@ -41,7 +42,7 @@ from .runtime import backend_name, device_report, set_backend
 from .sanitizer import RaceError, sanitize
 from .solver import STRATEGIES, prepare, solve, timing_only
 from .streams import create_events, create_streams, default_stream, elapsed_ms, synchronize
-from .timelines import tracing
+from .timelines import doctor, tracing
 from .viewer import animate, compare_slices, plot_slices, show_code
 from .wave import WaveProblem, kernel_source, launch_wave2d, reference_solution
 
@@ -54,7 +55,7 @@ __all__ = [
     "pinned_empty", "is_pinned", "copy_to_host_async", "copy_to_device_async", "measure_bandwidth",
     "WaveProblem", "launch_wave2d", "reference_solution", "kernel_source",
     "solve", "prepare", "STRATEGIES", "compare_strategies", "graphs_supported", "timing_only",
-    "tracing",
+    "tracing", "doctor",
     "plot_slices", "compare_slices", "animate", "show_code",
     "bake_layer", "check_layer_cake", "LayerCakeError",
     "physical_limit", "plot_bench",

@@ -9,6 +9,7 @@ Run it with::
     python -m course_helper calibrate --out my_gpu.json      (on a GPU)
     python -m course_helper preflight                        (is this machine ready for the course?)
     python -m course_helper grade submissions/*              (learners' notebooks, on the CPU backend)
+    python -m course_helper doctor --out results/ my_loop.py --steps 8
 
 It prints the comparison table, writes each strategy's Chrome trace (open it
 in https://ui.perfetto.dev) and a PNG timeline to ``--out``, and exits with
@@ -158,6 +159,7 @@ def _parser():
                         "(default: each strategy's own)")
     _add_run_parser(sub)
     _halo_parser(sub)
+    _doctor_parser(sub)
 
     k = sub.add_parser("calibrate", help="measure this GPU's profile for the CPU backend's modelled GPU",
                        description="Measure this GPU (kernels, copies, launch costs) and write its profile, "
@@ -505,6 +507,53 @@ def calibrate_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor_parser(sub):
+    d = sub.add_parser("doctor", help="run a script under the overlap doctor and say why it does not overlap",
+                       description="Run SCRIPT (with ARGS as its sys.argv) under the overlap doctor "
+                                   "(ch.doctor(), docs/doctor.md) and print its report: what ran, how much "
+                                   "of the copying ran under kernels, and each finding with the time it cost, "
+                                   "the fix and the script's line. On a GPU it measures any CuPy code with "
+                                   "CUPTI; on the CPU backend, code written with the helper's API, modelled.")
+    d.add_argument("--out", default=None, help="folder for the timeline (doctor_trace.json, for "
+                                               "https://ui.perfetto.dev) and the records (doctor_records.json)")
+    d.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+                   help="backend (default: $COURSE_HELPER_BACKEND or auto)")
+    d.add_argument("script", help="the Python script to run")
+    d.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+
+
+def doctor_main(args: argparse.Namespace) -> int:
+    """``doctor``: run the script under the doctor (as ``python SCRIPT ARGS`` would, through runpy),
+    print the report, write the trace and records to ``--out``. Returns the script's exit status
+    (a failing script's error is raised, after the report of what it did)."""
+    import runpy
+
+    from .timelines import doctor
+
+    if not os.path.isfile(args.script):
+        raise FileNotFoundError(f"no script at {args.script}: give the path of a Python file to run under the doctor")
+    if args.out:
+        _check_out(args.out)
+    if args.backend:
+        backend.set_backend(args.backend)
+    status, argv, path = 0, sys.argv, list(sys.path)
+    sys.argv = [args.script, *args.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+    try:
+        with doctor() as dx:
+            try:
+                runpy.run_path(args.script, run_name="__main__")
+            except SystemExit as exc:             # the script's own exit: its status, and the report
+                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    print(dx.report())
+    if args.out:
+        print(f"timeline: {dx.trace.to_chrome_json(os.path.join(args.out, 'doctor_trace.json'))}")
+        print(f"records: {dx.records.save(os.path.join(args.out, 'doctor_records.json'))}")
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: the process's arguments); returns the exit status
     (2 for bad input, with the error on stderr)."""
@@ -524,6 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return preflight.preflight_main(args)
         if args.command == "grade":
             return grading.grade_main(args)
+        if args.command == "doctor":
+            return doctor_main(args)
     except (ValueError, TypeError, MemoryError, OSError, RuntimeError, ImportError) as exc:
         print(f"error: {_with_notes(exc)}", file=sys.stderr)
         return 2

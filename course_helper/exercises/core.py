@@ -32,16 +32,15 @@ import numpy as np
 from .. import streams
 from ..memory import is_device_array
 from ..runtime import observe
-from ..runtime.ops import OpKind
 from ..sanitizer import RaceError, Sanitizer
 from ..streams import synchronize
+from ..timelines import analysis
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
     from ..runtime.observe import Op
-    from ..timelines import Trace
 
 __all__ = ["ExerciseError", "Verdict", "HostWaits", "LoopProgram", "Serial", "explain_serial", "learner_names",
            "run_checked",
@@ -386,27 +385,8 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
 
 
 # --------------------------------------------------------------------------
-# Copies hidden under the kernels, per direction
+# Copies hidden under the kernels, per direction: the rule has one home, shared with the overlap
+# doctor (course_helper.timelines.analysis); the checkers reach it here under its old names.
 # --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Hidden:
-    """How much of one copy direction ran under the kernels, in ms of one timeline.
-
-    ``copy_ms``: time at least one copy of the direction ran; ``under_kernels_ms``: of that,
-    the time a kernel ran too; ``fraction``: their ratio (0.0 when nothing was copied)."""
-    direction: str
-    copy_ms: float
-    under_kernels_ms: float
-    fraction: float
-
-
-def hidden_by_direction(trace: Trace, directions: tuple[str, ...] = (OpKind.H2D, OpKind.D2H)) -> dict[str, Hidden]:
-    """For each copy direction, the share of its copying time during which a kernel ran too.
-
-    (Each direction's :meth:`~course_helper.timelines.Trace.overlap`, its ``copy_fraction``: a
-    loop that copies both ways is asked about each direction alone.)"""
-    found = {}
-    for d in map(str, directions):          # keyed by the plain names
-        o = trace.overlap((d,))
-        found[d] = Hidden(d, o.copy_ms, o.overlap_ms, o.copy_fraction)
-    return found
+Hidden = analysis.Hidden
+hidden_by_direction = analysis.hidden_by_direction

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
     from ..graphs import Graph
     from ..streams import Stream
 
-__all__ = ["available", "wanted", "ActivitySession", "CuptiTimer", "TIMING_ENV", "read_clocks_together"]
+__all__ = ["available", "wanted", "ActivitySession", "CuptiTimer", "TIMING_ENV", "read_clocks_together",
+           "call_role"]
 
 TIMING_ENV = "COURSE_HELPER_TIMING"
 _CHOICES = ("auto", "cupti", "events")
@@ -152,7 +153,11 @@ class ActivitySession:
 
     ``kinds`` picks what is recorded, among ``"kernel"``, ``"memcpy"`` and ``"memset"`` (default:
     all three; fewer is for measuring what CUPTI's tracing of each costs, as
-    ``benchmarks/trace_check.py`` does).
+    ``benchmarks/trace_check.py`` does), and, for the overlap doctor (:mod:`.doctor`), the host's
+    side: ``"runtime"`` and ``"driver"`` (the API calls that copy, launch, fill or synchronise:
+    ``cls`` "api", with ``call`` the call's name) and ``"synchronization"`` (``cls`` "sync", with
+    ``sync_type`` such as "STREAM_SYNCHRONIZE"). Kernels and copies then carry ``corr``, the
+    correlation id of the call that queued them, and copies ``src_kind`` too.
 
     Only one session records at a time (CUPTI's activity buffers are global).
     """
@@ -161,12 +166,16 @@ class ActivitySession:
         from cupti import cupti
         self._cupti = cupti
         a = cupti.ActivityKind
-        by_name = {"kernel": a.CONCURRENT_KERNEL, "memcpy": a.MEMCPY, "memset": a.MEMSET}
+        by_name = {"kernel": a.CONCURRENT_KERNEL, "memcpy": a.MEMCPY, "memset": a.MEMSET,
+                   "runtime": a.RUNTIME, "driver": a.DRIVER, "synchronization": a.SYNCHRONIZATION}
         unknown = [k for k in kinds if k not in by_name]
         if unknown or not kinds:
             raise ValueError(f"kinds must be some of {tuple(by_name)}, got {tuple(kinds)!r}")
         self._kinds = tuple(by_name[k] for k in kinds)
-        self._kernel, self._memcpy = a.CONCURRENT_KERNEL, a.MEMCPY
+        self._kernel, self._memcpy, self._memset = a.CONCURRENT_KERNEL, a.MEMCPY, a.MEMSET
+        self._api = {int(a.RUNTIME): "runtime", int(a.DRIVER): "driver"}
+        self._sync = a.SYNCHRONIZATION
+        self._call_names = {}        # (domain, cbid) -> the call's name, or None for calls not kept
         self.records = []
         self.t0_ns = None
         # (host ms, CUPTI ns) read together at begin_here() and at stop(): how CUPTI's clock
@@ -196,6 +205,11 @@ class ActivitySession:
     def running(self) -> bool:
         """Whether this session is recording now."""
         return _receiver is self
+
+    @property
+    def cupti(self) -> object:
+        """The ``cupti`` module of cupti-python this session records with."""
+        return self._cupti
 
     def stop(self) -> None:
         """Flush every completed record into ``records`` and stop recording."""
@@ -241,18 +255,74 @@ class ActivitySession:
         for a in activities:
             if a.start < self.t0_ns:
                 continue                  # set-up work before begin_here()
+            if int(a.kind) in self._api:
+                self._take_call(a)
+                continue
+            if a.kind == self._sync:
+                self.records.append({
+                    "cls": "sync", "start_ns": int(a.start), "end_ns": int(a.end), "stream_id": int(a.stream_id),
+                    "sync_type": cupti.ActivitySynchronizationType(a.type).name, "corr": int(a.correlation_id)})
+                continue
+            src = None
             if a.kind == self._kernel:
                 cls, name, nbytes, dst = "kernel", str(a.name), 0, None
             elif a.kind == self._memcpy:
                 cls = cupti.ActivityMemcpyKind(a.copy_kind).name
                 name, nbytes = cls, int(a.bytes)
                 dst = cupti.ActivityMemoryKind(a.dst_kind).name
+                src = cupti.ActivityMemoryKind(a.src_kind).name
             else:
                 cls, name, nbytes, dst = "memset", "memset", int(a.bytes), None
             self.records.append({
                 "cls": cls, "start_ns": int(a.start), "end_ns": int(a.end), "stream_id": int(a.stream_id),
                 "bytes": nbytes, "name": name, "graph_id": int(getattr(a, "graph_id", 0)),
-                "channel": int(getattr(a, "channel_id", -1)), "dst_kind": dst})
+                "channel": int(getattr(a, "channel_id", -1)), "dst_kind": dst, "src_kind": src,
+                "corr": int(getattr(a, "correlation_id", 0))})
+
+    def _take_call(self, a):
+        """Keep a runtime or driver API record of a call that copies, launches, fills or synchronises
+        (:func:`call_role`); CuPy makes many other calls (``cudaGetDevice``, ...) that say nothing
+        about overlap."""
+        domain = self._api[int(a.kind)]
+        key = (domain, int(a.cbid))
+        if key not in self._call_names:
+            self._call_names[key] = _call_name(self._cupti, domain, int(a.cbid))
+        name = self._call_names[key]
+        if name is not None:
+            self.records.append({"cls": "api", "call": name, "domain": domain, "start_ns": int(a.start),
+                                 "end_ns": int(a.end), "corr": int(a.correlation_id),
+                                 "thread": int(a.thread_id)})
+
+
+#: What the doctor keeps of the host's API calls: a call's role, by the start of its name.
+_CALL_ROLES = (("cudaMemcpy", "copy"), ("cuMemcpy", "copy"), ("cudaMemset", "memset"), ("cuMemset", "memset"),
+               ("cuLaunch", "launch"), ("cudaLaunch", "launch"), ("cuGraphLaunch", "launch"),
+               ("cudaGraphLaunch", "launch"), ("cudaStreamSynchronize", "sync"), ("cuStreamSynchronize", "sync"),
+               ("cudaEventSynchronize", "sync"), ("cuEventSynchronize", "sync"), ("cudaDeviceSynchronize", "sync"),
+               ("cuCtxSynchronize", "sync"))
+
+
+def call_role(name: str) -> str | None:
+    """"copy", "memset", "launch" or "sync" for an API call's name (``cudaMemcpyAsync``), else None.
+
+    >>> call_role("cudaMemcpyAsync"), call_role("cuLaunchKernel"), call_role("cudaGetDevice")
+    ('copy', 'launch', None)
+    """
+    return next((role for prefix, role in _CALL_ROLES if name.startswith(prefix)), None)
+
+
+def _call_name(cupti, domain, cbid):
+    """The plain name of an API call (``cudaMemcpyAsync``, without CUPTI's ``_v3020`` or ``_ptsz``),
+    if the doctor keeps such calls (:func:`call_role`), else None."""
+    dom = cupti.CallbackDomain.RUNTIME_API if domain == "runtime" else cupti.CallbackDomain.DRIVER_API
+    try:
+        name = cupti.get_callback_name(dom, cbid)
+    except Exception:  # noqa: BLE001 - an id CUPTI cannot name is not one we look for
+        return None
+    if isinstance(name, bytes):
+        name = name.decode()
+    name = str(name).split("_v")[0].split("_ptsz")[0]
+    return name if call_role(name) else None
 
 
 def read_clocks_together(host_ms: Callable[[], float], cupti_ns: Callable[[], int],

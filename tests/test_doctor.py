@@ -1,0 +1,358 @@
+"""The overlap doctor (ch.doctor(), docs/doctor.md): its engine on recorded GPU fixtures and on
+hand-made records, on the CPU backend with loops of the helper's API, the command line, and (on a
+GPU) plain CuPy loops measured live."""
+import importlib.util
+import inspect
+import json
+import pathlib
+import sys
+
+import pytest
+
+import course_helper as ch
+from course_helper import cli
+from course_helper.timelines import analysis
+from course_helper.timelines.analysis import DeviceOp, HostCall, HostSync, Records
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "doctor_fixtures"
+
+
+def _tool():
+    """tools/record_doctor_fixtures.py as a module: its loops, and the cause each must be told."""
+    path = ROOT / "tools" / "record_doctor_fixtures.py"
+    spec = importlib.util.spec_from_file_location("record_doctor_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TOOL = _tool()
+
+
+# --------------------------------------------------------------------------
+# Recorded on a GPU: the engine names each plain CuPy loop's root cause
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(TOOL.LOOPS))
+def test_the_engine_names_the_root_cause_of_each_recorded_loop(name):
+    path = FIXTURES / f"{name}.json"
+    if not path.exists():
+        pytest.skip(f"{path.relative_to(ROOT)} not recorded yet: run tools/record_doctor_fixtures.py on a GPU "
+                    "and commit tests/doctor_fixtures/")
+    dx = ch.timelines.diagnose_records(path)
+    expected = TOOL.LOOPS[name][1]
+    if expected is None:
+        assert dx.codes == [], dx.report()
+        assert dx.hidden > 0.5, dx.report()
+    else:
+        assert dx.codes[0] == expected, dx.report()
+        assert dx.findings[0].cost_ms >= analysis.threshold_ms(dx.numbers["span_ms"])
+    assert not dx.modelled and dx.records.timing == "CUPTI"
+
+
+# --------------------------------------------------------------------------
+# The engine on hand-made records: each rule, and the threshold
+# --------------------------------------------------------------------------
+def _records(ops, calls=(), syncs=(), legacy=()):
+    streams = {o.stream: {"name": f"stream {o.stream}", "legacy_default": o.stream in legacy} for o in ops}
+    return Records(list(ops), list(calls), list(syncs), streams, timing="CUPTI", device="test")
+
+
+def _serial(n=8, kernel=1.0, copy=0.5, host="PINNED", copy_stream="1", kernel_stream="1", call_ms=0.005):
+    """n steps: a kernel, then a copy that starts when it ends (nothing overlaps); each op has its call."""
+    ops, calls, t = [], [], 0.0
+    for i in range(n):
+        ops.append(DeviceOp("kernel", kernel_stream, t, t + kernel, corr=2 * i))
+        calls.append(HostCall("launch", "cuLaunchKernel", t - 0.5, t - 0.5 + call_ms, 2 * i))
+        t += kernel
+        ops.append(DeviceOp("D2H", copy_stream, t, t + copy, 1 << 20, host, 2 * i + 1))
+        calls.append(HostCall("copy", "cudaMemcpyAsync", t - 1.0, t - 1.0 + call_ms, 2 * i + 1, "loop.py:7"))
+        t += copy
+    return ops, calls
+
+
+def _overlapped(n=8, kernel=1.0, copy=0.5):
+    """The copy of step i runs under the kernel of step i+1, on its own stream, from pinned memory."""
+    ops, calls = [], []
+    for i in range(n):
+        ops.append(DeviceOp("kernel", "1", i * kernel, (i + 1) * kernel, corr=2 * i))
+        calls.append(HostCall("launch", "cuLaunchKernel", i * 0.01, i * 0.01 + 0.005, 2 * i))
+        ops.append(DeviceOp("D2H", "2", (i + 1) * kernel, (i + 1) * kernel + copy, 1 << 20, "PINNED", 2 * i + 1))
+        calls.append(HostCall("copy", "cudaMemcpyAsync", i * 0.01 + 0.005, i * 0.01 + 0.008, 2 * i + 1, "loop.py:9"))
+    return ops, calls
+
+
+def test_a_loop_whose_copies_run_under_its_kernels_gets_no_finding():
+    ops, calls = _overlapped()
+    dx = ch.timelines.diagnose_records(_records(ops, calls))
+    assert dx.codes == []
+    assert dx.hidden > 0.8
+    assert "No findings" in str(dx)
+
+
+def test_copies_to_pageable_memory_are_told_with_the_host_time_inside_the_calls():
+    ops, calls = _serial(host="PAGEABLE", call_ms=0.6)
+    dx = ch.timelines.diagnose_records(_records(ops, calls))
+    assert dx.codes[0] == "pageable-copy"
+    f = dx.findings[0]
+    assert f.where == "loop.py:7"
+    assert f.numbers["host_ms"] == pytest.approx(8 * 0.6)
+    assert f.cost_ms == pytest.approx(8 * 0.6)
+    assert "pinned" in f.message and "notebook 03" in f.message and "4.80 ms" in f.message
+
+
+def test_copies_on_the_kernels_stream_are_told_with_the_overlap_they_missed():
+    ops, calls = _serial(copy_stream="1")
+    dx = ch.timelines.diagnose_records(_records(ops, calls))
+    assert dx.codes == ["copy-on-compute-stream"]
+    # the shorter of copying and computing inside the kernels' window (7 copies of 0.5 ms), none overlapped
+    assert dx.findings[0].cost_ms == pytest.approx(7 * 0.5)
+
+
+def test_copies_on_their_own_stream_that_still_run_between_the_kernels_are_not_hidden():
+    ops, calls = _serial(copy_stream="2")
+    dx = ch.timelines.diagnose_records(_records(ops, calls))
+    assert dx.codes == ["copies-not-hidden"]
+    assert dx.findings[0].where == "loop.py:7"
+    assert dx.hidden == 0.0
+
+
+def test_kernels_on_the_legacy_default_stream_serialising_the_copies_are_told():
+    ops, calls = _serial(copy_stream="2", kernel_stream="7")
+    dx = ch.timelines.diagnose_records(_records(ops, calls, legacy=("7",)))
+    assert dx.codes == ["default-stream"]
+    # the same loop on a stream that is not the legacy default is only "not hidden"
+    assert ch.timelines.diagnose_records(_records(ops, calls)).codes == ["copies-not-hidden"]
+
+
+def test_a_host_wait_that_lets_the_device_run_dry_is_told_and_one_at_the_end_is_not():
+    ops, calls = _overlapped()
+    # the host waits after step 3's copy until it ends, then the next kernel starts 0.3 ms later
+    k4 = next(o for o in ops if o.kind == "kernel" and o.start == 4.0)
+    shifted = [o._replace(start=o.start + 1.0, end=o.end + 1.0) if o.start >= 4.0 else o for o in ops]
+    wait = HostSync("STREAM_SYNCHRONIZE", "2", 3.9, 4.7, "cudaStreamSynchronize", "loop.py:11")
+    at_end = HostSync("CONTEXT_SYNCHRONIZE", None, 9.0, 9.6, "cudaDeviceSynchronize", "loop.py:13")
+    dx = ch.timelines.diagnose_records(_records(shifted, calls, [wait, at_end]))
+    assert "host-wait-in-loop" in dx.codes
+    f = dx.findings[dx.codes.index("host-wait-in-loop")]
+    assert f.where == "loop.py:11" and f.numbers["waits"] == 1
+    assert f.cost_ms == pytest.approx(5.0 - 4.0)              # no kernel from 4.0 (k3's end) to 5.0
+    assert k4.start == 4.0
+    assert "host-wait-in-loop" not in ch.timelines.diagnose_records(_records(ops, calls, [at_end])).codes
+    # a wait that ends while the device still runs a copy (an older one, in a ring) leaves it no gap to fill
+    busy = [o._replace(end=4.8) if o.kind == "D2H" and o.start == 3.0 else o for o in shifted]
+    assert "host-wait-in-loop" not in ch.timelines.diagnose_records(_records(busy, calls, [wait, at_end])).codes
+
+
+def test_kernels_that_start_when_their_launch_call_ends_are_launch_bound():
+    ops, calls = [], []
+    for i in range(100):                      # 1 µs kernels, launched every 15 µs
+        t = i * 0.015
+        calls.append(HostCall("launch", "cuLaunchKernel", t, t + 0.005, i))
+        ops.append(DeviceOp("kernel", "1", t + 0.007, t + 0.008, corr=i))
+    dx = ch.timelines.diagnose_records(_records(ops, calls))
+    assert dx.codes == ["launch-bound"]
+    f = dx.findings[0]
+    assert f.numbers["median_gap_us"] == pytest.approx(14.0)
+    assert "graph" in f.message and "notebook 10" in f.message
+    # the same kernels queued long before they run (the device busy with other work) are not
+    early = [c._replace(start=c.start - 1.0, end=c.end - 1.0) for c in calls]
+    assert ch.timelines.diagnose_records(_records(ops, early)).codes == []
+
+
+def test_a_cost_under_the_threshold_is_no_finding():
+    ops, calls = _overlapped(n=100)
+    # one pageable copy among a hundred, whose call held the host 10 µs: under 0.05 ms
+    ops[1] = ops[1]._replace(host="PAGEABLE")
+    calls[1] = calls[1]._replace(end=calls[1].start + 0.01)
+    assert ch.timelines.diagnose_records(_records(ops, calls)).codes == []
+    calls[1] = calls[1]._replace(end=calls[1].start + 3.0)      # 3 ms: over 2% of the 100 ms span
+    assert ch.timelines.diagnose_records(_records(ops, calls)).codes == ["pageable-copy"]
+
+
+def test_records_round_trip_through_json_and_other_files_are_refused(tmp_path):
+    ops, calls = _serial(host="PAGEABLE", call_ms=0.6)
+    records = _records(ops, calls, [HostSync("EVENT_SYNCHRONIZE", None, 1.0, 2.0, "cudaEventSynchronize", None)])
+    path = records.save(tmp_path / "r.json")
+    again = Records.load(path)
+    assert again.to_dict() == records.to_dict()                 # times kept to 10 ns
+    assert len(again.ops) == 16 and again.calls[1].where == "loop.py:7" and again.syncs[0].stream is None
+    assert again.ops[1].start == pytest.approx(records.ops[1].start, abs=1e-5)
+    assert ch.timelines.diagnose_records(path).codes == ch.timelines.diagnose_records(records).codes
+    (tmp_path / "other.json").write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(ValueError, match="not the doctor's records"):
+        ch.timelines.diagnose_records(tmp_path / "other.json")
+
+
+def test_the_hidden_rule_has_one_home():
+    assert ch.exercises.hidden_by_direction is analysis.hidden_by_direction
+    assert ch.exercises.core.Hidden is analysis.Hidden
+
+
+# --------------------------------------------------------------------------
+# The CPU backend: loops written with the helper's API, modelled
+# --------------------------------------------------------------------------
+def _diagnose_strategy(strategy, n, nt, every=1):
+    loop = {"sequential": ch.strategies.sequential, "sequential-pinned": ch.strategies.sequential_pinned,
+            "events": ch.strategies.with_events}[strategy]
+    with ch.timing_only():
+        run = ch.prepare(ch.WaveProblem(n0=n, n1=n, nt=nt), strategy, every=every)
+        with ch.doctor() as dx:
+            with run:
+                loop(run)
+    return dx
+
+
+def _loop_line(function, marker):
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, text in enumerate(lines) if marker in text)
+
+
+def test_the_sequential_loop_is_told_its_copies_are_pageable(cpu):
+    dx = _diagnose_strategy("sequential", 1024, 40)
+    assert dx.codes[0] == "pageable-copy"
+    assert dx.modelled and "(modelled)" in dx.findings[0].message and "(modelled)" in str(dx)
+    path, _, line = dx.findings[0].where.rpartition(":")
+    assert path.endswith("strategies.py")
+    assert int(line) == _loop_line(ch.strategies.sequential, "copy_to_host(")
+
+
+def test_the_sequential_pinned_loop_is_told_its_copies_share_the_kernels_stream(cpu):
+    dx = _diagnose_strategy("sequential-pinned", 1024, 40)
+    assert dx.codes[0] == "copy-on-compute-stream"
+    assert "pageable-copy" not in dx.codes
+
+
+def test_the_events_loop_at_the_balanced_point_has_its_copies_hidden(cpu):
+    dx = _diagnose_strategy("events", 3072, 320, every=16)
+    assert not {"pageable-copy", "copy-on-compute-stream", "copies-not-hidden", "host-wait-in-loop"} & set(dx.codes)
+    assert dx.hidden >= 0.85
+
+
+def test_the_events_loop_at_the_lessons_size_is_launch_bound(cpu):
+    dx = _diagnose_strategy("events", 256, 64)
+    assert "launch-bound" in dx.codes
+
+
+def _default_stream_loop(run, wait_each=False):
+    """Kernels on the legacy default stream, copies on a blocking IO stream, ordered by events
+    (``wait_each``: on a non-blocking compute stream instead, the host waiting for each copy)."""
+    U, m = run.U, run.nscratch
+    compute = ch.create_streams(1, name="compute")[0] if wait_each else ch.default_stream()
+    io, = ch.create_streams(1, blocking=True, name="io")
+    ready, copied = ch.create_events(m), ch.create_events(m)
+    for level in range(2, run.nt):
+        b = level % m
+        compute.wait_event(copied[b])
+        ch.launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[b], run.V, run.problem, n=level - 2,
+                         stream=compute)
+        compute.record(ready[b])
+        io.wait_event(ready[b])
+        ch.copy_to_host_async(run.images[level], U[b], io, level=level)
+        io.record(copied[b])
+        if wait_each:
+            io.synchronize()                   # the host waits here
+    ch.synchronize()
+
+
+def test_kernels_on_the_default_stream_are_told_on_the_cpu_backend_too(cpu):
+    with ch.timing_only():
+        run = ch.prepare(ch.WaveProblem(n0=2048, n1=2048, nt=40), "events", every=1, nscratch=4)
+        with ch.doctor() as dx:
+            _default_stream_loop(run)
+    assert dx.codes[0] == "default-stream"
+
+
+def test_a_host_wait_in_the_loop_names_the_learners_line(cpu):
+    with ch.timing_only():
+        run = ch.prepare(ch.WaveProblem(n0=2048, n1=2048, nt=40), "events", every=1, nscratch=4)
+        with ch.doctor() as dx:
+            _default_stream_loop(run, wait_each=True)
+    assert dx.codes[0] == "host-wait-in-loop"
+    assert dx.findings[0].where == f"{__file__}:{_loop_line(_default_stream_loop, 'io.synchronize()')}"
+
+
+def test_the_diagnosis_exists_only_after_the_block_and_renders(cpu):
+    with ch.doctor() as dx:
+        with pytest.raises(RuntimeError, match="after the `with doctor"):
+            _ = dx.findings
+        a = ch.device_zeros((64, 64))
+        ch.to_host(a)
+    assert dx.codes == []
+    assert "<table>" not in dx._repr_html_() and "Overlap doctor (modelled)" in dx._repr_html_()
+    assert dx.trace.timing.startswith("modelled")
+
+
+def test_the_doctor_refuses_to_run_inside_a_trace(cpu):
+    with ch.tracing():
+        with pytest.raises(RuntimeError, match="already being recorded"):
+            with ch.doctor():
+                pass
+
+
+# --------------------------------------------------------------------------
+# The command line
+# --------------------------------------------------------------------------
+SCRIPT = """
+import sys
+import course_helper as ch
+from course_helper import cli
+run = ch.prepare(ch.WaveProblem(n0=int(sys.argv[1]), n1=int(sys.argv[1]), nt=24), "sequential-pinned")
+with run:
+    ch.strategies.sequential_pinned(run)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_the_command_line_runs_a_script_under_the_doctor(cpu, tmp_path, capsys):
+    script = tmp_path / "loop.py"
+    script.write_text(SCRIPT)
+    argv = list(sys.argv)
+    status = cli.main(["doctor", "--backend", "cpu", "--out", str(tmp_path / "out"), str(script), "512", "3"])
+    out = capsys.readouterr().out
+    assert status == 3                                  # the script's own exit status
+    assert sys.argv == argv
+    assert "copy-on-compute-stream" in out and "Overlap doctor (modelled)" in out
+    doc = json.loads((tmp_path / "out" / "doctor_trace.json").read_text())
+    assert doc["traceEvents"]
+    assert Records.load(tmp_path / "out" / "doctor_records.json").ops
+
+
+def test_the_command_line_refuses_a_missing_script(cpu, tmp_path, capsys):
+    assert cli.main(["doctor", str(tmp_path / "nowhere.py")]) == 2
+    assert "no script at" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# On a GPU: plain CuPy loops, measured live
+# --------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(TOOL.LOOPS))
+def test_plain_cupy_loops_are_diagnosed_live(gpu, name):
+    loop, expected = TOOL.LOOPS[name]
+    dx = TOOL.diagnosed(name)
+    assert dx.records.timing == "CUPTI" and not dx.modelled
+    if expected is None:
+        assert dx.codes == [], dx.report()
+        return
+    assert dx.codes[0] == expected, dx.report()
+    where = dx.findings[0].where
+    if expected == "launch-bound":
+        assert where is None
+        return
+    marker = "# doctor: wait" if expected == "host-wait-in-loop" else "# doctor: copy"
+    source = loop if expected not in ("host-wait-in-loop", "default-stream", "copies-not-hidden") else TOOL.ring
+    path, _, line = where.rpartition(":")
+    assert path.endswith("record_doctor_fixtures.py"), dx.report()
+    assert int(line) == _loop_line(source, marker), dx.report()
+
+
+@pytest.mark.gpu
+def test_a_gpu_block_records_copies_with_their_memory_kinds(gpu):
+    dx = TOOL.diagnosed("asnumpy_pageable")
+    copies = [o for o in dx.records.ops if o.kind == "D2H"]
+    assert copies and all(o.host == "PAGEABLE" for o in copies)
+    assert any(c.name.startswith("cudaMemcpy") for c in dx.records.calls)
+    dx = TOOL.diagnosed("pinned_ring_events")
+    assert all(o.host == "PINNED" for o in dx.records.ops if o.kind == "D2H")
+    assert dx.hidden > 0.5
