@@ -63,10 +63,11 @@ LADDER = ("sequential", "sequential-pinned", "streams", "events")
 COMPARE_COLUMNS = """\
 columns: median/min/max ms = host wall time of the untraced runs' loops, the device synchronised
   at the end (a graph's one-off capture not included); speedup = sequential median / this median;
-  from one traced run (CUPTI on a GPU, the model on the CPU): compute ms = time a kernel ran, D2H
-  ms = time a device-to-host copy ran, overlap ms = time both ran at once, hidden = overlap / the
-  shorter of the two (100% = the shorter stage ran entirely under the other); max diff = largest
-  absolute difference between this strategy's images and the sequential ones (0 = bit-identical)."""
+  from one traced run (CUPTI on a GPU, the model on the CPU): compute ms = time a kernel ran,
+  D2H ms = time a device-to-host copy ran, overlap ms = time both ran at once,
+  hidden = overlap / the shorter of the two (100% = the shorter stage ran entirely under the other);
+  max diff = largest absolute difference between this strategy's images and the sequential ones
+  (0 = bit-identical)."""
 
 
 def _first_sentence(doc):
