@@ -186,7 +186,8 @@ def _add_run_parser(sub):
                         "they cross to the host (nvCOMP; pip install -e '.[nvcomp]'; modelled on the CPU backend); "
                         "default: none")
     r.add_argument("--batch", type=int, default=None,
-                   help="levels per staging buffer, one chunk of the store (staged only; default about 4 MiB)")
+                   help="levels per staging buffer, one chunk of the store (staged only; default about 4 MiB; "
+                        "at most the run's saved levels)")
     r.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -18,12 +18,27 @@ What counts as an access:
   ``np.array(a)``), every NumPy function and ufunc given the array (``np.max(a)``,
   ``a == b``, ``a.sum()``), ``np.asarray(a)`` (the sanitizer cannot follow the plain array it
   returns, so it counts as a read now), printing, a plot (Matplotlib copies what it draws);
-* **a write**: ``a[...] = x``, ``a.fill(v)``, ``a += 1``, ``np.copyto(a, x)``, ``out=a``;
-* **no access**: a view (``a[k]``, ``a.T``, ``a.reshape(...)``), the shape, dtype, flags or
-  address, ``np.shares_memory``.
+* **a write**: ``a[...] = x``, ``a.fill(v)``, ``a += 1``, ``np.copyto(a, x)``, ``out=a``,
+  ``np.add.at(a, ...)``, ``a.flat = x``, ``a.flat[i] = x``;
+* **no access**: a view (``a[k]``, ``a.T``, ``a.reshape(...)``, ``a.view(...)``), the shape,
+  dtype, flags or address, ``np.shares_memory``.
 
-Not seen: what reads the memory through the buffer protocol (``memoryview``, ``bytes``,
-``ctypes``) or from compiled code, without NumPy's Python-level entry points.
+A view of a watched array is watched: it is a PinnedArray too. That includes
+``a.view(np.ndarray)``, which while a sanitizer watches gives a PinnedArray (outside one, a plain
+array as usual), and ``a.flat``, whose reads (``a.flat[i]``, iterating, ``np.array(a.flat)``) and
+writes are heard like indexing.
+
+Not seen, exactly:
+
+* the buffer protocol and raw addresses: ``memoryview(a)``, ``a.data``, ``a.ctypes``,
+  ``a.__array_interface__``, ``np.frombuffer(a)``, and compiled code (or ctypes) that reads or
+  writes the memory through them;
+* ``a.base`` (the plain array under the helper's pinned memory) and NumPy's methods called on the
+  class ``np.ndarray`` itself (``np.ndarray.view(a, np.ndarray)``, ``np.ndarray.__setitem__(a, ...)``);
+* a view as another subclass of ``np.ndarray`` (``a.view(np.recarray)``, ``np.matrix``, a masked
+  array), and ``np.nditer(a)``;
+* what is done with the plain array ``np.asarray(a)`` returns (taking it counts as a read then);
+* memory pinned another way than the helper's ``pinned_empty``.
 """
 from __future__ import annotations
 
@@ -44,6 +59,8 @@ _watchers = 0
 _local = threading.local()       # .depth: hooks entered in this thread (only the outermost announces)
 _plain_getitem = np.ndarray.__getitem__
 _plain_setitem = np.ndarray.__setitem__
+_plain_view = np.ndarray.view
+_plain_flat = np.ndarray.flat          # the C attribute (a descriptor): ``_plain_flat.__get__(a)`` is ``a.flat``
 
 #: NumPy functions that look at an array's shape or memory, or return a view of it: no access.
 _NO_ACCESS = frozenset(getattr(np, name) for name in (
@@ -152,7 +169,7 @@ def _touch_all(values, mode, entry):
 
 def _within(part, whole):
     """Whether the array ``part`` lies in the memory of ``whole`` (a view of it, not a copy)."""
-    return np.may_share_memory(part.view(np.ndarray), whole.view(np.ndarray))   # bounds only: cheap
+    return np.may_share_memory(_plain_view(part, np.ndarray), _plain_view(whole, np.ndarray))   # bounds only: cheap
 
 
 def _target(a, key):
@@ -192,9 +209,11 @@ def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
         entry = f"np.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
         _touch_all(inputs, "r", entry)
         _touch_all(out if isinstance(out, tuple) else [out], "w", entry)
-    plain = tuple(x.view(np.ndarray) if isinstance(x, PinnedArray) else x for x in inputs)
+        if method == "at":                           # ``np.add.at(a, i, b)`` updates ``a`` in place
+            _touch_all(inputs[:1], "w", entry)
+    plain = tuple(_plain_view(x, np.ndarray) if isinstance(x, PinnedArray) else x for x in inputs)
     if out is not None:
-        kwargs["out"] = tuple(o.view(np.ndarray) if isinstance(o, PinnedArray) else o for o in out)
+        kwargs["out"] = tuple(_plain_view(o, np.ndarray) if isinstance(o, PinnedArray) else o for o in out)
     with _inside():
         result = getattr(ufunc, method)(*plain, **kwargs)
     if out is None or method == "at":
@@ -227,11 +246,95 @@ def _constructor(original):
     def construct(*args, **kwargs):
         if args and isinstance(args[0], PinnedArray):
             _touch(args[0], "r", f"np.{original.__name__}")
+        elif args and isinstance(args[0], _WatchedFlat):
+            _touch(args[0].array, "r", f"np.{original.__name__}")
         with _inside():
             return original(*args, **kwargs)
     construct.__name__ = original.__name__
     construct.__doc__ = original.__doc__
     return construct
+
+
+def _view(self, *args, **kwargs):
+    # ``a.view(dtype)`` stays a PinnedArray by itself; ``a.view(np.ndarray)`` would step out of the
+    # watching class with the same memory, so while a sanitizer watches it is a PinnedArray too.
+    with _inside():
+        out = _plain_view(self, *args, **kwargs)
+    return _plain_view(out, PinnedArray) if type(out) is np.ndarray else out
+
+
+def _flat_part(array, key):
+    """What ``array.flat[key]`` touches: one element for an integer index; for another index, the
+    part it selects when the array is contiguous (then its flat order is its memory's), else all of it."""
+    if isinstance(key, (int, np.integer)) and array.size:
+        index = np.unravel_index(int(key) % array.size, array.shape)
+        return _plain_getitem(array, (*index, Ellipsis))          # the element as a 0-d view
+    if array.flags.c_contiguous:
+        return _target(_plain_view(array, np.ndarray).reshape(-1), key)
+    return array
+
+
+class _WatchedFlat:
+    """``a.flat`` of a PinnedArray while a sanitizer watches: NumPy's flat iterator, whose reads
+    and writes of ``a`` are announced like indexing ``a`` itself."""
+
+    __slots__ = ("array", "_flat")
+
+    def __init__(self, array):
+        self.array, self._flat = array, _plain_flat.__get__(array)
+
+    def __getitem__(self, key):
+        _touch(_flat_part(self.array, key), "r", ".flat[...]")
+        with _inside():
+            return self._flat[key]
+
+    def __setitem__(self, key, value):
+        if _outermost():
+            _touch(_flat_part(self.array, key), "w", ".flat[...] assignment")
+            _touch_all([value], "r", ".flat[...] assignment")
+        with _inside():
+            self._flat[key] = value
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._flat.index < self.array.size:
+            _touch(_flat_part(self.array, self._flat.index), "r", "iterating over .flat")
+        return next(self._flat)
+
+    def __len__(self):
+        return len(self._flat)
+
+    def __array__(self, dtype=None, copy=None):
+        _touch(self.array, "r", ".flat")
+        with _inside():
+            return np.asarray(self._flat, dtype=dtype)
+
+    def copy(self):
+        """A flat copy of the array (reads all of it)."""
+        _touch(self.array, "r", ".flat.copy()")
+        with _inside():
+            return self._flat.copy()
+
+    def __getattr__(self, name):                 # .base, .index, .coords: no access
+        return getattr(self._flat, name)
+
+
+def _byteswap(self, inplace=False):
+    if _outermost():
+        for m in "rw" if inplace else "r":
+            _touch(self, m, ".byteswap()")
+    with _inside():
+        return np.ndarray.byteswap(self, inplace)
+
+
+def _set_flat(self, value):
+    if _outermost():
+        _touch(self, "w", ".flat assignment")
+        _touch_all([value], "r", ".flat assignment")
+    with _inside():
+        _plain_flat.__set__(self, value)
 
 
 def _method(name, mode, *, only_1d=False):
@@ -255,6 +358,8 @@ _HOOKS: dict[str, Any] = {
     "__array_ufunc__": _array_ufunc,
     "__array_function__": _array_function,
     "__array_finalize__": _array_finalize,
+    "view": _view,
+    "flat": property(_WatchedFlat, _set_flat, doc=np.ndarray.flat.__doc__),
     # C methods that go through none of the above
     **{name: _method(name, "r") for name in (
         "tolist", "tobytes", "item", "tofile", "dump", "dumps", "argmax", "argmin", "argsort", "nonzero",
@@ -262,6 +367,7 @@ _HOOKS: dict[str, Any] = {
         "__format__", "__bool__", "__float__", "__int__", "__index__", "__complex__", "__reduce__",
         "__reduce_ex__")},
     "__iter__": _method("__iter__", "r", only_1d=True),     # a stack yields views; a 1-D array, its values
-    **{name: _method(name, "w") for name in ("fill", "put")},
+    **{name: _method(name, "w") for name in ("fill", "put", "setfield")},
+    "byteswap": _byteswap,
     **{name: _method(name, "rw") for name in ("sort", "partition")},
 }

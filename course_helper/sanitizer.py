@@ -41,7 +41,15 @@ helper's own: reading a copy's destination, or writing an H2D copy's source,
 before a synchronise (of the stream, an event after the copy, or the device)
 or a ``.done`` poll answered True is a race. What a host function queued
 with ``stream.launch_host_func`` touches belongs to its place on that stream,
-after the work queued before it there.
+after the work queued before it there. A view of a pinned array is watched too,
+``a.view(np.ndarray)`` and ``a.flat`` included. What the sanitizer cannot hear
+(listed exactly in :mod:`course_helper.host_watch`): the buffer protocol and raw
+addresses (``memoryview(a)``, ``a.data``, ``a.ctypes``, ``a.__array_interface__``,
+``np.frombuffer(a)``) and compiled code using them; ``a.base`` and the methods of
+``np.ndarray`` called on the class itself (``np.ndarray.view(a, np.ndarray)``); a
+view as another ndarray subclass (``a.view(np.recarray)``) and ``np.nditer(a)``;
+what is done with the plain array ``np.asarray(a)`` returns (taking it is a read);
+memory pinned another way than ``ch.pinned_empty``.
 
 **Memory let go.** When the last reference to an array goes, its memory can
 be handed out again: CuPy's pool gives device memory back to the stream that

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -310,18 +311,25 @@ def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=N
     if not ok:
         error = GraphsUnsupported if STRATEGIES[strategy].graph else RuntimeError
         raise error(f"strategy {strategy!r} is not available: {why}")
-    nstaging, batch = _staging(problem, strategy, nstaging, batch)
+    nstaging, batch = _staging(problem, strategy, nstaging, batch, len(saved_levels(problem.nt, every)))
     nscratch, why = _scratch(problem, strategy, every, nscratch, unsafe, held)
     return Plan(problem, strategy, every, nscratch, nstaging, batch, why, held)
 
 
-def _staging(problem, strategy, nstaging, batch):
-    """Checked ``(nstaging, batch)``; ``(0, 1)`` for a strategy without a staging ring."""
+def _staging(problem, strategy, nstaging, batch, nsaved):
+    """Checked ``(nstaging, batch)``; ``(0, 1)`` for a strategy without a staging ring. A batch
+    is at most the run's ``nsaved`` saved levels: a larger one would only size the staging
+    buffers (and a store's chunk, a shard's index) for levels that never come."""
     if STRATEGIES[strategy].staged:
         nstaging = DEFAULT_NSTAGING if nstaging is None else _ring_size(
             "nstaging (staging buffers)", nstaging, 1, DEFAULT_NSTAGING,
             hint="the staging ring needs at least 1 buffer")
-        batch = default_batch(problem) if batch is None else checks.positive_int("batch", batch)
+        if batch is None:
+            batch = min(default_batch(problem), nsaved)
+        elif checks.positive_int("batch", batch) > nsaved:
+            warnings.warn(f"batch={batch} is more than the run's {nsaved} saved levels: it is capped at {nsaved} "
+                          "(one staging batch, one chunk of a store, holds them all)", stacklevel=4)
+            batch = nsaved
     elif nstaging is not None or batch is not None:
         staged = tuple(name for name, e in STRATEGIES.items() if e.staged)
         raise ValueError(f"nstaging and batch are only used by the staged strategies {staged}, "
@@ -461,7 +469,8 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
         Staging buffers of the staged strategies (default 4, at least 1, at most 32).
     batch : int, optional
         Saved levels per staging buffer, shipped in one copy (staged
-        strategies; default: enough for about 4 MiB, see :func:`default_batch`).
+        strategies; default: enough for about 4 MiB, see :func:`default_batch`). At most the
+        run's saved levels: a larger one is capped there, with a warning.
     sanitize : bool
         Check the loop for races (:mod:`course_helper.sanitizer`) and raise
         ``RaceError`` at the first; leave it off for timings.

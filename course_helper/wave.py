@@ -77,6 +77,9 @@ class WaveProblem:
     ----------
     dt : float
         Time step in seconds.
+    version : int
+        How many times a number of the problem was set after it was made (``p.dt = ...``): what
+        was prepared from it (:class:`PreparedLaunch`) compares it to see that it changed.
     fm : float
         Peak frequency of the Ricker wavelet in Hz.
     td : float
@@ -125,6 +128,7 @@ class WaveProblem:
         self.td = math.sqrt(6.0) / (math.pi * self.fm)
         self.nt = _checked_nt(nt, self)
         self.source = _checked_source(source, self)
+        self.version = 0
         self._built = True
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -137,6 +141,14 @@ class WaveProblem:
                                      f"e.g. WaveProblem(..., {name}=...)")
             if name in _RECHECKED:
                 value = _RECHECKED[name](value, self)
+            if not name.startswith("_"):
+                if name == "version":
+                    raise AttributeError("a WaveProblem's version counts the changes to its numbers; it is "
+                                         "not set by hand")
+                object.__setattr__(self, name, value)
+                # Counted after the change: what was prepared with the old numbers sees it differ.
+                object.__setattr__(self, "version", self.version + 1)
+                return
         object.__setattr__(self, name, value)
 
     def _velocity_model(self, velocity):
@@ -439,8 +451,12 @@ class PreparedLaunch:
     then only reads the source amplitude from a table it fills as steps come (a rank's loop repeats
     them) and queues the packed launch: the checks, the wavelet and the argument lookups cost a
     launch about as much host time as ``cuLaunchKernel`` itself. Anything else (the CPU backend, an
-    observer, the first launch) goes through launch_wave2d. The problem's numbers must not change
-    while it is in use, and it keeps the arrays alive (the packed launch holds their addresses).
+    observer, the first launch) goes through launch_wave2d. It keeps the arrays alive (the packed
+    launch holds their addresses).
+
+    A change to the problem after it was prepared (``problem.dt = ...``, another source) is noticed
+    at the next call, by the problem's :attr:`~WaveProblem.version` (one comparison a call): that
+    call prepares again, through launch_wave2d's checks, with the new numbers.
     """
 
     def __init__(self, U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem,
@@ -451,9 +467,12 @@ class PreparedLaunch:
         self._stream = streams.resolve(stream)
         self._amplitudes = {}                              # step -> source amplitude, filled on first use
         self._packed = None
+        self._version = problem.version                   # the problem's numbers these were made from
 
     def __call__(self, n: int) -> None:
         """Queue step ``n`` (level n+2 from levels n and n+1) on the prepared stream."""
+        if self._args[4].version != self._version:        # the problem changed: prepare again
+            self._version, self._amplitudes, self._packed = self._args[4].version, {}, None
         stream, packed = self._stream, self._packed
         if packed is not None and type(n) is int and n >= 0 and not runtime.wants_op(stream):
             amplitude = self._amplitudes.get(n)

@@ -119,6 +119,64 @@ def test_a_folder_the_build_did_not_make_is_refused_before_anything_is_touched(t
     assert a_file.read_text() == "a file"
 
 
+def _tree(folder):
+    """Every path under ``folder`` (links not followed) with its last change, to see nothing changed."""
+    return sorted((p.relative_to(folder), os.lstat(p).st_mtime_ns) for p in folder.rglob("*"))
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_a_marker_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, monkeypatch):
+    """A planted ``.course-site`` link would have the build write through it (and then empty the
+    folder's src/ and html/): refused, by claim() and by the command, before any file is written."""
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("someone's notes")
+    out = tmp_path / "site"
+    (out / "src").mkdir(parents=True)
+    (out / "src" / "mine.txt").write_text("keep me")
+    (out / build_site.MARKER).symlink_to(elsewhere)
+    before = _tree(out)
+    with pytest.raises(build_site.SiteError, match=r"\.course-site is a symbolic link.*remove the link yourself"):
+        build_site.claim(out)
+    monkeypatch.setattr(build_site, "_missing_extras", lambda: [])   # the refusal needs no extra
+    monkeypatch.setattr(build_site, "plan", lambda: None)
+    with pytest.raises(SystemExit, match="is a symbolic link"):
+        build_site.main(["--out", str(out)])
+    assert elsewhere.read_text() == "someone's notes"
+    assert _tree(out) == before and (out / "src" / "mine.txt").read_text() == "keep me"
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+@pytest.mark.parametrize("name", ["src", "html"])
+def test_a_built_folder_whose_src_or_html_is_a_link_is_refused(tmp_path, name):
+    """Even in the build's own folder (its marker is real), a linked src/ or html/ would have the
+    build empty the folder it points to."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "thesis.tex").write_text("keep me")
+    out = tmp_path / "site"
+    build_site.claim(out)                                   # a real build folder, marker and all
+    (out / name).symlink_to(elsewhere, target_is_directory=True)
+    before = _tree(out)
+    with pytest.raises(build_site.SiteError, match=rf"{name} is a symbolic link"):
+        build_site.claim(out)
+    assert _tree(out) == before and (elsewhere / "thesis.tex").read_text() == "keep me"
+
+
+def test_a_marker_the_build_did_not_write_or_a_src_that_is_a_file_is_refused(tmp_path):
+    out = tmp_path / "site"
+    out.mkdir()
+    (out / build_site.MARKER).write_text("my own notes, not a build's marker")
+    with pytest.raises(build_site.SiteError, match="no .course-site marker it wrote"):
+        build_site.claim(out)
+    assert (out / build_site.MARKER).read_text() == "my own notes, not a build's marker"
+    built = tmp_path / "built"
+    build_site.claim(built)
+    (built / "html").write_text("a file")
+    with pytest.raises(build_site.SiteError, match="html is not a folder"):
+        build_site.claim(built)
+    assert (built / "html").read_text() == "a file"
+
+
 def test_a_missing_dependency_stops_the_build_before_the_folder_is_touched(tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setattr(build_site, "_missing_extras", lambda: ["jupyter-book"])

@@ -98,6 +98,21 @@ ACCESSES = [
     ("repr", lambda a: repr(a[0]), [("r", (3, 4), 0)]),
     ("tolist", lambda a: a[0].tolist(), [("r", (3, 4), 0)]),
     ("argmax", lambda a: a.argmax(), [("r", (2, 3, 4), 0)]),
+    ("a plain view", lambda a: a.view(np.ndarray)[1], []),
+    ("a reduction of a plain view", lambda a: a.view(np.ndarray)[1].sum(), [("r", (3, 4), 48)]),
+    ("assigning through a plain view", lambda a: a.view(np.ndarray).__setitem__(1, 0), [("w", (3, 4), 48)]),
+    ("a view as another dtype", lambda a: a.view(np.int32)[0, 1, 2], [("r", (), 24)]),
+    ("an element of .flat", lambda a: a.flat[5], [("r", (), 20)]),
+    ("a slice of .flat", lambda a: a.flat[12:], [("r", (12,), 48)]),
+    ("an element of a transpose's .flat", lambda a: a.T.flat[1], [("r", (), 48)]),
+    ("assigning an element of .flat", lambda a: a.flat.__setitem__(3, 0), [("w", (), 12)]),
+    ("assigning .flat", lambda a: setattr(a, "flat", 5), [("w", (2, 3, 4), 0)]),
+    ("np.array of .flat", lambda a: np.array(a[1].flat), [("r", (3, 4), 48)]),
+    ("the length and base of .flat", lambda a: (len(a.flat), a.flat.base), []),
+    ("np.add.at", lambda a: np.add.at(a[1], [0], 1), [("r", (3, 4), 48), ("w", (3, 4), 48)]),
+    ("setfield", lambda a: a[1].setfield(3, np.float32), [("w", (3, 4), 48)]),
+    ("byteswap in place", lambda a: a[1].byteswap(inplace=True), [("r", (3, 4), 48), ("w", (3, 4), 48)]),
+    ("byteswap to a copy", lambda a: a[1].byteswap(), [("r", (3, 4), 48)]),
 ]
 
 
@@ -241,6 +256,54 @@ def test_overwriting_the_source_of_a_pending_h2d_copy_races(world):
         ch.copy_to_device_async(world["plane"], src, world["io"])
         world["io"].synchronize()
         src[...] = 2
+
+
+def _sum_of_a_plain_view(h):
+    h.view(np.ndarray).sum()
+
+
+def _flat_element(h):
+    h.flat[0]                                    # noqa: B018 - the read is the point
+
+
+def _assign_flat(h):
+    h.flat = 5
+
+
+def _assign_a_plain_view(h):
+    h.view(np.ndarray)[:] = 5
+
+
+ESCAPES = [(_sum_of_a_plain_view, "D2H", "reads"), (_flat_element, "D2H", "reads"),
+           (_assign_flat, "H2D", "writes"), (_assign_a_plain_view, "H2D", "writes")]
+
+
+@pytest.mark.parametrize("access,copy,does", ESCAPES, ids=[e[0].__name__.strip("_") for e in ESCAPES])
+def test_a_plain_view_and_flat_of_a_pinned_array_are_heard(world, access, copy, does):
+    """``.view(np.ndarray)`` and ``.flat`` reach the same memory: before the copy is waited for,
+    a race; after a wait, none, and the access does what NumPy does."""
+    h, io = world["snap"], world["io"]
+    h[...] = 1
+
+    def start_copy():
+        if copy == "D2H":
+            ch.copy_to_host_async(h, world["plane"], io)
+        else:
+            ch.copy_to_device_async(world["plane"], h, io)
+    with pytest.raises(ch.RaceError, match=rf"the {copy} copy on `stream 1` (reads|writes) h(.|\n)*the host "):
+        with ch.sanitize(names={"h": h}):
+            start_copy()
+            access(h)
+    ch.synchronize()
+    h[...] = 1
+    with ch.sanitize(names={"h": h}):
+        start_copy()
+        io.synchronize()
+        access(h)
+        assert type(h.view(np.ndarray)) is PinnedArray            # so its own use is heard too
+    if does == "writes":
+        assert (h == 5).all()
+    assert type(h.view(np.ndarray)) is np.ndarray                  # outside a sanitizer: NumPy's own
 
 
 # --------------------------------------------------------------------------

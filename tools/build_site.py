@@ -27,7 +27,8 @@ and linked at the end of its lesson. The build works on a copy of the course (``
   (a link to ``../.git/config`` stops the build); SVG pictures are sanitised like outputs.
 
 ``--out OUT`` (default ``_build/site``) must be a new or empty folder, or one this script built
-(it holds the marker file ``.course-site``): anything else is refused before a file is written.
+(it holds the marker file ``.course-site`` this script wrote): anything else is refused before a file
+is written, and so is a marker, ``src/``, ``html/`` or ``_build/`` there that is a symbolic link.
 """
 import argparse
 import copy
@@ -327,16 +328,48 @@ def plan(root=ROOT):
     return pages, notebooks, sorted(linked), table_of_contents(root)
 
 
+#: What the marker says (the build knows its own marker by it).
+MARKER_TEXT = "Built by tools/build_site.py, which empties src/ and html/ here on each build.\n"
+#: The folders the build empties in its folder.
+EMPTIED = ("src", "html", "_build")
+
+
 def claim(out):
     """Make ``out`` the build folder, or refuse it (:class:`SiteError`) without touching it: it must
-    be new, empty, or hold the :data:`MARKER` of an earlier build."""
+    be new, empty, or hold the :data:`MARKER` of an earlier build.
+
+    Nothing the build writes or empties may be a symbolic link: writing the marker through a link
+    would overwrite the file it points to, and emptying a linked ``src/`` or ``html/`` would empty
+    a folder elsewhere. The marker must be a regular file with the text this script writes."""
+    if out.is_symlink():
+        raise SiteError(f"--out {out} is a symbolic link: give the folder it points to, {out.resolve()}")
     if out.exists() and not out.is_dir():
         raise SiteError(f"--out {out} is a file, not a folder: choose a new folder for the site")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise SiteError(f"--out {out} holds files this script did not write (it has no {MARKER} marker): "
-                        "choose a new or empty folder, or remove this one yourself")
+    marker = out / MARKER
+    for path in (marker, *(out / name for name in EMPTIED)):
+        if path.is_symlink():
+            raise SiteError(f"--out {out}: {path.name} is a symbolic link (to {os.readlink(path)}), which the "
+                            "build would write or empty through: remove the link yourself, or choose a new folder")
+    for name in EMPTIED:
+        if (out / name).exists() and not (out / name).is_dir():
+            raise SiteError(f"--out {out}: {name} is not a folder, so this script did not make it: "
+                            "choose a new or empty folder, or remove this one yourself")
+    if out.is_dir() and any(out.iterdir()) and not _own_marker(marker):
+        raise SiteError(f"--out {out} holds files this script did not write (it has no {MARKER} marker "
+                        "it wrote): choose a new or empty folder, or remove this one yourself")
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("Built by tools/build_site.py, which empties src/ and html/ here on each build.\n")
+    # O_NOFOLLOW: a link planted after the checks above is refused, never written through.
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(MARKER_TEXT)
+
+
+def _own_marker(marker):
+    """Whether ``marker`` is a regular file (not a link) holding the text this script writes."""
+    try:
+        return marker.is_file() and not marker.is_symlink() and marker.read_text() == MARKER_TEXT
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def stage(src, pages, notebooks, linked, toc, root=ROOT):
@@ -397,7 +430,7 @@ def main(argv=None):
     src = stage(out / "src", *content)
     for name in ("html", "_build"):
         if (out / name).exists():
-            shutil.rmtree(out / name)
+            shutil.rmtree(out / name)             # claim() refused these as links
     # -W: a warning (a broken link, a missing picture) fails the build instead of scrolling by.
     command = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()", "build", str(src),
                "--path-output", str(out), "--builder", "html", "-W", "-n", "--keep-going"]

@@ -3,7 +3,9 @@
 A chunk of ``u`` whose bytes fail their checksum raises :class:`~.layout.StoreDamaged` naming
 its file and levels, instead of being read as data (any Zarr reader, xarray included, checks
 the same checksum), and so does a chunk file that fails the record of its place (moved, or
-copied in from another run: the store's ``.checksums``, which only the course reads); bad
+copied in from another run: the store's ``.checksums``, which only the course reads; a plain
+``xarray.open_zarr`` reads such a file as data: :meth:`StoredRun.to_xarray` is the checked way
+into xarray); bad
 metadata, or a store that disagrees with itself (its arrays, attributes, coordinates and the
 record of what its run wrote: :func:`~.layout.check_layout`), raises StoreDamaged naming what
 disagrees, when the store is opened. A store whose run was
@@ -100,14 +102,23 @@ class StoredImages:
             return                                      # Zarr says what is wrong with the key
         bad = wanted[self.damaged[wanted]]
         if bad.size:
-            chunk = self.file_levels
-            k = int(bad[0]) // chunk
-            first, stop = k * chunk, min((k + 1) * chunk, len(self))
-            file = self.path / DATA / self.array.metadata.encode_chunk_key((k, 0, 0))
-            raise StoreDamaged(f"the chunk file {file} (levels {self.levels[first]}..{self.levels[stop - 1]}) is not "
-                               "the one this run wrote there (it fails the record of its place in the store's "
-                               f"checksums: moved from another place, or copied from another run), and is not read "
-                               "as data; these levels are lost: run the solve again to get them")
+            raise self.not_the_runs(int(bad[0]) // self.file_levels)
+
+    def chunk_file(self, k: int) -> Path:
+        """The path of the ``k``-th chunk file (a shard, if sharded) of the wavefield."""
+        return self.path / DATA / self.array.metadata.encode_chunk_key((k, 0, 0))
+
+    def chunk_text(self, k: int) -> str:
+        """The ``k``-th chunk file and its levels, for messages."""
+        first, stop = k * self.file_levels, min((k + 1) * self.file_levels, len(self))
+        return f"the chunk file {self.chunk_file(k)} (levels {self.levels[first]}..{self.levels[stop - 1]})"
+
+    def not_the_runs(self, k: int) -> StoreDamaged:
+        """The error for the ``k``-th chunk file when it fails its record."""
+        return StoreDamaged(f"{self.chunk_text(k)} is not the one this run wrote there (it fails the record of "
+                            "its place in the store's checksums: moved from another place, copied from another "
+                            "run, or emptied), and is not read as data; these levels are lost: run the solve again "
+                            "to get them")
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         return np.asarray(self[:], dtype)
@@ -199,6 +210,7 @@ class StoredRun:
         self.times_ms = read("the array 'time'", lambda: self.group["time"][:]) * 1e3
         flagged = read("the array 'complete'", lambda: self.group["complete"][:])
         self.attrs = dict(self.group.attrs)
+        self._record, self._flagged = record, flagged
         present, self.damaged = self._chunk_files(record)
         self.images.damaged = self.damaged
         self.missing = flagged & ~present
@@ -219,6 +231,35 @@ class StoredRun:
                 present[k * chunk:(k + 1) * chunk] = True
                 damaged[k * chunk:(k + 1) * chunk] = not chunk_verified(self.path / DATA / name, k, record, inner)
         return present, damaged
+
+    def verify_levels(self, wanted: np.ndarray) -> None:
+        """Check the chunk files that hold the levels at positions ``wanted`` against the run's
+        record now (not as they were when the store was opened): raise :class:`StoreDamaged` for
+        one that is not the run's (moved, copied from another run, emptied) or that was deleted
+        although its levels were flagged complete. Levels never written (an interrupted run) pass:
+        they read as NaN, and ``complete`` says so."""
+        images = self.images
+        inner = sharded_inner(images.array)
+        for k in sorted({int(i) // images.file_levels for i in np.atleast_1d(wanted)}):
+            file = images.chunk_file(k)
+            if file.is_file():
+                if not chunk_verified(file, k, self._record, inner):
+                    raise images.not_the_runs(k)
+            elif file.exists() or self._flagged[k * images.file_levels:(k + 1) * images.file_levels].any():
+                raise StoreDamaged(f"{images.chunk_text(k)} is gone (deleted after its run wrote it, its levels "
+                                   "flagged complete), and is not read as NaN; these levels are lost: run the "
+                                   "solve again to get them")
+
+    def to_xarray(self) -> Any:
+        """The store as an ``xarray.Dataset``, as ``xarray.open_zarr(path)`` gives it (``u`` over
+        ``time``, ``x0``, ``x1``; ``level``, ``complete``, ``peak``; the attributes), but verified:
+        ``u`` is read lazily, and every read checks the chunk files it reads against the run's
+        record first (:meth:`verify_levels`), so a moved, foreign, emptied or deleted chunk file
+        raises :class:`StoreDamaged` instead of being handed over as the wrong levels or NaN.
+        ``complete`` is this run's (:attr:`complete`). A plain ``xarray.open_zarr`` checks only
+        each chunk's own checksum: it reads a chunk file in the wrong place as data."""
+        from .xarray_view import verified_dataset
+        return verified_dataset(self)
 
     @property
     def interrupted(self) -> bool:

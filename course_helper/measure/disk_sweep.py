@@ -14,7 +14,7 @@ import numpy as np
 from .. import runtime
 from ..disk import DEFAULT_WRITERS, SHARDED, codec_speed, device_batch, measure_disk_bandwidth, open_store
 from ..solver import chunk_levels, plan_memory, solve
-from ..wave import WaveProblem
+from ..wave import WaveProblem, saved_levels
 from .limit import compute_only_ms, peak_d2h_gbps
 
 if TYPE_CHECKING:
@@ -95,7 +95,9 @@ def disk_point(n: int, nt: int, every: int, folder: str | os.PathLike,
     for codec in compress:
         for name in strategies:
             times, stored, summary = [], None, None
-            batch = device_batch(problem.nbytes_level) if codec in SHARDED and name == "staged" else None
+            # (at most the run's levels: a short run's chunk holds them all)
+            batch = (min(device_batch(problem.nbytes_level), len(saved_levels(nt, every)))
+                     if codec in SHARDED and name == "staged" else None)
             # the disk just before the first run, then after each one (raw bytes only)
             chunk_mib = level_mib * chunk_levels(problem, name, every)
             disk = [disk_bandwidth(folder, nbytes / 2**20, chunk_mib)] if codec is None else []

@@ -11,7 +11,7 @@ import numpy as np
 
 from .ops import Cost, OpKind
 
-__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span"]
+__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span", "plain_view"]
 
 
 class CpuDeviceArray(np.ndarray):
@@ -30,6 +30,13 @@ class PinnedArray(np.ndarray):
     def __array_wrap__(self, array, context=None, return_scalar=False):
         # A ufunc's result: given back as NumPy made it (plain, unless it is an ``out=`` array).
         return array[()] if return_scalar else array
+
+
+def plain_view(a: np.ndarray) -> np.ndarray:
+    """The memory of ``a`` as a plain ``np.ndarray`` view, even while a race sanitizer watches
+    (then ``a.view(np.ndarray)`` of a pinned array stays a PinnedArray, so that the host's use
+    of it is heard). For the helper's own work on the memory, which is announced as that work."""
+    return np.ndarray.view(a, np.ndarray)
 
 
 def byte_span(a: Any) -> tuple[str, int, int] | None:

@@ -74,7 +74,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .base import CpuDeviceArray, Runtime
+from .base import CpuDeviceArray, Runtime, plain_view
 from .capture import Call, CapturedCall, ModelGraph
 from .compress_lane import CompressedChunk, ModelCompressor, compress_spec
 from .costs import alone_ms, kernel_us, link_ms, timing
@@ -498,17 +498,17 @@ def _take_error(streams):
 def _begin_op(writes, numpy):
     """An operation that reads at its start and writes ``writes`` at its end."""
     def begin():
-        outs = [np.array(w.view(np.ndarray)) for w in writes]
+        outs = [np.array(plain_view(w)) for w in writes]
         numpy(*outs)                               # reads its inputs now
-        return lambda: [np.copyto(w.view(np.ndarray), o) for w, o in zip(writes, outs)]
+        return lambda: [np.copyto(plain_view(w), o) for w, o in zip(writes, outs)]
     return begin
 
 
 def _begin_copy(dst, src):
     """A copy that reads ``src`` at its start and writes ``dst`` at its end."""
     def begin():
-        data = np.array(src.view(np.ndarray))     # read at the start
-        return lambda: np.copyto(dst.view(np.ndarray), data)
+        data = np.array(plain_view(src))          # read at the start (the copy's read, not the host's)
+        return lambda: np.copyto(plain_view(dst), data)
     return begin
 
 

@@ -4,6 +4,7 @@ the CPU backend, the writer threads where neither is here), bit-identical to the
 What the store promises with compression on (kills, Ctrl-C, full disks, damage) is tested with
 the other layouts in tests/disk/test_store.py."""
 import json
+import re
 import warnings
 
 import numpy as np
@@ -174,6 +175,31 @@ def test_cli_run_compresses_on_the_modelled_gpu(tmp_path, capsys):
     assert "on the modelled GPU, 30 levels complete" in capsys.readouterr().out
     ref = ch.solve(ch.WaveProblem(n0=48, n1=48, nt=30), "staged", trace=False)
     assert np.array_equal(disk.open_store(path).images[:], ref.images)
+
+
+def test_a_batch_beyond_the_run_s_levels_is_capped_once_with_a_note(tmp_path, capsys):
+    """--batch 100000 on a 20-level run sized a shard (and staging buffers) for 100,000 levels, and
+    the ratio it reported counted them: capped at the run's saved levels, it is the run of batch 20."""
+    from course_helper import cli
+    ratios = {}
+    for batch in ("100000", "20"):
+        path = tmp_path / f"b{batch}.zarr"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert cli.main(["run", "--store", str(path), "--n", "48", "--nt", "20", "--strategy", "staged",
+                             "--batch", batch, "--compress", "gpu-zstd", "--backend", "cpu", "--no-progress"]) == 0
+        notes = [str(w.message) for w in caught if "capped" in str(w.message)]
+        assert notes == (["batch=100000 is more than the run's 20 saved levels: it is capped at 20 (one staging "
+                          "batch, one chunk of a store, holds them all)"] if batch == "100000" else [])
+        ratios[batch] = re.search(r"compression ratio ([0-9.]+)", capsys.readouterr().out).group(1)
+        stored = disk.open_store(path)
+        assert stored.images.file_levels == 20 and stored.complete.all()
+    assert ratios["100000"] == ratios["20"] and float(ratios["20"]) > 1
+    p = ch.WaveProblem(n0=48, n1=40, nt=20)
+    with pytest.warns(UserWarning, match="capped at 10"):
+        assert ch.solve(p, "staged", every=2, batch=11, trace=False).batch == 10
+    with pytest.warns(UserWarning, match="capped at 20"):
+        assert ch.solver.plan_memory(p, "staged", batch=10**6) == ch.solver.plan_memory(p, "staged", batch=20)
 
 
 # --------------------------------------------------------------------------

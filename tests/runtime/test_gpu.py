@@ -130,3 +130,31 @@ def test_prepared_launches_of_the_stencil_are_bit_identical_to_launch_wave2d(gpu
     plain = _stencil_levels(p, s, lambda U0, U1, U2, V, n: ch.launch_wave2d(U0, U1, U2, V, p, n, stream=s))
     assert np.abs(fast).max() > 0
     np.testing.assert_array_equal(fast, plain)
+
+
+def test_a_prepared_launch_follows_a_change_to_its_problem(gpu):
+    """After a first loop on the packed launches, the problem's dt and source change: the next
+    calls prepare again, and the second loop is launch_wave2d's with the new numbers, bit for bit."""
+    p = ch.WaveProblem(n0=64, n1=80, nt=30)
+    s = ch.create_streams(1, name="compute")[0]
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    prepared = [ch.wave.PreparedLaunch(U[n], U[(n + 1) % 3], U[(n + 2) % 3], V, p, s) for n in range(3)]
+
+    def loop():
+        for u in U:
+            ch.memory.zero_async(u, s)
+        levels = []
+        for n in range(p.nt - 2):
+            prepared[n % 3](n)
+            s.synchronize()
+            levels.append(ch.to_host(U[(n + 2) % 3]))
+        return np.stack(levels)
+    first = loop()
+    assert all(pl._packed is not None for pl in prepared)              # the packed path was taken
+    p.dt *= 0.5
+    p.source = (20, 30)
+    changed = loop()
+    plain = _stencil_levels(p, s, lambda U0, U1, U2, V, n: ch.launch_wave2d(U0, U1, U2, V, p, n, stream=s))
+    assert np.abs(changed).max() > 0 and not np.array_equal(changed, first)
+    np.testing.assert_array_equal(changed, plain)

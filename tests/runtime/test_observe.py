@@ -260,6 +260,41 @@ def test_unwatched_work_is_noted_in_the_journal_and_an_op_reader_brings_the_ops_
     assert len(direct.launches) == 1 and direct.copies == ["D2H"]
 
 
+@pytest.mark.parametrize("change", ["dt", "source", "fm"])
+def test_a_prepared_launch_notices_a_problem_changed_after_it_was_prepared(direct, change):
+    """The packed launch holds the problem's numbers and the amplitude table its steps: a change to
+    the problem after a first loop is noticed at the next call, which prepares again, and the second
+    loop gives the changed problem's reference."""
+    p = ch.WaveProblem(n0=41, n1=37, nt=14)
+    (s,) = ch.create_streams(1)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    prepared = [ch.wave.PreparedLaunch(U[n], U[(n + 1) % 3], U[(n + 2) % 3], V, p, s) for n in range(3)]
+    out = ch.pinned_empty((p.nt, *p.shape))
+
+    def loop():
+        out[...] = 0
+        for u in U:
+            ch.memory.zero_async(u, s)
+        for n in range(p.nt - 2):
+            prepared[n % 3](n)
+            ch.copy_to_host_async(out[n + 2], U[(n + 2) % 3], s, level=n + 2)
+        s.synchronize()
+        return out.copy()
+    before = ch.reference_solution(p)
+    np.testing.assert_array_equal(loop(), before)
+    assert len(direct.packs) == 3
+    setattr(p, change, {"dt": p.dt * 0.5, "source": (10, 12), "fm": p.fm * 2}[change])
+    after = ch.reference_solution(p)
+    assert not np.array_equal(after, before)
+    np.testing.assert_array_equal(loop(), after)
+    # Each position packed again, once; fm changes only the amplitudes (not a packed argument).
+    packs = 3 if change == "fm" else 6
+    assert len(direct.packs) == packs
+    np.testing.assert_array_equal(loop(), after)               # and then the packed path again
+    assert len(direct.packs) == packs and len(direct.launches) == 3 * (p.nt - 2)
+
+
 def test_a_prepared_launch_queues_the_packed_launch_unwatched_and_launch_wave2d_watched(direct):
     """PreparedLaunch checks its arguments when it is made; unwatched, every call after the first
     goes to the packed launch with the amplitude of its own step; watched, each call is
