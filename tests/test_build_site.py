@@ -20,6 +20,12 @@ def _nh3():
     pytest.importorskip("nh3", reason='the site\'s HTML sanitiser: pip install -e ".[site]"')
 
 
+def _site_extra():
+    missing = build_site._missing_extras()
+    if missing:
+        pytest.skip(f'the site needs {", ".join(missing)}: pip install -e ".[site]"')
+
+
 def _yaml():
     pytest.importorskip("yaml", reason='the site\'s table of contents is YAML: pip install -e ".[site]"')
 
@@ -107,9 +113,6 @@ def test_a_folder_the_build_did_not_make_is_refused_before_anything_is_touched(t
     before = sorted((p.relative_to(foreign), p.stat().st_mtime_ns) for p in foreign.rglob("*"))
     with pytest.raises(build_site.SiteError, match=r"holds files this script did not write.*choose a new or empty"):
         build_site.claim(foreign)
-    with pytest.raises(SystemExit) as stopped:
-        build_site.main(["--out", str(foreign)])
-    assert str(foreign) in str(stopped.value.code) and "did not write" in str(stopped.value.code)
     assert sorted((p.relative_to(foreign), p.stat().st_mtime_ns) for p in foreign.rglob("*")) == before
     assert (foreign / "src" / "mine.txt").read_text() == "keep me"
     a_file = tmp_path / "site.txt"
@@ -117,6 +120,19 @@ def test_a_folder_the_build_did_not_make_is_refused_before_anything_is_touched(t
     with pytest.raises(build_site.SiteError, match="is a file, not a folder"):
         build_site.claim(a_file)
     assert a_file.read_text() == "a file"
+
+
+def test_the_build_command_refuses_a_folder_it_did_not_make_and_leaves_it_alone(tmp_path):
+    _site_extra()                                  # the command checks its extra first, then the folder
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("keep me")
+    before = sorted((p.relative_to(foreign), p.stat().st_mtime_ns) for p in foreign.rglob("*"))
+    with pytest.raises(SystemExit) as stopped:
+        build_site.main(["--out", str(foreign)])
+    assert str(foreign) in str(stopped.value.code) and "did not write" in str(stopped.value.code)
+    assert sorted((p.relative_to(foreign), p.stat().st_mtime_ns) for p in foreign.rglob("*")) == before
+    assert (foreign / "mine.txt").read_text() == "keep me"
 
 
 def test_a_missing_dependency_stops_the_build_before_the_folder_is_touched(tmp_path, monkeypatch):

@@ -803,7 +803,9 @@ def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(t
         assert str(chunk) in str(info.value)
     assert np.isfinite(s.images[7]).all()                         # the other chunks still read
     xr = pytest.importorskip("xarray")
-    with pytest.raises(ValueError, match="checksum"):              # xarray reads through Zarr's codec
+    # xarray reads through Zarr's own codecs, which refuse the chunk too, in words of their own that
+    # change between Zarr versions (3.1: a checksum; 3.4: a shard too short to hold its index).
+    with pytest.raises(ValueError):
         _ = xr.open_zarr(tmp_path / "c.zarr")["u"].isel(time=8).values
 
 
