@@ -14,6 +14,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import build_site  # noqa: E402
+from course_paths import course_notebooks  # noqa: E402
 
 
 def _nh3():
@@ -68,7 +69,7 @@ def test_the_course_s_own_table_of_contents_holds_every_notebook_and_page():
     _yaml()
     toc = build_site.table_of_contents()
     files = re.findall(r"'file': '([^']+)'", str(toc))
-    for path in sorted((ROOT / "notebooks").rglob("*.ipynb")):
+    for path in course_notebooks(ROOT):
         assert path.relative_to(ROOT).with_suffix("").as_posix() in files
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"docs/{page.stem}" in files

@@ -108,3 +108,42 @@ def test_a_notebook_over_the_memory_limit_fails_and_every_peak_is_printed(tmp_pa
     assert set(peaks) == {"large.ipynb", "small.ipynb"}, p.stdout[-3000:]
     assert int(peaks["large.ipynb"].replace(",", "")) > 300 > int(peaks["small.ipynb"].replace(",", ""))
     assert "FAILED large.ipynb::Cell 0" in p.stdout and "more than the 250 MiB" in p.stdout
+
+
+def _course_with_a_checkpoint(root):
+    """A copy of the course's notebooks/ under ``root`` as JupyterLab leaves it after opening one:
+    a checkpoint copy in ``notebooks/.ipynb_checkpoints`` (and one in a hidden folder of solutions)."""
+    shutil.copytree(ROOT / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".*"))
+    lesson = sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))[0]
+    for folder in (root / "notebooks" / ".ipynb_checkpoints", root / "notebooks" / "solutions" / ".ipynb_checkpoints"):
+        folder.mkdir()
+        shutil.copy(lesson, folder / f"{lesson.stem}-checkpoint.ipynb")
+    return root
+
+
+def test_the_course_s_notebooks_leave_out_jupyterlab_s_checkpoint_copies(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from course_paths import course_notebooks
+    root = _course_with_a_checkpoint(tmp_path)
+    found = course_notebooks(root)
+    assert [p.relative_to(root) for p in found] == [p.relative_to(ROOT) for p in course_notebooks(ROOT)]
+    assert len(list((root / "notebooks").rglob("*.ipynb"))) == len(found) + 2      # the copies are there
+    assert not [p for p in found if "checkpoint" in p.name]
+
+
+def test_pytest_collects_no_checkpoint_copy_of_a_notebook(tmp_path):
+    """pytest --nbval over notebooks/ (the testpaths) leaves hidden folders out, by pytest's default
+    norecursedirs; a pyproject that set its own norecursedirs would have to keep ".*"."""
+    import tomllib
+    assert ".*" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"].get(
+        "norecursedirs", [".*"])
+    root = _course_with_a_checkpoint(tmp_path)
+    for path in (root / "notebooks").rglob("*.ipynb"):                 # one cell each: collection only
+        path.write_text('{"cells": [{"cell_type": "code", "execution_count": null, "id": "a", "metadata": {}, '
+                        '"outputs": [], "source": "1"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    (root / "pytest.ini").write_text("[pytest]\n")
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "notebooks"], cwd=root, capture_output=True, text=True, timeout=120)
+    files = {line.split("::")[0] for line in listed.stdout.splitlines() if "::" in line}
+    assert files and not [f for f in files if "checkpoint" in f], listed.stdout + listed.stderr
+    assert len(files) == len(list((root / "notebooks").rglob("*.ipynb"))) - 2
