@@ -2,6 +2,7 @@
 test leaks its backend into the next one, and every GPU case of the graph strategies runs on the
 GPU. The last two need a GPU to mean anything (on a CPU-only machine there is no other backend to
 leak), so they run pytest in a subprocess on a GPU machine only."""
+import json
 import os
 import re
 import shutil
@@ -142,8 +143,53 @@ def test_pytest_collects_no_checkpoint_copy_of_a_notebook(tmp_path):
         path.write_text('{"cells": [{"cell_type": "code", "execution_count": null, "id": "a", "metadata": {}, '
                         '"outputs": [], "source": "1"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
     (root / "pytest.ini").write_text("[pytest]\n")
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             "notebooks"], cwd=root, capture_output=True, text=True, timeout=120)
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--collect-only", "-q", "-p",
+                             "no:cacheprovider", "notebooks"], cwd=root, capture_output=True, text=True, timeout=120)
     files = {line.split("::")[0] for line in listed.stdout.splitlines() if "::" in line}
     assert files and not [f for f in files if "checkpoint" in f], listed.stdout + listed.stderr
     assert len(files) == len(list((root / "notebooks").rglob("*.ipynb"))) - 2
+
+
+def test_the_suite_runs_on_at_most_four_workers_and_on_none_with_one_cpu_or_a_gpu(monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("course_root_conftest", ROOT / "conftest.py")
+    root_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root_conftest)
+    monkeypatch.delenv("COURSE_TEST_WORKERS", raising=False)
+    assert [root_conftest.default_workers(cpus, gpu=False) for cpus in (1, 2, 3, 16)] == [0, 2, 3, 4]
+    assert root_conftest.default_workers(16, gpu=True) == 0         # tests that time the GPU would share it
+    monkeypatch.setenv("COURSE_TEST_WORKERS", "7")
+    assert root_conftest.default_workers(16, gpu=False) == root_conftest.default_workers(16, gpu=True) == 7
+
+
+def test_on_workers_a_notebook_runs_whole_and_its_peak_and_the_skips_reach_the_summary(tmp_path):
+    """Under pytest-xdist (the suite's default where it is installed) a notebook's cells run in
+    order in one worker's kernel, and what the workers found comes back to the summary: the
+    skipped tests counted by reason, each notebook's peak memory."""
+    pytest.importorskip("xdist", reason='pytest-xdist runs the suite on workers: pip install -e ".[test]"')
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    cells = [{"cell_type": "code", "execution_count": 1, "id": "a", "metadata": {}, "source": "x = 41", "outputs": []},
+             {"cell_type": "code", "execution_count": 2, "id": "b", "metadata": {}, "source": "print(x + 1)",
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": "42\n"}]}]
+    for k in range(2):
+        (tmp_path / f"n{k}.ipynb").write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                                          "nbformat_minor": 5}))
+    (tmp_path / "test_skips.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.parametrize("k", range(3))
+        def test_skipped(k):
+            pytest.skip("a reason of this test's own")
+
+        def test_passes():
+            pass
+        """))
+    env = {**os.environ, "COURSE_TEST_WORKERS": "2"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "-p", "no:randomly"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "created: 2/2 workers" in out and "5 passed, 3 skipped" in out
+    assert re.search(r"^\s+3  a reason of this test's own$", out, re.M), out
+    assert len(re.findall(r"^\s*[\d,]+ MiB  n[01]\.ipynb$", out, re.M)) == 2, out
