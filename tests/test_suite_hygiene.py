@@ -100,7 +100,8 @@ def test_a_notebook_over_the_memory_limit_fails_and_every_peak_is_printed(tmp_pa
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "small.ipynb").write_text(_notebook("x = 1"))
     (tmp_path / "large.ipynb").write_text(_notebook("import numpy as np\nbig = np.ones(300 * 2**20, np.uint8)"))
-    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", COURSE_NOTEBOOK_MEMORY_MIB="250")
+    # in the pytest process itself (test_on_workers_... below checks the same on workers)
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", COURSE_NOTEBOOK_MEMORY_MIB="250", COURSE_TEST_WORKERS="0")
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
                         "large.ipynb", "small.ipynb"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
@@ -165,7 +166,8 @@ def test_the_suite_runs_on_at_most_four_workers_and_on_none_with_one_cpu_or_a_gp
 def test_on_workers_a_notebook_runs_whole_and_its_peak_and_the_skips_reach_the_summary(tmp_path):
     """Under pytest-xdist (the suite's default where it is installed) a notebook's cells run in
     order in one worker's kernel, and what the workers found comes back to the summary: the
-    skipped tests counted by reason, each notebook's peak memory."""
+    skipped tests counted by reason, each notebook's peak memory, and a notebook failed for going
+    over the memory limit (here 1 MiB: each does, once its cells have passed)."""
     pytest.importorskip("xdist", reason='pytest-xdist runs the suite on workers: pip install -e ".[test]"')
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
@@ -185,11 +187,14 @@ def test_on_workers_a_notebook_runs_whole_and_its_peak_and_the_skips_reach_the_s
         def test_passes():
             pass
         """))
-    env = {**os.environ, "COURSE_TEST_WORKERS": "2"}
+    env = {**os.environ, "COURSE_TEST_WORKERS": "2", "COURSE_HELPER_BACKEND": "cpu", "COURSE_NOTEBOOK_MEMORY_MIB": "1"}
     done = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "-p", "no:randomly"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     out = done.stdout
-    assert done.returncode == 0, out + done.stderr
-    assert "created: 2/2 workers" in out and "5 passed, 3 skipped" in out
+    assert done.returncode == 1, out + done.stderr
+    assert "created: 2/2 workers" in out and "2 failed, 3 passed, 3 skipped" in out, out
+    for name in ("n0", "n1"):           # the second cell passed (it needs the first's x), then the limit
+        assert f"FAILED {name}.ipynb::Cell 1" in out
+    assert out.count("more than the 1 MiB a learner's machine is promised") == 2, out
     assert re.search(r"^\s+3  a reason of this test's own$", out, re.M), out
     assert len(re.findall(r"^\s*[\d,]+ MiB  n[01]\.ipynb$", out, re.M)) == 2, out
