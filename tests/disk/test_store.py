@@ -42,7 +42,7 @@ def _in_memory(n, nt, strategy):
     a streamed run's store must hold. Solved once per process (the kill tests compare against the
     same runs), and read-only, so that no test can change it for the next."""
     ch.set_backend("cpu")
-    images = ch.solve(ch.WaveProblem(n0=n, n1=n, nt=nt), strategy, trace=False).images
+    images = np.array(ch.solve(ch.WaveProblem(n0=n, n1=n, nt=nt), strategy, trace=False).images)  # its own memory
     images.setflags(write=False)
     return images
 
