@@ -19,8 +19,9 @@ PEAK_PROPERTY = "course_notebook_peak_mib"
 #: The test files that ran longest (on a shared 2-core machine, one folder at a time): workers
 #: start them right after the notebooks, so that the run does not end with one worker still in one
 #: of them while the others wait. Only the order: a file not named here runs all the same, later.
-LONGEST_FILES = ("tests/disk/test_store.py", "tests/distributed/test_halo.py", "tests/e2e/test_jupyterlab_widget.py",
-                 "tests/test_failure_modes.py", "tests/e2e/test_site.py", "tests/distributed/test_halo_sanitize.py")
+LONGEST_FILES = ("tests/disk/test_store.py", "tests/distributed/test_halo.py", "tests/exercises/test_exercise.py",
+                 "tests/exercises/test_capstone.py", "tests/e2e/test_jupyterlab_widget.py", "tests/e2e/test_site.py",
+                 "tests/distributed/test_halo_sanitize.py", "tests/test_failure_modes.py")
 
 _last_cells = {}          # notebook (nbval's file item) -> its last cell collected
 _peaks = {}               # notebook path -> its kernel's peak resident memory, MiB
