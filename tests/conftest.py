@@ -70,9 +70,17 @@ def small():
 
 
 def course_threads():
-    """The live threads the course's package started (the disk pipeline's: see store.THREAD_NAMES)."""
+    """The live threads the course's package started (the disk pipeline's: see store.THREAD_NAMES),
+    once the garbage is collected (a pipeline dropped without being finished stops its threads
+    then). A collection only ends threads, and a full one costs a second in a large test
+    process: where none of the course's threads is alive it is not needed."""
+    def alive():
+        return [t for t in threading.enumerate() if t.name.startswith(ch.disk.THREAD_NAMES) and t.is_alive()]
+
+    if not alive():
+        return []
     gc.collect()
-    return [t for t in threading.enumerate() if t.name.startswith(ch.disk.THREAD_NAMES) and t.is_alive()]
+    return alive()
 
 
 def pytest_report_header(config):

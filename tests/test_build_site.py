@@ -14,10 +14,17 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import build_site  # noqa: E402
+from course_paths import course_notebooks  # noqa: E402
 
 
 def _nh3():
     pytest.importorskip("nh3", reason='the site\'s HTML sanitiser: pip install -e ".[site]"')
+
+
+def _site_extra():
+    missing = build_site._missing_extras()
+    if missing:
+        pytest.skip(f'the site needs {", ".join(missing)}: pip install -e ".[site]"')
 
 
 def _yaml():
@@ -62,7 +69,7 @@ def test_the_course_s_own_table_of_contents_holds_every_notebook_and_page():
     _yaml()
     toc = build_site.table_of_contents()
     files = re.findall(r"'file': '([^']+)'", str(toc))
-    for path in sorted((ROOT / "notebooks").rglob("*.ipynb")):
+    for path in course_notebooks(ROOT):
         assert path.relative_to(ROOT).with_suffix("").as_posix() in files
     for page in sorted((ROOT / "docs").glob("*.md")):
         assert f"docs/{page.stem}" in files
@@ -107,9 +114,6 @@ def test_a_folder_the_build_did_not_make_is_refused_before_anything_is_touched(t
     before = sorted((p.relative_to(foreign), p.stat().st_mtime_ns) for p in foreign.rglob("*"))
     with pytest.raises(build_site.SiteError, match=r"holds files this script did not write.*choose a new or empty"):
         build_site.claim(foreign)
-    with pytest.raises(SystemExit) as stopped:
-        build_site.main(["--out", str(foreign)])
-    assert str(foreign) in str(stopped.value.code) and "did not write" in str(stopped.value.code)
     assert sorted((p.relative_to(foreign), p.stat().st_mtime_ns) for p in foreign.rglob("*")) == before
     assert (foreign / "src" / "mine.txt").read_text() == "keep me"
     a_file = tmp_path / "site.txt"
@@ -175,6 +179,19 @@ def test_a_marker_the_build_did_not_write_or_a_src_that_is_a_file_is_refused(tmp
     with pytest.raises(build_site.SiteError, match="html is not a folder"):
         build_site.claim(built)
     assert (built / "html").read_text() == "a file"
+
+
+def test_the_build_command_refuses_a_folder_it_did_not_make_and_leaves_it_alone(tmp_path):
+    _site_extra()                                  # the command checks its extra first, then the folder
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("keep me")
+    before = sorted((p.relative_to(foreign), p.stat().st_mtime_ns) for p in foreign.rglob("*"))
+    with pytest.raises(SystemExit) as stopped:
+        build_site.main(["--out", str(foreign)])
+    assert str(foreign) in str(stopped.value.code) and "did not write" in str(stopped.value.code)
+    assert sorted((p.relative_to(foreign), p.stat().st_mtime_ns) for p in foreign.rglob("*")) == before
+    assert (foreign / "mine.txt").read_text() == "keep me"
 
 
 def test_a_missing_dependency_stops_the_build_before_the_folder_is_touched(tmp_path, monkeypatch):

@@ -239,9 +239,46 @@ def test_a_halo_job_no_rank_can_run_is_refused_once_on_a_line_of_its_own(args, s
     p = subprocess.run([find_mpiexec(), "-n", "8", sys.executable, "-m", "course_helper", "halo", *args],
                        capture_output=True, text=True, timeout=240, env=ranks_env("cpu"))
     assert p.returncode == 2, p.stdout + p.stderr
-    errors = [line for line in p.stderr.splitlines() if "error" in line.lower() or "abort" in line.lower()]
+    errors = _course_error_lines(p.stderr)
     assert len(errors) == 1 and errors[0].startswith("error: ") and says in errors[0], p.stderr
     assert errors[0].count("error") == 1
+
+
+def _course_error_lines(stderr):
+    """The lines of a halo job's stderr that come from the course's ranks: an ``error...`` line (the
+    course's own, or a rank's "error on rank N"), a traceback, or a rank's MPI_Abort (MPICH's
+    "application called MPI_Abort", Open MPI's "MPI_ABORT was invoked"). The launcher's own notice
+    that the job ended with a non-zero status (Open MPI prints a framed block of it, MPICH nothing)
+    is not the course's, and which launcher runs the job is not the test's business."""
+    return [line for line in stderr.splitlines()
+            if line.startswith(("error", "Traceback")) or "mpi_abort" in line.lower()]
+
+
+# Open MPI 4.1's mpiexec after one rank returned 2 (the other ranks returned 2 as well).
+_OPEN_MPI_NOTICE = """\
+-------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+-------------------------------------------------------
+--------------------------------------------------------------------------
+mpiexec detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[41226,1],0]
+  Exit code:    2
+--------------------------------------------------------------------------
+"""
+
+
+def test_a_job_s_error_lines_are_the_course_s_whichever_mpiexec_frames_them():
+    said = "error: 8 ranks cannot share 16 interior rows\n"
+    assert _course_error_lines(said + _OPEN_MPI_NOTICE) == [said.strip()]      # Open MPI
+    assert _course_error_lines(said) == [said.strip()]                          # MPICH: nothing added
+    # what the refusal must not look like: a rank's error, a traceback, an MPI_Abort, a second line
+    for extra in ("error on rank 3: ValueError: no; stopping every rank", "Traceback (most recent call last):",
+                  "application called MPI_Abort(MPI_COMM_WORLD, 2) - process 0",
+                  "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD", said.strip()):
+        assert len(_course_error_lines(said + _OPEN_MPI_NOTICE + extra + "\n")) == 2, extra
 
 
 def test_a_bad_mpiexec_setting_is_named(monkeypatch, tmp_path):

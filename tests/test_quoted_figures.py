@@ -8,12 +8,15 @@ also matches the fraction it stands for (``0.86`` supports "86%").
 """
 import pathlib
 import re
+import sys
 
 import nbformat
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+sys.path.insert(0, str(ROOT / "tools"))
+from course_paths import course_notebooks  # noqa: E402
+NOTEBOOKS = course_notebooks(ROOT)
 
 # A number followed by a unit of time, bandwidth, speed-up or percent. A speed-up is written with
 # the "x" against the number ("1.9x"); "1024 x 1024" is a size, not a figure.

@@ -2,12 +2,15 @@
 import json
 import pathlib
 import re
+import sys
 import tomllib
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").rglob("*.ipynb"))
+sys.path.insert(0, str(ROOT / "tools"))
+from course_paths import course_notebooks  # noqa: E402
+NOTEBOOKS = course_notebooks(ROOT)
 
 
 def _name(req):

@@ -2,6 +2,7 @@
 test leaks its backend into the next one, and every GPU case of the graph strategies runs on the
 GPU. The last two need a GPU to mean anything (on a CPU-only machine there is no other backend to
 leak), so they run pytest in a subprocess on a GPU machine only."""
+import json
 import os
 import re
 import shutil
@@ -99,7 +100,8 @@ def test_a_notebook_over_the_memory_limit_fails_and_every_peak_is_printed(tmp_pa
     shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "small.ipynb").write_text(_notebook("x = 1"))
     (tmp_path / "large.ipynb").write_text(_notebook("import numpy as np\nbig = np.ones(300 * 2**20, np.uint8)"))
-    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", COURSE_NOTEBOOK_MEMORY_MIB="250")
+    # in the pytest process itself (test_on_workers_... below checks the same on workers)
+    env = dict(os.environ, COURSE_HELPER_BACKEND="cpu", COURSE_NOTEBOOK_MEMORY_MIB="250", COURSE_TEST_WORKERS="0")
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
                         "large.ipynb", "small.ipynb"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
@@ -108,3 +110,91 @@ def test_a_notebook_over_the_memory_limit_fails_and_every_peak_is_printed(tmp_pa
     assert set(peaks) == {"large.ipynb", "small.ipynb"}, p.stdout[-3000:]
     assert int(peaks["large.ipynb"].replace(",", "")) > 300 > int(peaks["small.ipynb"].replace(",", ""))
     assert "FAILED large.ipynb::Cell 0" in p.stdout and "more than the 250 MiB" in p.stdout
+
+
+def _course_with_a_checkpoint(root):
+    """A copy of the course's notebooks/ under ``root`` as JupyterLab leaves it after opening one:
+    a checkpoint copy in ``notebooks/.ipynb_checkpoints`` (and one in a hidden folder of solutions)."""
+    shutil.copytree(ROOT / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".*"))
+    lesson = sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))[0]
+    for folder in (root / "notebooks" / ".ipynb_checkpoints", root / "notebooks" / "solutions" / ".ipynb_checkpoints"):
+        folder.mkdir()
+        shutil.copy(lesson, folder / f"{lesson.stem}-checkpoint.ipynb")
+    return root
+
+
+def test_the_course_s_notebooks_leave_out_jupyterlab_s_checkpoint_copies(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from course_paths import course_notebooks
+    root = _course_with_a_checkpoint(tmp_path)
+    found = course_notebooks(root)
+    assert [p.relative_to(root) for p in found] == [p.relative_to(ROOT) for p in course_notebooks(ROOT)]
+    assert len(list((root / "notebooks").rglob("*.ipynb"))) == len(found) + 2      # the copies are there
+    assert not [p for p in found if "checkpoint" in p.name]
+
+
+def test_pytest_collects_no_checkpoint_copy_of_a_notebook(tmp_path):
+    """pytest --nbval over notebooks/ (the testpaths) leaves hidden folders out, by pytest's default
+    norecursedirs; a pyproject that set its own norecursedirs would have to keep ".*"."""
+    import tomllib
+    assert ".*" in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"].get(
+        "norecursedirs", [".*"])
+    root = _course_with_a_checkpoint(tmp_path)
+    for path in (root / "notebooks").rglob("*.ipynb"):                 # one cell each: collection only
+        path.write_text('{"cells": [{"cell_type": "code", "execution_count": null, "id": "a", "metadata": {}, '
+                        '"outputs": [], "source": "1"}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    (root / "pytest.ini").write_text("[pytest]\n")
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--collect-only", "-q", "-p",
+                             "no:cacheprovider", "notebooks"], cwd=root, capture_output=True, text=True, timeout=120)
+    files = {line.split("::")[0] for line in listed.stdout.splitlines() if "::" in line}
+    assert files and not [f for f in files if "checkpoint" in f], listed.stdout + listed.stderr
+    assert len(files) == len(list((root / "notebooks").rglob("*.ipynb"))) - 2
+
+
+def test_the_suite_runs_on_at_most_four_workers_and_on_none_with_one_cpu_or_a_gpu(monkeypatch):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("course_root_conftest", ROOT / "conftest.py")
+    root_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root_conftest)
+    monkeypatch.delenv("COURSE_TEST_WORKERS", raising=False)
+    assert [root_conftest.default_workers(cpus, gpu=False) for cpus in (1, 2, 3, 16)] == [0, 2, 3, 4]
+    assert root_conftest.default_workers(16, gpu=True) == 0         # tests that time the GPU would share it
+    monkeypatch.setenv("COURSE_TEST_WORKERS", "7")
+    assert root_conftest.default_workers(16, gpu=False) == root_conftest.default_workers(16, gpu=True) == 7
+
+
+def test_on_workers_a_notebook_runs_whole_and_its_peak_and_the_skips_reach_the_summary(tmp_path):
+    """Under pytest-xdist (the suite's default where it is installed) a notebook's cells run in
+    order in one worker's kernel, and what the workers found comes back to the summary: the
+    skipped tests counted by reason, each notebook's peak memory, and a notebook failed for going
+    over the memory limit (here 1 MiB: each does, once its cells have passed)."""
+    pytest.importorskip("xdist", reason='pytest-xdist runs the suite on workers: pip install -e ".[test]"')
+    shutil.copy(ROOT / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider\n")
+    cells = [{"cell_type": "code", "execution_count": 1, "id": "a", "metadata": {}, "source": "x = 41", "outputs": []},
+             {"cell_type": "code", "execution_count": 2, "id": "b", "metadata": {}, "source": "print(x + 1)",
+              "outputs": [{"output_type": "stream", "name": "stdout", "text": "42\n"}]}]
+    for k in range(2):
+        (tmp_path / f"n{k}.ipynb").write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                                          "nbformat_minor": 5}))
+    (tmp_path / "test_skips.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.parametrize("k", range(3))
+        def test_skipped(k):
+            pytest.skip("a reason of this test's own")
+
+        def test_passes():
+            pass
+        """))
+    env = {**os.environ, "COURSE_TEST_WORKERS": "2", "COURSE_HELPER_BACKEND": "cpu", "COURSE_NOTEBOOK_MEMORY_MIB": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "-p", "no:randomly"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = done.stdout
+    assert done.returncode == 1, out + done.stderr
+    assert "created: 2/2 workers" in out and "2 failed, 3 passed, 3 skipped" in out, out
+    for name in ("n0", "n1"):           # the second cell passed (it needs the first's x), then the limit
+        assert f"FAILED {name}.ipynb::Cell 1" in out
+    assert out.count("more than the 1 MiB a learner's machine is promised") == 2, out
+    assert re.search(r"^\s+3  a reason of this test's own$", out, re.M), out
+    assert len(re.findall(r"^\s*[\d,]+ MiB  n[01]\.ipynb$", out, re.M)) == 2, out

@@ -16,7 +16,8 @@ import sys
 
 import nbformat
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from course_paths import ROOT, course_notebooks  # noqa: E402
 
 
 # What ipykernel's kernelspec and kernel_info reply say; JupyterLab copies both into the
@@ -50,7 +51,7 @@ def text(nb):
 
 
 def main(paths):
-    paths = [pathlib.Path(p).resolve() for p in paths] or sorted((ROOT / "notebooks").rglob("*.ipynb"))
+    paths = [pathlib.Path(p).resolve() for p in paths] or course_notebooks(ROOT)
     for path in paths:
         nb = canonical(nbformat.read(path, as_version=4))
         nbformat.validate(nb)

@@ -11,10 +11,11 @@ from nbclient import NotebookClient
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from canonical_notebooks import ROOT, canonical, text  # noqa: E402
+from course_paths import course_notebooks  # noqa: E402
 
 
 def main(paths):
-    paths = [pathlib.Path(p).resolve() for p in paths] or sorted((ROOT / "notebooks").rglob("*.ipynb"))
+    paths = [pathlib.Path(p).resolve() for p in paths] or course_notebooks(ROOT)
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         t0 = time.time()

@@ -30,8 +30,8 @@ from ..memory import pinned_empty
 from .layout import SHARDED
 from .shards import ALIGNMENT, ChunkFile, packed_shard, zstd_bound
 
-__all__ = ["CompressionFallback", "NVCOMP_EXTRA", "DEVICE_CHUNK_BYTES", "device_batch", "nvcomp_module", "engine_for",
-           "NvcompCompressor"]
+__all__ = ["CompressionFallback", "NVCOMP_EXTRA", "DEVICE_CHUNK_BYTES", "device_batch", "nvcomp_module",
+           "nvcomp_unusable", "engine_for", "NvcompCompressor"]
 
 #: How to install nvCOMP's Python package for the course (an optional extra).
 NVCOMP_EXTRA = "pip install -e '.[nvcomp]' (nvidia-nvcomp-cu13, for CUDA 13)"
@@ -59,6 +59,21 @@ def nvcomp_module() -> ModuleType:
     return nvcomp
 
 
+@functools.cache
+def nvcomp_unusable() -> str | None:
+    """Why nvCOMP cannot compress in this process, or None where it can: its Python package must
+    import *and* its library load. The package can be there while its library is not (the
+    ``nvidia-libnvcomp-cu13`` wheel missing or not found: "ImportError: libnvcomp.so.6: cannot
+    open shared object file"), and the library is loaded by the import or by the first codec, so
+    this makes one small codec. Tried once: the answer holds for the process."""
+    try:
+        nvcomp = nvcomp_module()
+        nvcomp.Codec(algorithm="Zstd")
+    except Exception as exc:  # noqa: BLE001 - a missing or broken nvCOMP: not usable, and the reason says why
+        return f"nvCOMP cannot be loaded ({type(exc).__name__}: {exc}); install it with {NVCOMP_EXTRA}"
+    return None
+
+
 def engine_for(compress: str | None) -> tuple[str, str]:
     """``(where, why)``: where a run's chunks are compressed. ``"device"``: nvCOMP on this GPU;
     ``"modelled"``: the modelled device's compression engine (CPU backend, a profile that
@@ -76,12 +91,10 @@ def engine_for(compress: str | None) -> tuple[str, str]:
         why += ("; the writer threads compress the chunks on the host (the same store), and the modelled time "
                 "has no compression stage")
     else:
-        try:
-            nvcomp = nvcomp_module()
-            return "device", f"nvCOMP {getattr(nvcomp, '__version__', '')} zstd on {rt.device_label}"
-        except Exception as exc:  # noqa: BLE001 - a missing or broken nvCOMP: the host compresses, and says why
-            why = (f"nvCOMP cannot be imported ({type(exc).__name__}: {exc}); install it with {NVCOMP_EXTRA}. "
-                   "Until then the writer threads compress the chunks on the host (the same store)")
+        unusable = nvcomp_unusable()
+        if unusable is None:
+            return "device", f"nvCOMP {getattr(nvcomp_module(), '__version__', '')} zstd on {rt.device_label}"
+        why = f"{unusable}. Until then the writer threads compress the chunks on the host (the same store)"
     warnings.warn(f"compress='gpu-zstd': {why}", CompressionFallback, stacklevel=3)
     return "host", why
 

@@ -24,6 +24,20 @@ def _cpu():
     ch.set_backend("cpu")
 
 
+@pytest.fixture
+def nvcomp_failing(monkeypatch):
+    """``nvcomp_failing(error)``: nvCOMP's package raises ``error`` when imported; the answer of
+    :func:`compression.nvcomp_unusable` (kept for the process) is forgotten before and after."""
+    def arm(error):
+        def failing():
+            raise error
+        monkeypatch.setattr(compression, "nvcomp_module", failing)
+        compression.nvcomp_unusable.cache_clear()
+
+    yield arm
+    compression.nvcomp_unusable.cache_clear()
+
+
 def _problem(nt=40):
     return ch.WaveProblem(n0=48, n1=40, nt=nt)
 
@@ -79,23 +93,46 @@ def test_the_host_writes_the_same_store_where_the_device_cannot_compress_and_say
         assert (tmp_path / "m.zarr" / name).read_bytes() == (tmp_path / "h.zarr" / name).read_bytes()
 
 
-def test_without_nvcomp_on_a_gpu_the_host_compresses_and_says_how_to_install_it(monkeypatch):
-    """engine_for on a GPU runtime whose nvCOMP does not import: the host path, and the extra named."""
+@pytest.mark.parametrize("error", [ModuleNotFoundError("No module named 'nvidia.nvcomp'"),
+                                   ImportError("libnvcomp.so.6: cannot open shared object file: No such file")],
+                         ids=["no package", "no library"])
+def test_without_nvcomp_on_a_gpu_the_host_compresses_and_says_how_to_install_it(monkeypatch, nvcomp_failing, error):
+    """engine_for on a GPU runtime whose nvCOMP does not import, or whose package imports without
+    its library: the host path, the error and the extra named."""
     class Gpu:
         device_label = "a GPU"
         compresses_on_device = Runtime.compresses_on_device    # a GPU's answer (None): nvCOMP decides
 
     monkeypatch.setattr(compression.runtime, "get", lambda: Gpu())
-
-    def missing():
-        raise ModuleNotFoundError("No module named 'nvidia.nvcomp'")
-
-    monkeypatch.setattr(compression, "nvcomp_module", missing)
-    with pytest.warns(disk.CompressionFallback, match=r"nvCOMP cannot be imported .*\[nvcomp\]"):
+    nvcomp_failing(error)
+    with pytest.warns(disk.CompressionFallback, match=r"nvCOMP cannot be loaded .*\[nvcomp\]") as said:
         assert compression.engine_for("gpu-zstd")[0] == "host"
+    assert str(error) in str(said[0].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error")                       # the host codecs are never a fallback
         assert compression.engine_for("zstd") == ("host", "")
+
+
+def test_nvcomp_counts_as_usable_only_once_its_library_has_loaded_and_is_tried_once(monkeypatch, nvcomp_failing):
+    class Package:                         # nvCOMP's package; its library loads with the first codec
+        tries = 0
+        library = None                     # the error loading the library raises, or None: it loads
+
+        def Codec(self, **kwargs):         # noqa: N802 - nvCOMP's name
+            Package.tries += 1
+            if self.library:
+                raise self.library
+
+    monkeypatch.setattr(compression, "nvcomp_module", Package)
+    compression.nvcomp_unusable.cache_clear()
+    assert compression.nvcomp_unusable() is None and compression.nvcomp_unusable() is None
+    assert Package.tries == 1                                  # tried once, then remembered
+    Package.library = ImportError("libnvcomp.so.6: cannot open shared object file")
+    compression.nvcomp_unusable.cache_clear()
+    why = compression.nvcomp_unusable()
+    assert "libnvcomp.so.6" in why and compression.NVCOMP_EXTRA in why
+    nvcomp_failing(ModuleNotFoundError("No module named 'nvidia.nvcomp'"))
+    assert "No module named 'nvidia.nvcomp'" in compression.nvcomp_unusable()
 
 
 def test_the_modelled_timeline_shows_compression_under_compute_and_writes_under_both(tmp_path):
@@ -208,7 +245,9 @@ def test_a_batch_beyond_the_run_s_levels_is_capped_once_with_a_note(tmp_path, ca
 def _gpu_with_nvcomp():
     if not ch.runtime.gpu_available():
         pytest.skip("no working CUDA GPU here (the GPU tests run on a GPU machine)")
-    pytest.importorskip("nvidia.nvcomp", reason="nvCOMP is not installed (pip install -e '.[nvcomp]')")
+    unusable = compression.nvcomp_unusable()
+    if unusable:
+        pytest.skip(unusable)
     ch.set_backend("gpu")
 
 
@@ -232,17 +271,13 @@ def test_on_a_gpu_nvcomp_compresses_a_store_bit_identical_to_memory(tmp_path, st
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_nvcomp_and_the_host_write_stores_that_read_the_same(tmp_path, monkeypatch):
+def test_on_a_gpu_nvcomp_and_the_host_write_stores_that_read_the_same(tmp_path, nvcomp_failing):
     """Where nvCOMP is missing on a GPU, the writer threads compress: a warning, the same levels."""
     _gpu_with_nvcomp()
     p = ch.WaveProblem(n0=64, n1=48, nt=30)
     ch.solve(p, "staged", trace=False, store=tmp_path / "d.zarr", batch=4, compress="gpu-zstd")
-
-    def missing():
-        raise ModuleNotFoundError("No module named 'nvidia.nvcomp'")
-
-    monkeypatch.setattr(compression, "nvcomp_module", missing)
-    with pytest.warns(disk.CompressionFallback, match="nvCOMP cannot be imported"):
+    nvcomp_failing(ModuleNotFoundError("No module named 'nvidia.nvcomp'"))
+    with pytest.warns(disk.CompressionFallback, match="nvCOMP cannot be loaded"):
         r = ch.solve(p, "staged", trace=False, store=tmp_path / "h.zarr", batch=4, compress="gpu-zstd")
     assert r.compression["where"] == "host"
     host, device = (disk.open_store(tmp_path / name).images[:] for name in ("h.zarr", "d.zarr"))

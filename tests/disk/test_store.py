@@ -1,6 +1,7 @@
 """Streaming the saved levels to a Zarr store: same results, bounded memory, nothing torn."""
 import dataclasses
 import errno
+import functools
 import json
 import os
 import signal
@@ -33,6 +34,17 @@ def _cpu():
 
 def _problem(nt=40):
     return ch.WaveProblem(n0=48, n1=40, nt=nt)
+
+
+@functools.cache
+def _in_memory(n, nt, strategy):
+    """The saved levels of the in-memory solve of an n x n grid over nt steps on the CPU backend: what
+    a streamed run's store must hold. Solved once per process (the kill tests compare against the
+    same runs), and read-only, so that no test can change it for the next."""
+    ch.set_backend("cpu")
+    images = np.array(ch.solve(ch.WaveProblem(n0=n, n1=n, nt=nt), strategy, trace=False).images)  # its own memory
+    images.setflags(write=False)
+    return images
 
 
 @pytest.mark.parametrize("strategy", CPU_STRATEGIES)
@@ -256,10 +268,10 @@ def test_sigkill_mid_run_leaves_every_level_complete_or_absent(tmp_path, strateg
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert child.returncode == -signal.SIGKILL
-    ref = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=nt), strategy, trace=False)
-    s = _assert_never_torn(path, ref.images)
-    assert 0 < s.complete.sum() < len(ref.levels)
-    assert np.isnan(s.images[len(ref.levels) - 1]).all()     # the last level never arrived
+    ref = _in_memory(96, nt, strategy)
+    s = _assert_never_torn(path, ref)
+    assert 0 < s.complete.sum() < len(ref)
+    assert np.isnan(s.images[len(ref) - 1]).all()     # the last level never arrived
 
 
 _MEMORY_CHILD = textwrap.dedent("""
@@ -723,7 +735,7 @@ KILLS = [(strategy, moment, None) for strategy in ("events", "staged")
 def test_a_store_opens_whenever_its_run_was_killed(tmp_path, strategy, moment, compress):
     path = tmp_path / "k.zarr"
     _kill_when(path, strategy, moment, compress=compress)
-    ref = ch.solve(ch.WaveProblem(n0=96, n1=96, nt=600), strategy, trace=False).images
+    ref = _in_memory(96, 600, strategy)
     if not path.exists():                              # killed before the store appeared whole
         with pytest.raises(FileNotFoundError, match="there is no store"):
             disk.open_store(path)
@@ -803,7 +815,9 @@ def test_a_damaged_chunk_is_reported_with_its_path_and_levels_not_read_as_data(t
         assert str(chunk) in str(info.value)
     assert np.isfinite(s.images[7]).all()                         # the other chunks still read
     xr = pytest.importorskip("xarray")
-    with pytest.raises(ValueError, match="checksum"):              # xarray reads through Zarr's codec
+    # xarray reads through Zarr's own codecs, which refuse the chunk too, in words of their own that
+    # change between Zarr versions (3.1: a checksum; 3.4: a shard too short to hold its index).
+    with pytest.raises(ValueError):
         _ = xr.open_zarr(tmp_path / "c.zarr")["u"].isel(time=8).values
 
 

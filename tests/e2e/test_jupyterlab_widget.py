@@ -32,6 +32,8 @@ pytestmark = pytest.mark.e2e
 CHROMIUM = os.environ.get("COURSE_E2E_CHROMIUM", "/usr/bin/chromium")
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from course_paths import course_notebooks  # noqa: E402
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
 WIDGET_ERRORS = re.compile(r"widget|ipympl|matplotlib|jupyter-matplotlib", re.I)
 
@@ -162,7 +164,7 @@ def _open(page, lab, name):
 
 
 COURSE_NOTEBOOKS = sorted(p.relative_to(ROOT / "notebooks").as_posix()
-                          for p in (ROOT / "notebooks").rglob("*.ipynb"))
+                          for p in course_notebooks(ROOT))
 
 
 def _image_links(name):

@@ -12,6 +12,7 @@ import http.server
 import os
 import pathlib
 import re
+import sys
 import threading
 import urllib.parse
 
@@ -21,8 +22,10 @@ pytestmark = pytest.mark.e2e
 
 CHROMIUM = os.environ.get("COURSE_E2E_CHROMIUM", "/usr/bin/chromium")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+from course_paths import course_notebooks  # noqa: E402
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
-NOTEBOOKS = sorted(p.relative_to(ROOT).with_suffix(".html").as_posix() for p in (ROOT / "notebooks").rglob("*.ipynb"))
+NOTEBOOKS = sorted(p.relative_to(ROOT).with_suffix(".html").as_posix() for p in course_notebooks(ROOT))
 #: The lessons in the course's order (by their number), and each lesson's solutions.
 LESSONS = sorted((p for p in NOTEBOOKS if re.fullmatch(r"notebooks/\d+_\w+\.html", p)),
                  key=lambda p: int(re.search(r"(\d+)_", p).group(1)))
@@ -55,8 +58,6 @@ def site(tmp_path_factory):
             import jupyter_book  # noqa: F401
         except ImportError:
             _need(False, 'the site needs Jupyter Book: pip install -e ".[site]"')
-        import sys
-        sys.path.insert(0, str(ROOT / "tools"))
         import build_site
         html = build_site.main(["--out", str(tmp_path_factory.mktemp("site"))])
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(html)))
