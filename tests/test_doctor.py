@@ -47,6 +47,10 @@ def test_the_engine_names_the_root_cause_of_each_recorded_loop(name):
     else:
         assert dx.codes[0] == expected, dx.report()
         assert dx.findings[0].cost_ms >= analysis.threshold_ms(dx.numbers["span_ms"])
+    if expected != "launch-bound":
+        # the kernels here are long: gaps the host left while held in a copy or a wait are those
+        # calls' cost, never a launch-bound finding
+        assert "launch-bound" not in dx.codes, dx.report()
     assert not dx.modelled and dx.records.timing == "CUPTI"
 
 

@@ -410,7 +410,10 @@ def diagnose(records: Records) -> list[Finding]:
                                           "host_sync_ms": round(host_ms, 4)}, records.modelled)
 
     # launch-bound: gaps between kernels that ended when the next kernel's launch call did.
-    launch_bound = _launch_gaps(kernels, call_of, syncs)
+    # A host held inside a copy call (a copy to pageable memory) is waiting, not launching: the
+    # gaps it leaves are that copy's cost, told as pageable-copy.
+    held = [c for c in records.calls if c.what == "copy" and c.end - c.start > LAUNCH_SLACK_MS]
+    launch_bound = _launch_gaps(kernels, call_of, [*syncs, *held])
     if launch_bound is not None:
         cost, gaps = launch_bound
         if cost >= floor:
@@ -444,13 +447,14 @@ def _share_under(copies, kern_busy):
     return intersection_length(busy, kern_busy) / total if total > 0 else 0.0
 
 
-def _launch_gaps(kernels, call_of, syncs):
+def _launch_gaps(kernels, call_of, waits):
     """``(idle ms, gaps)``: the gaps between kernels (all streams together) after which the next
     kernel started within :data:`LAUNCH_SLACK_MS` of the end of its own launch call, with no host
-    wait over the gap; None when no launch call is known."""
+    wait (``waits``: synchronisations, or calls that held the host) over the gap; None when no
+    launch call is known."""
     if not any(k.corr in call_of for k in kernels):
         return None
-    waits = merge_intervals((s.start, s.end) for s in syncs)
+    waits = merge_intervals((w.start, w.end) for w in waits)
     gaps, end = [], None
     for k in kernels:
         if end is not None and k.start > end:
