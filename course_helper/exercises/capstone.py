@@ -372,8 +372,9 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
         raise CapstoneError(f"all {small.nsnapshots} snapshots are right, but the host waited inside the loop "
                             f"{len(waits)} times ({describe_waits(waits)}); the rule: the host never waits in the "
                             "loop - let the streams wait for events instead (stream.wait_event(event))")
-    checked = (f"all {small.nsnapshots} snapshots are right and no race, with each of your {_count(depths[0], 'feed buffer')} "
-               f"and {_count(depths[1], 'buffer')} your snapshots leave from reused at least twice")
+    checked = (f"all {small.nsnapshots} snapshots are right and no race, with each of your "
+               f"{_count(depths[0], 'feed buffer')} and {_count(depths[1], 'buffer')} your snapshots leave from reused "
+               "at least twice")
     hidden, trace, set_up = _balanced(run)
     copied = {OpKind.H2D: "uploads (host to device)", OpKind.D2H: "downloads (device to host)"}
     for direction, h in hidden.items():
@@ -418,7 +419,8 @@ def check_depths(step_ms: float | None, copy_ms: float | None, in_depth: int | N
                             "and one copy at the balanced point, then choose the depths from those times")
     step_ms, copy_ms = checks.positive_float("step_ms", step_ms), checks.positive_float("copy_ms", copy_ms)
     depths = (checks.positive_int("IN_DEPTH", in_depth), checks.positive_int("OUT_DEPTH", out_depth))
-    needed = (1 + math.ceil(copy_ms / (gs.feed_every * step_ms)), max(1, math.ceil(copy_ms / (gs.save_every * step_ms))))
+    needed = (1 + math.ceil(copy_ms / (gs.feed_every * step_ms)),
+              max(1, math.ceil(copy_ms / (gs.save_every * step_ms))))
     asked = f"(they ask for {needed[0]} and {needed[1]})"
     off = [f"{name} = {d}" for name, d, n in zip(("IN_DEPTH", "OUT_DEPTH"), depths, needed) if abs(d - n) > 1]
     if off:
@@ -568,11 +570,11 @@ def _check_returned(program, run, gs):
     if missing:
         name = getattr(run, "__name__", "your loop")
         listed = ", ".join(list(missing)[:8]) + (", ..." if len(missing) > 8 else "")
-        raise CapstoneError(f"all {gs.nsnapshots} snapshots are right, but `{name}` does not return {listed}, device buffers its "
-                            f"queued work uses: when `{name}` returns, their last references go while the device "
-                            "may still be using them, and the memory pool can hand them to the next allocation "
-                            f"(notebook 9's buffer let go too early). Fix: return them from `{name}` (the rule of "
-                            "section 13.2); the caller keeps them until the device is done")
+        raise CapstoneError(f"all {gs.nsnapshots} snapshots are right, but `{name}` does not return {listed}, "
+                            f"device buffers its queued work uses: when `{name}` returns, their last references go "
+                            "while the device may still be using them, and the memory pool can hand them to the next "
+                            "allocation (notebook 9's buffer let go too early). Fix: return them from "
+                            f"`{name}` (the rule of section 13.2); the caller keeps them until the device is done")
 
 
 def _compare(program, gs):

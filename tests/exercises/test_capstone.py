@@ -142,8 +142,8 @@ def test_a_loop_that_returns_no_buffers_is_refused(backend):
 
 
 def test_a_loop_that_ends_with_a_synchronize_passes(backend):
-    final = ("    return u, v, feed, staged", "    ch.synchronize()                                  # the device is done\n"
-             "    return u, v, feed, staged")
+    final = ("    return u, v, feed, staged",
+             "    ch.synchronize()                         # the device is done\n    return u, v, feed, staged")
     assert ch.exercises.check_capstone(loop(final)).startswith("all 12 snapshots are right and no race")
     # Once the device is done, the buffers may go: nothing queued uses them any more.
     assert ch.exercises.check_capstone(loop(final, ("return u, v, feed, staged", "return None"))).startswith("all 12")
@@ -221,7 +221,8 @@ def test_a_missing_wait_is_a_race_named_in_the_loops_words(backend, wait, buffer
 
 def test_a_wrong_index_is_found_without_a_race(backend):
     msg = verdict(loop(("ch.copy_to_host_async(snapshots[i]", "ch.copy_to_host_async(snapshots[0]")))
-    assert "though the race sanitizer found no race" in msg and "snapshots [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] were never" in msg
+    assert "though the race sanitizer found no race" in msg
+    assert "snapshots [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] were never written" in msg
 
 
 def test_a_fresh_notebook_is_told_to_write_the_loop(cpu):
@@ -238,7 +239,7 @@ def test_depths_within_one_of_the_times_pass_and_others_are_told_why(cpu):
     assert ch.exercises.check_depths(step, copy, 2, 1) == ("IN_DEPTH = 2 and OUT_DEPTH = 1 fit your times "
                                                            "(they ask for 2 and 1)")
     assert ch.exercises.check_depths(step, copy, 3, 2, gs).startswith("IN_DEPTH = 3 and OUT_DEPTH = 2 fit")
-    with pytest.raises(ch.exercises.CapstoneError, match=r"IN_DEPTH = 8 does not fit your times \(they ask for 2 and 1\)"):
+    with pytest.raises(ch.exercises.CapstoneError, match=r"IN_DEPTH = 8 does not fit your times \(they ask for 2 and"):
         ch.exercises.check_depths(step, copy, 8, 1)
     with pytest.raises(ch.exercises.CapstoneError, match=r"OUT_DEPTH = 1 does not fit.*ask for 4 and 3"):
         ch.exercises.check_depths(step, 3 * gs.save_every * step, 3, 1)
