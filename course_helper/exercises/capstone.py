@@ -7,14 +7,13 @@ block's feed, frame ``j % nframes`` of a pinned input ring (:attr:`GrayScott.fra
 ``save_every`` steps a snapshot of ``v`` goes to the host. So host-to-device copies, kernels and
 device-to-host copies can all run at once, each on its own engine.
 
-:func:`check_capstone` runs the learner's loop, ``run(gs, snapshots)``, and asks for four things:
+:func:`check_capstone` runs the learner's loop, ``run(gs, snapshots)``, and asks for five things:
 no race (under the sanitizer, on a problem long enough that every buffer of the loop's rings is
 reused at least twice: :func:`check_problem`), snapshots identical to those of the course's
 one-stream loop (:func:`sequential_snapshots`; on the CPU backend that is the NumPy reference,
 :func:`reference_snapshots`, to the bit), its device buffers returned, no host wait inside the
-loop, and at least
-:data:`HIDDEN_NEEDED` of each copy direction hidden under the kernels at the capstone's
-balanced point (:data:`BALANCED_POINT`). Its messages name the learner's own streams, events
+loop, and at least :data:`HIDDEN_NEEDED` of each copy direction hidden under the kernels at the
+capstone's balanced point (:data:`BALANCED_POINT`). Its messages name the learner's own streams, events
 and buffers. :func:`check_depths` checks the ring depths the learner chose against the times
 they measured.
 
