@@ -6,8 +6,8 @@ measures its overlap, naming things as the learner's code does; :mod:`.layer_cak
 "On your own" cells of notebooks 2, 3, 6 and 9; :mod:`.capstone` notebook 13's problem (Gray-Scott
 reaction-diffusion, data streamed both ways), its kernel and its checker.
 """
-from .capstone import (CapstoneError, GrayScott, check_capstone, launch_gray_scott, reference_snapshots,
-                       sequential_snapshots)
+from .capstone import (CapstoneError, GrayScott, check_capstone, check_depths, launch_gray_scott,
+                       reference_snapshots, sequential_snapshots)
 from .core import ExerciseError, Verdict, hidden_by_direction
 from .layer_cake import LayerCakeError, bake_layer, check_layer_cake, layer_values
 from .on_your_own import check_copy_after_kernels, check_race_fix, check_ring_depth, check_speedup
@@ -16,4 +16,4 @@ __all__ = ["ExerciseError", "Verdict", "hidden_by_direction",
            "LayerCakeError", "bake_layer", "check_layer_cake", "layer_values",
            "check_copy_after_kernels", "check_speedup", "check_ring_depth", "check_race_fix",
            "GrayScott", "launch_gray_scott", "reference_snapshots", "sequential_snapshots", "check_capstone",
-           "CapstoneError"]
+           "check_depths", "CapstoneError"]

@@ -7,18 +7,26 @@ block's feed, frame ``j % nframes`` of a pinned input ring (:attr:`GrayScott.fra
 ``save_every`` steps a snapshot of ``v`` goes to the host. So host-to-device copies, kernels and
 device-to-host copies can all run at once, each on its own engine.
 
-:func:`check_capstone` runs the learner's loop, ``run(gs, snapshots)``, and asks for four things:
-no race (under the sanitizer), snapshots identical to those of the course's one-stream loop
-(:func:`sequential_snapshots`; on the CPU backend that is the NumPy reference,
-:func:`reference_snapshots`, to the bit), no host wait inside the loop, and at least
-:data:`HIDDEN_NEEDED` of each copy direction hidden under the kernels at the capstone's
-balanced point (:data:`BALANCED_POINT`). Its messages name the learner's own streams, events
-and buffers.
+:func:`check_capstone` runs the learner's loop, ``run(gs, snapshots)``, and asks for five things:
+no race (under the sanitizer, on a problem long enough that every buffer of the loop's rings is
+reused at least twice: :func:`check_problem`), snapshots identical to those of the course's
+one-stream loop (:func:`sequential_snapshots`; on the CPU backend that is the NumPy reference,
+:func:`reference_snapshots`, to the bit), its device buffers returned, no host wait inside the
+loop, and at least :data:`HIDDEN_NEEDED` of each copy direction hidden under the kernels at the
+capstone's balanced point (:data:`BALANCED_POINT`). Its messages name the learner's own streams, events
+and buffers. :func:`check_depths` checks the ring depths the learner chose against the times
+they measured.
+
+A copy's ``level=`` is a label (timelines and messages show it); no check takes it as a claim
+about the data: which level a snapshot holds is judged by its content.
 """
 from __future__ import annotations
 
 import inspect
+import math
+import sys
 import weakref
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,29 +35,39 @@ from .. import checks, streams
 from ..kernels import RawKernel, source
 from ..memory import InputRing, copy_to_device_async, copy_to_host, device_zeros, is_device_array, pinned_empty
 from ..runtime import observe
+from ..runtime.base import byte_span
 from ..runtime.ops import OpKind
+from ..sanitizer import RaceError
 from ..solver import timing_only
 from ..streams import create_streams, synchronize
-from ..timelines import recording
-from .core import ExerciseError, describe_waits, explain_serial, hidden_by_direction, run_checked
+from ..timelines import Trace, recording
+from .core import ExerciseError, LoopProgram, describe_waits, explain_serial, hidden_by_direction, run_checked
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
     from ..runtime.observe import Op
-    from ..timelines import Trace
-    from .core import LoopProgram
 
 __all__ = ["GrayScott", "launch_gray_scott", "reference_snapshots", "sequential_snapshots", "check_capstone",
-           "CapstoneError", "BALANCED_POINT", "CHECK_POINT", "HIDDEN_NEEDED"]
+           "check_depths", "check_problem", "CapstoneError", "BALANCED_POINT", "CHECK_POINT", "HIDDEN_NEEDED",
+           "USES_PER_BUFFER"]
 
 #: The capstone's balanced point: the device sets the pace (each block's kernels take about twice
 #: as long as one copy of a field, in either direction, on the modelled H200), so overlap can hide
 #: both directions under the kernels. ``benchmarks/capstone_point.py`` measures it on a GPU.
 BALANCED_POINT = dict(n=3072, steps=720, feed_every=36, save_every=36)
-#: The small problem the checker runs under the sanitizer and compares with the reference.
-CHECK_POINT = dict(n=48, steps=72, feed_every=24, save_every=24)
+#: The small problem the checker runs first under the sanitizer and compares with the reference
+#: (:func:`check_problem` with rings of two buffers each way). Snapshots come twice a block, so a
+#: loop that mixes up ``feed_every`` and ``save_every`` shows, and a block ends with a snapshot,
+#: so the events recorded there follow one another.
+CHECK_POINT = dict(n=48, steps=36, feed_every=6, save_every=3)
+#: How many times the check uses every buffer of a ring: once, then reused at least twice, since
+#: a missing wait between a buffer's uses shows only when it is reused.
+USES_PER_BUFFER = 3
+#: The longest check the checker runs (the CPU backend computes it, under the sanitizer): a ring
+#: deeper than this many blocks / USES_PER_BUFFER is checked on the reuses that fit.
+_CHECK_STEPS_MAX = 360
 #: The share of each copy direction that must run under the kernels at the balanced point.
 HIDDEN_NEEDED = 0.85
 
@@ -299,35 +317,64 @@ def sequential_snapshots(gs: GrayScott) -> np.ndarray:
 # --------------------------------------------------------------------------
 # The checker
 # --------------------------------------------------------------------------
-def check_capstone(run: Callable[[GrayScott, np.ndarray], None]) -> str:
+def check_problem(in_depth: int = 2, out_depth: int = 2) -> GrayScott:
+    """The small problem on which a loop whose feed ring has ``in_depth`` buffers, and whose
+    snapshots leave from ``out_depth`` buffers, uses each of them :data:`USES_PER_BUFFER` times
+    or more (so each is reused at least twice): :data:`CHECK_POINT`, run for as many steps as
+    that takes. :func:`check_capstone` runs the loop on it under the race sanitizer.
+
+    >>> gs = check_problem(3, 1)
+    >>> gs.nblocks, gs.nsnapshots
+    (9, 18)
+    """
+    in_depth = checks.positive_int("in_depth", in_depth)
+    out_depth = checks.positive_int("out_depth", out_depth)
+    every = {"feed_every": CHECK_POINT["feed_every"], "save_every": CHECK_POINT["save_every"]}
+    steps = max(CHECK_POINT["steps"], USES_PER_BUFFER * in_depth * every["feed_every"],
+                USES_PER_BUFFER * out_depth * every["save_every"])
+    period = math.lcm(*every.values())        # whole blocks and whole snapshot intervals
+    return GrayScott(n=CHECK_POINT["n"], steps=-(-steps // period) * period, **every)
+
+
+def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
     """Check the capstone's loop ``run(gs, snapshots)``; raise :class:`CapstoneError` saying what
     is wrong, or return a one-line success message.
 
-    ``run`` makes its own streams, events and device buffers, and queues the whole run of
-    ``gs`` into the pinned stack ``snapshots`` (the checker waits for the device afterwards).
-    The checker runs it twice:
+    ``run`` makes its own streams, events and device buffers, queues the whole run of ``gs``
+    into the pinned stack ``snapshots`` and returns its device buffers (the checker keeps them
+    and waits for the device afterwards). The checker runs it:
 
-    1. on a small problem (:data:`CHECK_POINT`) under the race sanitizer, counting the host's
-       waits: no race, no host wait inside the loop, and every snapshot identical to the
-       course's one-stream loop's (:func:`sequential_snapshots`);
+    1. on a small problem under the race sanitizer, counting the host's waits: first
+       :data:`CHECK_POINT`, then, when a buffer of the loop's feed ring (where its uploads from
+       ``gs.frames`` land) or of its snapshot ring (what its copies into ``snapshots`` read)
+       was not used :data:`USES_PER_BUFFER` times, again on :func:`check_problem` for the ring
+       depths the loop used: no race, every snapshot identical to the course's one-stream
+       loop's (:func:`sequential_snapshots`; judged by content: a copy's ``level=`` is a
+       label), every device buffer the loop used among those it returned (unless it ended
+       with ``ch.synchronize()``), and no host wait inside the loop;
     2. at the balanced point (:data:`BALANCED_POINT`) on a timeline (CUPTI on a GPU, the model
        on the CPU backend, which predicts the times without the arithmetic there): at least
        :data:`HIDDEN_NEEDED` of the host-to-device copies and of the device-to-host copies,
-       each direction on its own, must run under the kernels. A direction that does not is
-       told what ordered its copies and the kernels one after the other.
+       each direction on its own, must run under the kernels. Uploads that are no feed frame
+       and come before the first kernel (the initial fields: set-up) are not counted. A
+       direction that falls short is told what ordered its copies and the kernels one after
+       the other.
     """
     __tracebackhide__ = True
     if run is None:
         raise CapstoneError("`run_capstone` is not written yet: write it, then run this cell again")
-    small = GrayScott(**CHECK_POINT)
-    program = _run_small(run, small)
-    _compare(program.snapshots, small)
+    program, small, depths = _run_reusing(run)
+    _compare(program, small)
+    _check_returned(program, run, small)
     if program.host_waits:
         waits = program.host_waits
         raise CapstoneError(f"all {small.nsnapshots} snapshots are right, but the host waited inside the loop "
                             f"{len(waits)} times ({describe_waits(waits)}); the rule: the host never waits in the "
                             "loop - let the streams wait for events instead (stream.wait_event(event))")
-    hidden, trace = _balanced(run)
+    checked = (f"all {small.nsnapshots} snapshots are right and no race, with each of your "
+               f"{_count(depths[0], 'feed buffer')} and {_count(depths[1], 'buffer')} your snapshots leave from reused "
+               "at least twice")
+    hidden, trace, set_up = _balanced(run)
     copied = {OpKind.H2D: "uploads (host to device)", OpKind.D2H: "downloads (device to host)"}
     for direction, h in hidden.items():
         if h.copy_ms == 0:
@@ -335,16 +382,95 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], None]) -> str:
                                 "feed frame from gs.frames (gs.frames.copy_to_device_async) and every snapshot "
                                 "goes to snapshots[i] (ch.copy_to_host_async)")
     short = [d for d, h in hidden.items() if h.fraction < HIDDEN_NEEDED]
+    not_counted = (f", not counting your {set_up} set-up upload{'s' if set_up > 1 else ''} before the first "
+                   "kernel" if set_up else "")
     measured = "; ".join(f"{copied[d]}: busy {h.copy_ms:.2f} ms, {h.fraction:.0%} of it under the kernels"
-                         for d, h in hidden.items())
+                         + (not_counted if d == OpKind.H2D else "") for d, h in hidden.items())
     if short:
         whys = " ".join(f"The {copied[d].split(' ')[0]}: {_why(program, d)}." for d in short)
         raise CapstoneError(f"all {small.nsnapshots} snapshots are right and the host never waited, but at the "
                             f"balanced point the {' and the '.join(copied[d] for d in short)} ran under the kernels "
                             f"less than the {HIDDEN_NEEDED:.0%} asked for. {whys} In this run's trace "
                             f"({trace.clock}): {measured}.")
-    return (f"all {small.nsnapshots} snapshots are right, no race, the host never waited in the loop, and at the "
-            f"balanced point both directions ran under the kernels ({measured}; {trace.clock})")
+    return (f"{checked}, the host never waited in the loop, and at the balanced point both directions ran under "
+            f"the kernels ({measured}; {trace.clock})")
+
+
+def check_depths(step_ms: float | None, copy_ms: float | None, in_depth: int | None, out_depth: int | None,
+                 gs: GrayScott | None = None) -> str:
+    """Check ring depths chosen from measured times (notebook 13's timing cell); raise
+    :class:`CapstoneError` saying what is missing or off, or return a one-line verdict.
+
+    At the balanced point (or ``gs``), a feed buffer is taken from its upload to the end of its
+    block, so the next upload must land during the blocks before it: ``1 + ceil(copy_ms /
+    block)`` feed buffers, a block being ``gs.feed_every`` steps. A staging buffer is free once
+    its copy has left: ``ceil(copy_ms / (gs.save_every * step_ms))`` of them. Depths within one
+    of these pass.
+
+    >>> check_depths(0.06, 0.7, 2, 1)
+    'IN_DEPTH = 2 and OUT_DEPTH = 1 fit your times (they ask for 2 and 1)'
+    """
+    gs = GrayScott.balanced_point() if gs is None else checks.instance("gs", gs, GrayScott, "a GrayScott problem")
+    given = {"step_ms": step_ms, "copy_ms": copy_ms, "IN_DEPTH": in_depth, "OUT_DEPTH": out_depth}
+    missing = [name for name, value in given.items() if value is None]
+    if missing:
+        raise CapstoneError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set yet: time one step "
+                            "and one copy at the balanced point, then choose the depths from those times")
+    step_ms, copy_ms = checks.positive_float("step_ms", step_ms), checks.positive_float("copy_ms", copy_ms)
+    depths = (checks.positive_int("IN_DEPTH", in_depth), checks.positive_int("OUT_DEPTH", out_depth))
+    needed = (1 + math.ceil(copy_ms / (gs.feed_every * step_ms)),
+              max(1, math.ceil(copy_ms / (gs.save_every * step_ms))))
+    asked = f"(they ask for {needed[0]} and {needed[1]})"
+    off = [f"{name} = {d}" for name, d, n in zip(("IN_DEPTH", "OUT_DEPTH"), depths, needed) if abs(d - n) > 1]
+    if off:
+        raise CapstoneError(f"{' and '.join(off)} do{'es' if len(off) == 1 else ''} not fit your times {asked}: one "
+                            f"copy ({copy_ms:.3f} ms) must land during the blocks of {gs.feed_every} steps "
+                            f"({gs.feed_every * step_ms:.3f} ms each) before its own, and leave a staging buffer "
+                            f"within the {gs.save_every} steps ({gs.save_every * step_ms:.3f} ms) between snapshots")
+    return f"IN_DEPTH = {depths[0]} and OUT_DEPTH = {depths[1]} fit your times {asked}"
+
+
+class _Program(LoopProgram):
+    """The capstone's view of the loop under the sanitizer: a race's fix names the event the
+    loop records after the first access but no stream waits for (the wait the loop left out)."""
+
+    def _race(self, first, second):
+        error = super()._race(first, second)
+        after = [e for p, e, _ in self.records.get(first.thread, []) if p >= first.clock and self.label_of(e)]
+        unwaited = [e for e in after
+                    if not any(w.get(id(e), (None,))[0] is e for w in self.waited.values())]
+        if not unwaited or unwaited[0] is after[0]:
+            return error
+        old, new = (f"wait for `{self.label_of(e)}` recorded after" for e in (after[0], unwaited[0]))
+        if old not in error.fix:                 # another kind of fix (a wait queued too early)
+            return error
+        return RaceError(str(error).replace(old, new), error.first, error.second, error.fix.replace(old, new))
+
+
+class _LastWait:
+    """Observer (of every thread): whether the loop (the function whose code is ``code``, or
+    what it calls) waited for the whole device (``ch.synchronize()``) after it queued its last
+    operation. The checker's own waits, after the loop returned, do not count."""
+
+    def __init__(self, code):
+        self.code, self.device_idle = code, False
+
+    def op_queued(self, op: Op) -> None:
+        self.device_idle = False
+
+    def host_synced(self, target: Any) -> None:
+        if target is not None:
+            return
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code is not self.code:
+            frame = frame.f_back
+        if frame is not None:
+            self.device_idle = True
+
+
+def _count(n, what):
+    """"1 feed buffer", "2 feed buffers"."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def _names(run, gs, snapshots):
@@ -358,21 +484,102 @@ def _names(run, gs, snapshots):
 
 
 def _run_small(run, gs):
-    """Run the loop on the small problem under the sanitizer: its program (host waits in it)."""
+    """Run the loop on a small problem under the sanitizer: its program (host waits in it,
+    ``snapshots``, ``device_idle``: whether it ended with ``ch.synchronize()``)."""
     __tracebackhide__ = True
     if not callable(run):
         raise TypeError(f"run must be your function run_capstone(gs, snapshots), got {type(run).__name__}")
     snapshots = gs.empty_snapshots()
     synchronize()
-    program = run_checked(run, _names(run, gs, snapshots), CapstoneError, "give wrong snapshots",
-                          args=(gs, snapshots))
-    program.snapshots = snapshots
+    last = observe.add(_LastWait(getattr(run, '__code__', None)), every_thread=True)
+    try:
+        program = run_checked(run, _names(run, gs, snapshots), CapstoneError, "give wrong snapshots",
+                              args=(gs, snapshots), check_levels=False, program_type=_Program)   # level=: a label
+    finally:
+        observe.remove(last)
+    program.snapshots, program.device_idle = snapshots, last.device_idle
     return program
 
 
-def _compare(snapshots, gs):
-    """Compare the small run's snapshots with the one-stream loop's."""
+def _run_reusing(run):
+    """Run the loop on :data:`CHECK_POINT`, and again on :func:`check_problem` for the ring
+    depths it used, until every buffer of both rings was used :data:`USES_PER_BUFFER` times
+    (or the check would pass :data:`_CHECK_STEPS_MAX` steps): the last run's program, its
+    problem and the depths ``(feed buffers, snapshot buffers)``."""
     __tracebackhide__ = True
+    gs = GrayScott(**CHECK_POINT)
+    while True:
+        program = _run_small(run, gs)
+        rings = _ring_uses(program, gs)
+        depths = tuple(len(uses) for uses in rings)
+        if all(min(uses.values(), default=USES_PER_BUFFER) >= USES_PER_BUFFER for uses in rings):
+            return program, gs, depths
+        longer = check_problem(max(depths[0], 1), max(depths[1], 1))
+        steps = min(longer.steps, _CHECK_STEPS_MAX)
+        if steps <= gs.steps:            # reused as often as fits, or some buffer taken more rarely than its ring
+            return program, gs, depths
+        gs = GrayScott(n=longer.n, steps=steps, feed_every=longer.feed_every, save_every=longer.save_every)
+
+
+def _overlap(a, b):
+    """Whether two byte spans (:func:`byte_span`, None for an empty array) overlap."""
+    return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def _ring_uses(program, gs) -> tuple[Counter, Counter]:
+    """The loop's two rings, as the copies used them: how often each device buffer received an
+    upload from ``gs.frames`` (the feed ring), and how often each was read by a copy into the
+    snapshots (the buffers snapshots leave from); keyed by byte span."""
+    frames, stack = byte_span(gs.frames.frames), byte_span(program.snapshots)
+    feed, out = Counter(), Counter()
+    for op, *_ in program.queued:
+        if op.kind == OpKind.H2D and op.writes and any(_overlap(byte_span(a), frames) for a in op.reads):
+            feed[byte_span(op.writes[0])] += 1
+        elif op.kind == OpKind.D2H and op.reads and any(_overlap(byte_span(a), stack) for a in op.writes):
+            out[byte_span(op.reads[0])] += 1
+    return feed, out
+
+
+def _device_spans(value, depth=0):
+    """The byte spans of the device arrays in what a loop returned (in lists, tuples, sets and
+    dicts, a few deep)."""
+    if is_device_array(value):
+        return [byte_span(value)]
+    if depth > 4:
+        return []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set)) else ()
+    return [span for item in items for span in _device_spans(item, depth + 1)]
+
+
+def _check_returned(program, run, gs):
+    """Every device buffer the loop queued work on must be among those it returned: when the
+    loop returns, its locals go, and a buffer let go while queued work still uses it may be
+    handed to the next allocation (the rule of section 13.2). A loop that ended with
+    ``ch.synchronize()`` may let them go."""
+    __tracebackhide__ = True
+    if program.device_idle:
+        return
+    kept = [s for s in _device_spans(program.returned) if s is not None]
+    missing = {}
+    for op, *_ in program.queued:
+        for a in (*op.reads, *op.writes):
+            span = byte_span(a) if is_device_array(a) else None
+            if span is not None and not any(k[0] == span[0] and k[1] <= span[1] and span[2] <= k[2] for k in kept):
+                missing.setdefault(program.names.of(a, span), None)
+    if missing:
+        name = getattr(run, "__name__", "your loop")
+        listed = ", ".join(list(missing)[:8]) + (", ..." if len(missing) > 8 else "")
+        raise CapstoneError(f"all {gs.nsnapshots} snapshots are right, but `{name}` does not return {listed}, "
+                            f"device buffers its queued work uses: when `{name}` returns, their last references go "
+                            "while the device may still be using them, and the memory pool can hand them to the next "
+                            "allocation (notebook 9's buffer let go too early). Fix: return them from "
+                            f"`{name}` (the rule of section 13.2); the caller keeps them until the device is done")
+
+
+def _compare(program, gs):
+    """Compare the small run's snapshots with the one-stream loop's, by content."""
+    __tracebackhide__ = True
+    snapshots = program.snapshots
     observe.notify("host_access", snapshots, "r", "check_capstone")
     expected = sequential_snapshots(gs)
     unwritten = [i for i in range(gs.nsnapshots) if np.isnan(snapshots[i]).all()]
@@ -383,17 +590,64 @@ def _compare(snapshots, gs):
     if unwritten:
         problems.append(f"snapshots {unwritten} were never written: snapshot i is v after step "
                         f"(i + 1) * gs.save_every, copied into snapshots[i]")
+    labels = _labels(program, gs)
     for i in wrong[:3]:
         found = [k for k in range(gs.nsnapshots) if np.array_equal(snapshots[i], expected[k])]
-        problems.append(f"snapshots[{i}] " + (f"holds snapshot {found[0]}" if found else
-                                              "differs from the one-stream loop's (a step, a field or a feed "
-                                              "frame is not the one the loop should use there)"))
+        if not found:
+            problems.append(f"snapshots[{i}] differs from the one-stream loop's (a step, a field or a feed frame is "
+                            "not the one the loop should use there)")
+            continue
+        level = gs.snapshot_steps[found[0]]
+        label = labels.get(i)
+        problems.append(f"snapshots[{i}] holds snapshot {found[0]} (v after step {level})" +
+                        (f": your copy labelled level {label} holds level {level}" if label not in (None, level)
+                         else ""))
     raise CapstoneError(f"{len(unwritten) + len(wrong)} of {gs.nsnapshots} snapshots are wrong, though the race "
                         "sanitizer found no race: the order is right and an index is not. " + "; ".join(problems))
 
 
-def _balanced(run) -> tuple[dict, Trace]:
-    """Run the loop at the balanced point on a timeline: the hidden share of each copy direction."""
+def _labels(program, gs):
+    """Snapshot index -> the ``level=`` label of the last copy into it (information for messages only)."""
+    stack = program.snapshots
+    found = {}
+    for op, *_ in program.queued:
+        if op.kind == OpKind.D2H and op.level is not None:
+            for i in range(gs.nsnapshots):
+                if any(_overlap(byte_span(a), byte_span(stack[i])) for a in op.writes):
+                    found[i] = int(op.level)
+    return found
+
+
+class _SetUp:
+    """Observer at the balanced point: counts the uploads queued before the first kernel that
+    carry no feed frame (the loop's set-up, e.g. the initial fields). It keeps no arrays."""
+
+    def __init__(self, frames):
+        self.frames, self.kernels, self.count = byte_span(frames), 0, 0
+
+    def op_queued(self, op: Op) -> None:
+        if op.kind == "kernel":
+            self.kernels += 1
+        elif op.kind == OpKind.H2D and not self.kernels and not any(_overlap(byte_span(a), self.frames)
+                                                                     for a in op.reads):
+            self.count += 1
+
+
+def _without_set_up(trace: Trace, count: int) -> Trace:
+    """The trace without ``count`` uploads that started before the first kernel (the set-up:
+    the kernels are ordered after it, so no kernel ran under it; any ``count`` of the uploads
+    before the first kernel leave the same overlap, and the earliest are dropped)."""
+    kernels = trace.kernels
+    if not count or not kernels:
+        return trace
+    first = kernels[0].start_ms
+    dropped = {id(e) for e in [e for e in trace.of_kind(OpKind.H2D) if e.start_ms < first][:count]}
+    return Trace([e for e in trace.events if id(e) not in dropped], trace.tracks, trace.meta)
+
+
+def _balanced(run) -> tuple[dict, Trace, int]:
+    """Run the loop at the balanced point on a timeline: the hidden share of each copy direction
+    (set-up uploads not counted), the trace and how many set-up uploads it had."""
     __tracebackhide__ = True
     gs = GrayScott.balanced_point()
     snapshots = gs.empty_snapshots()
@@ -401,12 +655,16 @@ def _balanced(run) -> tuple[dict, Trace]:
         kept = run(gs, snapshots)                 # once untimed: on a GPU the first run sets up
         synchronize()
         kept = None                               # its buffers go before the timed run makes its own
-        with recording.tracing(strategy="capstone check") as handle:
-            kept = run(gs, snapshots)             # its buffers kept until the device is done with them
-            synchronize()
+        set_up = observe.add(_SetUp(gs.frames.frames))
+        try:
+            with recording.tracing(strategy="capstone check") as handle:
+                kept = run(gs, snapshots)         # its buffers kept until the device is done with them
+                synchronize()
+        finally:
+            observe.remove(set_up)
     del kept
     trace = handle.trace
-    return hidden_by_direction(trace), trace
+    return hidden_by_direction(_without_set_up(trace, set_up.count)), trace, set_up.count
 
 
 def _why(program: LoopProgram, direction: str) -> str:

@@ -339,10 +339,12 @@ def explain_serial(program: LoopProgram, serial: Serial, name_op: Callable[[Op],
 
 
 def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError], what: str,
-                args: tuple = (), *, check_levels: bool = True) -> LoopProgram:
+                args: tuple = (), *, check_levels: bool = True,
+                program_type: type[LoopProgram] = LoopProgram) -> LoopProgram:
     """Run ``loop(*args)`` under the race sanitizer (a :class:`LoopProgram` naming things with
-    ``names`` and the loop's own names) and count the host's waits inside it; returns the
-    program, its ``host_waits`` filled in.
+    ``names`` and the loop's own names; ``program_type``: a subclass of it, for a checker that
+    judges more or less) and count the host's waits inside it; returns the program, its
+    ``host_waits`` filled in and ``returned`` holding what the loop returned.
 
     A race raises ``error`` saying it can ``what`` (e.g. "bake a wrong cake") on any run; a loop that still
     raises NotImplementedError is told it is not written yet. Any other error of the loop is
@@ -351,7 +353,7 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
     if not callable(loop):
         raise TypeError(f"loop must be a function that queues the whole run, got {type(loop).__name__}")
     names = {**learner_names(loop), **names}
-    program = LoopProgram(names, loop, check_levels=check_levels)
+    program = program_type(names, loop, check_levels=check_levels)
     waits = observe.add(HostWaits(), every_thread=True)   # a loop may queue its body from a thread
     observe.add(program, every_thread=True)
     kept = None                                    # what the loop returns (its device buffers) lives until the
@@ -373,6 +375,7 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
                         "`raise NotImplementedError` with the loop, then run this cell again") from None
         raise
     synchronize()
+    program.returned = kept                        # a checker may ask what the loop kept (the device is done)
     del kept
     if program.race is not None:                   # found in work another thread queued
         found = error(f"your loop has a race: it can {what} on any run, whatever the timing.\n"
