@@ -82,6 +82,7 @@ def _strategies_text():
     width = max(len(name) for name in STRATEGIES)
     lines = [textwrap.fill(STRATEGY_HELP.get(name) or _first_sentence(entry.loop.__doc__), width=98,
                            initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
+             or f"  {name}"                    # a loop with no docstring: its name alone (fill drops it)
              for name, entry in STRATEGIES.items()]
     return "strategies:\n" + "\n".join(lines)
 
