@@ -234,6 +234,7 @@ class LoopProgram(Sanitizer):
         self.after = {}               # id(event) -> (event, the operation its latest record follows)
         self.pending = {}             # stream -> [(event, operation)] waited since its last operation
         self.host_waits = []
+        self.trailing_waits = []
         self.code = getattr(loop, "__code__", None)
         self.frame = None             # the loop's frame while it runs (its locals name things)
         self.known = set()            # ids of what the frame's locals have named
@@ -383,6 +384,7 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
         found.race = program.race[0]
         raise found
     program.host_waits = waits.inside
+    program.trailing_waits = waits.pending     # waits after the loop's last queued work
     program.judged_waits = waits.judged
     return program
 

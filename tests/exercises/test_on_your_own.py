@@ -91,13 +91,24 @@ def test_notebook_2_judges_the_level_by_the_data_copied(backend):
     assert not v.passed and "it holds none of the levels the steps wrote" in v, v
 
 
-@pytest.mark.parametrize("copy, buffer", [("level 20, labelled 21", "U[2]"), ("level 21, labelled 20", "U[0]")])
-def test_notebook_2_says_a_wrong_label_is_a_label(backend, copy, buffer):
-    """The race sanitizer holds a copy's level= label against the level its buffer holds: the
-    check says the label is wrong rather than that nothing orders the copy."""
-    v = ch.exercises.check_copy_after_kernels(copy_after_kernels("solution", copy))
-    assert not v.passed and "`level=` label is not the level its buffer holds" in v and f"reads {buffer}" in v, v
-    assert "nothing orders" not in v, v
+def test_notebook_2_takes_level_as_a_label(backend):
+    """A copy's level= only names it: the right data under a wrong label passes, the wrong data
+    under the right label is refused by what it holds."""
+    v = ch.exercises.check_copy_after_kernels(copy_after_kernels("solution", "level 21, labelled 20"))
+    assert v.passed, v
+    v = ch.exercises.check_copy_after_kernels(copy_after_kernels("solution", "level 20, labelled 21"))
+    assert not v.passed and "it holds level 20, what U[2] holds" in v and "nothing orders" not in v, v
+
+
+@pytest.mark.parametrize("wait", ["    io.synchronize()\n", "    compute.synchronize()\n", "    ch.synchronize()\n"])
+def test_notebook_2_refuses_a_host_wait_after_the_copy(backend, wait):
+    """The exercise asks for a host that does not wait at all: a wait after the copy is one too."""
+    ns = {"ch": ch, "np": np}
+    exec(NOTEBOOK_2, ns)
+    run_cell("def copy_after_kernels(compute, io):\n    steps(20, compute)\n" + COPY_AFTER_KERNELS["solution"]
+             + COPIES["as given"] + wait, ns, "a wait after the copy")
+    v = ch.exercises.check_copy_after_kernels(ns["copy_after_kernels"])
+    assert not v.passed and "the host waited after queueing the work" in v and wait.strip() in v, v
 
 
 def test_notebook_2s_check_speaks_only_of_what_notebook_2_taught(backend):
@@ -157,6 +168,20 @@ def test_notebook_3_says_what_is_wrong_with_the_rows(cpu):
     for name, (bad, words) in wrong_rows.items():
         v = ch.exercises.check_speedup(bad, mine)
         assert not v.passed and words in v and "ch.measure_bandwidth(sizes_mib=(my_size_mib,))" in v, (name, v)
+
+
+def test_notebook_3_refuses_rows_written_by_hand_or_changed(cpu):
+    """Rows typed in (with the speed-up they give) are not a measurement; nor are measured rows
+    whose speed was changed afterwards."""
+    rows, mine, _ = my_measurement(2)
+    typed = [{"size_mib": 32.0, "memory": "pinned", "gb_per_s": 50.0},
+             {"size_mib": 32.0, "memory": "pageable", "gb_per_s": 10.0}]
+    v = ch.exercises.check_speedup(typed, 5.0)
+    assert not v.passed and "not rows ch.measure_bandwidth returned" in v, v
+    changed = [dict(rows[0], gb_per_s=rows[0]["gb_per_s"] * 2), rows[1]]
+    v = ch.exercises.check_speedup(changed, changed[0]["gb_per_s"] / changed[1]["gb_per_s"])
+    assert not v.passed and "not rows ch.measure_bandwidth returned" in v, v
+    assert ch.exercises.check_speedup([dict(r) for r in rows], mine).passed        # copies of the rows are fine
 
 
 def test_notebook_3_answers_the_old_call_with_the_new_one(cpu):
