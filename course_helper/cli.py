@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
-from .runtime import backend, observe, profiles
+from .runtime import backend, interrupts, observe, profiles
 from .runtime.ops import OpKind
 from .measure import bench, calibrate, compare
 from . import runtime, solver, wave
@@ -412,36 +412,43 @@ def compare_main(args: argparse.Namespace) -> int:
 
 
 def halo_main(args: argparse.Namespace) -> int:
-    """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks."""
+    """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks.
+
+    A Ctrl-C (SIGINT, to one rank or to ``mpiexec``, which passes it on) only marks the rank
+    interrupted; it is raised at a safe point (the end of a level, a turn of the modelled device;
+    never inside a halo exchange, whose receives are posted into buffers it would let go), and
+    the rank then says so and aborts the whole job."""
     if args.backend:
         os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
-    world = halo.world()
-    try:
-        problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
-        check_job(problem, world.Get_size(), args.every)
-        if args.trace and not args.out:
-            raise ValueError("--trace writes trace.json into the --out folder; give --out")
-        if args.out:
-            _check_out(args.out)
-    except (ValueError, TypeError, OSError):
-        if world.Get_rank():
-            return 2          # every rank finds the same mistake: rank 0 alone says it, on a line of its own
-        raise
-    # Rank 0 speaks for the job: the other ranks' lines (the backend's banner) would repeat
-    # it, run together with it on the shared stdout. Their errors still go to stderr.
-    try:
-        with contextlib.ExitStack() as quiet:
+    with interrupts.deferred():
+        world = halo.world()
+        try:
+            problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+            check_job(problem, world.Get_size(), args.every)
+            if args.trace and not args.out:
+                raise ValueError("--trace writes trace.json into the --out folder; give --out")
+            if args.out:
+                _check_out(args.out)
+        except (ValueError, TypeError, OSError):
             if world.Get_rank():
-                quiet.enter_context(contextlib.redirect_stdout(quiet.enter_context(open(os.devnull, "w"))))
-            return _halo_ranks(args, problem)
-    except BaseException as exc:
-        # Anything that ends one rank early - an error, Ctrl-C, sys.exit - must end them all:
-        # the others would wait for its halo rows for ever.
-        if world.Get_size() > 1:
-            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
-            print(f"error on rank {world.Get_rank()}: {what}; stopping every rank", file=sys.stderr, flush=True)
-            world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 2)
-        raise
+                return 2      # every rank finds the same mistake: rank 0 alone says it, on a line of its own
+            raise
+        # Rank 0 speaks for the job: the other ranks' lines (the backend's banner) would repeat
+        # it, run together with it on the shared stdout. Their errors still go to stderr.
+        try:
+            with contextlib.ExitStack() as quiet:
+                if world.Get_rank():
+                    quiet.enter_context(contextlib.redirect_stdout(quiet.enter_context(open(os.devnull, "w"))))
+                return _halo_ranks(args, problem)
+        except BaseException as exc:
+            # Anything that ends one rank early - an error, Ctrl-C, sys.exit - must end them all:
+            # the others would wait for its halo rows for ever. (Still inside the deferred block:
+            # a Ctrl-C now cannot stop the rank before it has aborted the job.)
+            if world.Get_size() > 1:
+                what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+                print(f"error on rank {world.Get_rank()}: {what}; stopping every rank", file=sys.stderr, flush=True)
+                world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 2)
+            raise
 
 
 def _halo_ranks(args, problem):
