@@ -32,7 +32,7 @@ def _cpu():
 
 
 def _problem():
-    return ch.WaveProblem(n0=32, n1=32, nt=40)
+    return ch.WaveProblem(n0=32, n1=32, nt=30)
 
 
 class _CtrlCs:
@@ -115,3 +115,50 @@ def test_ctrl_cs_in_a_store_run_leave_no_thread_and_a_usable_process(tmp_path, s
         again = ch.solve(problem, strategy, trace=True)      # the process is usable
         np.testing.assert_array_equal(again.images, reference)
     assert stopped, "no Ctrl-C came while a run was going"
+
+
+# -- the modelled device: a Ctrl-C never lands inside its bookkeeping -----------------------
+def test_a_ctrl_c_in_modelled_work_waits_for_the_devices_next_step(monkeypatch):
+    """A SIGINT that comes while the modelled device runs an operation's NumPy work (or moves a
+    task between its queues) is raised at the device's next step: the work it came in runs to its
+    end, the KeyboardInterrupt reaches the host, and the device goes on with what is queued."""
+    real, sent, finished = ch.exercises.layer_values, [], []
+
+    def interrupted(k, shape):
+        if k == 3 and not sent:
+            sent.append(k)
+            signal.raise_signal(signal.SIGINT)          # Python runs its handler here, at once
+        values = real(k, shape)
+        finished.append(k)
+        return values
+
+    monkeypatch.setattr(ch.exercises.layer_cake, "layer_values", interrupted)
+    (s,) = ch.create_streams(1)
+    planes = [ch.device_zeros((8, 8)) for _ in range(6)]
+    with pytest.raises(KeyboardInterrupt):
+        for k, plane in enumerate(planes):
+            ch.bake_layer(plane, k, s)
+        s.synchronize()
+    assert 3 in finished                                 # the layer it came in was baked whole
+    s.synchronize()
+    for k in finished:
+        np.testing.assert_array_equal(ch.to_host(planes[k]), real(k, (8, 8)))
+
+
+def test_a_ctrl_c_stops_a_host_function_at_once():
+    """A learner's host function may never return: a Ctrl-C stops it where it is, and its stream
+    reports it as interrupted."""
+    (s,) = ch.create_streams(1)
+    reached = []
+
+    def endless():
+        signal.raise_signal(signal.SIGINT)
+        reached.append("after the Ctrl-C")              # never: the KeyboardInterrupt came first
+
+    with pytest.raises(KeyboardInterrupt):
+        s.launch_host_func(endless)                      # (an idle stream runs it right away)
+        s.synchronize()
+    assert not reached
+    with pytest.raises(RuntimeError, match="interrupted"):
+        s.synchronize()
+    s.synchronize()                                      # told once: the stream is usable again
