@@ -96,6 +96,21 @@ def _run_interrupted(problem, strategy, path, compress, first_s, rng, how):
 @pytest.mark.parametrize("strategy, compress", [(name, None) for name in STORE_STRATEGIES]
                          + [("events", "gpu-zstd"), ("staged", "gpu-zstd")])
 def test_ctrl_cs_in_a_store_run_leave_no_thread_and_a_usable_process(tmp_path, strategy, compress):
+    _check_ctrl_cs_in_store_runs(tmp_path, strategy, compress)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy, compress", [("events", None), ("staged", None), ("staged", "gpu-zstd")])
+def test_ctrl_cs_in_a_store_run_on_the_gpu(gpu, tmp_path, strategy, compress):
+    """The same on a GPU: the writers wait for real copies there, and nvCOMP's stage (where it
+    starts) has a thread of its own."""
+    _check_ctrl_cs_in_store_runs(tmp_path, strategy, compress)
+
+
+def _check_ctrl_cs_in_store_runs(tmp_path, strategy, compress):
+    """Three runs of ``strategy`` to a store under bursts of Ctrl-Cs, the first one landing in
+    each third of a run in turn; after each: no thread of the course alive, no timeline left
+    recording, the store's state a truthful one, and a plain solve gives the reference result."""
     problem = _problem()
     reference = ch.solve(problem, strategy, trace=False).images
     start = time.perf_counter()
