@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import re
+import struct
 import sys
-from typing import TYPE_CHECKING, NoReturn
+import termios
+import time
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import numpy as np
 
@@ -447,8 +451,22 @@ def halo_main(args: argparse.Namespace) -> int:
             if world.Get_size() > 1:
                 what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
                 print(f"error on rank {world.Get_rank()}: {what}; stopping every rank", file=sys.stderr, flush=True)
+                _until_read(sys.stderr)
                 world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 2)
             raise
+
+
+def _until_read(stream: TextIO, seconds: float = 2.0) -> None:
+    """Wait, at most ``seconds``, until what was written to ``stream`` has left its pipe. A rank's
+    stderr is a pipe that mpiexec reads and relays; an abort ends that relay at once, and a line
+    still in the pipe then (the rank's last words: why it stopped the job) is lost."""
+    try:
+        fd = stream.fileno()
+        deadline = time.monotonic() + seconds
+        while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] and time.monotonic() < deadline:
+            time.sleep(0.005)
+    except (OSError, ValueError, AttributeError):
+        pass               # not a pipe (a file, a terminal) or no fileno: nothing waits to be read
 
 
 def _halo_ranks(args, problem):
