@@ -19,17 +19,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
+import struct
 import sys
+import termios
 import textwrap
-from typing import TYPE_CHECKING, NoReturn
+import time
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import numpy as np
 
-from .runtime import backend, observe, profiles
+from .runtime import backend, interrupts, observe, profiles
 from .runtime.ops import OpKind
 from .measure import bench, calibrate, compare
 from . import runtime, solver, wave
@@ -431,36 +435,57 @@ def compare_main(args: argparse.Namespace) -> int:
 
 
 def halo_main(args: argparse.Namespace) -> int:
-    """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks."""
+    """One decomposed solve on the ranks of ``mpiexec``; rank 0 prints, gathers and checks.
+
+    A Ctrl-C (SIGINT, to one rank or to ``mpiexec``, which passes it on) only marks the rank
+    interrupted; it is raised at a safe point (the end of a level, a turn of the modelled device;
+    never inside a halo exchange, whose receives are posted into buffers it would let go), and
+    the rank then says so and aborts the whole job."""
     if args.backend:
         os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
-    world = halo.world()
-    try:
-        problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
-        check_job(problem, world.Get_size(), args.every)
-        if args.trace and not args.out:
-            raise ValueError("--trace writes trace.json into the --out folder; give --out")
-        if args.out:
-            _check_out(args.out)
-    except (ValueError, TypeError, OSError):
-        if world.Get_rank():
-            return 2          # every rank finds the same mistake: rank 0 alone says it, on a line of its own
-        raise
-    # Rank 0 speaks for the job: the other ranks' lines (the backend's banner) would repeat
-    # it, run together with it on the shared stdout. Their errors still go to stderr.
-    try:
-        with contextlib.ExitStack() as quiet:
+    with interrupts.deferred():
+        world = halo.world()
+        try:
+            problem = wave.WaveProblem(n0=args.n, n1=args.n, nt=args.nt)
+            check_job(problem, world.Get_size(), args.every)
+            if args.trace and not args.out:
+                raise ValueError("--trace writes trace.json into the --out folder; give --out")
+            if args.out:
+                _check_out(args.out)
+        except (ValueError, TypeError, OSError):
             if world.Get_rank():
-                quiet.enter_context(contextlib.redirect_stdout(quiet.enter_context(open(os.devnull, "w"))))
-            return _halo_ranks(args, problem)
-    except BaseException as exc:
-        # Anything that ends one rank early - an error, Ctrl-C, sys.exit - must end them all:
-        # the others would wait for its halo rows for ever.
-        if world.Get_size() > 1:
-            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
-            print(f"error on rank {world.Get_rank()}: {what}; stopping every rank", file=sys.stderr, flush=True)
-            world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 2)
-        raise
+                return 2      # every rank finds the same mistake: rank 0 alone says it, on a line of its own
+            raise
+        # Rank 0 speaks for the job: the other ranks' lines (the backend's banner) would repeat
+        # it, run together with it on the shared stdout. Their errors still go to stderr.
+        try:
+            with contextlib.ExitStack() as quiet:
+                if world.Get_rank():
+                    quiet.enter_context(contextlib.redirect_stdout(quiet.enter_context(open(os.devnull, "w"))))
+                return _halo_ranks(args, problem)
+        except BaseException as exc:
+            # Anything that ends one rank early - an error, Ctrl-C, sys.exit - must end them all:
+            # the others would wait for its halo rows for ever. (Still inside the deferred block:
+            # a Ctrl-C now cannot stop the rank before it has aborted the job.)
+            if world.Get_size() > 1:
+                what = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+                print(f"error on rank {world.Get_rank()}: {what}; stopping every rank", file=sys.stderr, flush=True)
+                _until_read(sys.stderr)
+                world.Abort(130 if isinstance(exc, KeyboardInterrupt) else 2)
+            raise
+
+
+def _until_read(stream: TextIO, seconds: float = 2.0) -> None:
+    """Wait, at most ``seconds``, until what was written to ``stream`` has left its pipe. A rank's
+    stderr is a pipe that mpiexec reads and relays; an abort ends that relay at once, and a line
+    still in the pipe then (the rank's last words: why it stopped the job) is lost."""
+    try:
+        fd = stream.fileno()
+        deadline = time.monotonic() + seconds
+        while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] and time.monotonic() < deadline:
+            time.sleep(0.005)
+    except (OSError, ValueError, AttributeError):
+        pass               # not a pipe (a file, a terminal) or no fileno: nothing waits to be read
 
 
 def _halo_ranks(args, problem):

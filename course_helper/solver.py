@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import checks, runtime, sanitizer
-from .runtime import observe
+from .runtime import interrupts, observe
 from .timelines import recording
 from . import disk
 from .runtime.backend import backend_name
@@ -506,11 +506,12 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
         # follows them there) but write nothing, so its pages are never touched and take no
         # memory; the Result holds NaN instead (not_computed).
         run.images = _output_stack(plan.problem, plan.every, plan.entry)
-    with contextlib.ExitStack() as cleanup:        # on the way out, whatever happened: last in, first out
+    with _Cleanup() as cleanup:                    # on the way out, whatever happened: last in, first out
         cleanup.callback(run.close)
         sink = _open_sink(store, compress, plan, run, cleanup) if store is not None else None
         if sanitize:
-            cleanup.callback(sanitizer.stop, _watch_for_races(run))
+            with interrupts.held():                # started, and its stop registered, or neither
+                cleanup.callback(sanitizer.stop, _watch_for_races(run))
         cleanup.push(_on_error(_drain))            # a failed run leaves the process usable
         recorder = _start_recording(run, cleanup) if trace else None
         elapsed, capture_ms = _timed_loop(run, plan.entry, sink)
@@ -546,6 +547,17 @@ def _check_options(strategy, trace, store, compress):
                          "stream to a store outside the timing_only() block")
 
 
+class _Cleanup(contextlib.ExitStack):
+    """The clean-up of one of ``solve``'s runs: an ExitStack whose unwinding a Ctrl-C does not
+    cut short (a recorder left recording, or a store's writer threads left running, would break
+    the next run). A Ctrl-C then is held, and raised once the unwinding is done, unless the run
+    is ending with an exception already; only the drain of the queued work stops at one."""
+
+    def __exit__(self, *exc_details):
+        with interrupts.held(raise_at_end=exc_details[0] is None):
+            return super().__exit__(*exc_details)
+
+
 def _on_error(action):
     """An exit callback for a :class:`contextlib.ExitStack`: ``action(exc)`` when the block
     raised ``exc``, nothing when it ended well; the exception goes on."""
@@ -558,7 +570,7 @@ def _on_error(action):
 def _drain(exc):
     """After ``exc``: let the device finish the queued work; ``exc`` matters more than any
     error of the drain."""
-    with contextlib.suppress(BaseException):
+    with contextlib.suppress(BaseException), interrupts.stoppable():   # a Ctrl-C stops the drain
         synchronize()
 
 
@@ -567,9 +579,10 @@ def _open_sink(store, compress, plan, run, cleanup):
     If the run fails, the sink still ends (``cleanup``): the disk threads stop and the ring is
     let go; chunks whose copies landed are written whole, those made by failed or skipped work
     are not, and the error gets a note saying what the store keeps."""
-    sink = disk.DiskSink(store, plan.problem, plan.every, chunk=plan.batch, compress=compress,
-                         pinned=plan.entry.streams, checked=True)    # the target was checked before allocating
-    cleanup.push(_on_error(sink.finish))
+    with interrupts.held():            # a Ctrl-C here comes once finish() is sure to run
+        sink = disk.DiskSink(store, plan.problem, plan.every, chunk=plan.batch, compress=compress,
+                             pinned=plan.entry.streams, checked=True)    # the target was checked before allocating
+        cleanup.push(_on_error(sink.finish))
     run.images = sink.ring
     return sink
 
@@ -577,10 +590,11 @@ def _open_sink(store, compress, plan, run, cleanup):
 def _start_recording(run, cleanup):
     """Start recording the run's timeline; if the run fails, the recording stops (``cleanup``)
     before the queued work is drained."""
-    recorder = recording.Recorder({"strategy": run.strategy, "n0": run.problem.n0, "n1": run.problem.n1,
-                                   "nt": run.nt, "every": run.every, "nscratch": run.nscratch,
-                                   "nstaging": run.nstaging, "batch": run.batch}).activate()
-    cleanup.push(_on_error(lambda exc: recorder.deactivate()))
+    with interrupts.held():            # activated, and its stop registered, or neither
+        recorder = recording.Recorder({"strategy": run.strategy, "n0": run.problem.n0, "n1": run.problem.n1,
+                                       "nt": run.nt, "every": run.every, "nscratch": run.nscratch,
+                                       "nstaging": run.nstaging, "batch": run.batch}).activate()
+        cleanup.push(_on_error(lambda exc: recorder.deactivate()))
     return recorder
 
 

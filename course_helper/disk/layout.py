@@ -63,6 +63,7 @@ import google_crc32c
 import numpy as np
 
 from .. import checks, files
+from ..runtime import interrupts
 from ..wave import WaveProblem, saved_levels
 from .shards import checksum, file_tag, inner_rows
 
@@ -101,8 +102,11 @@ NUMCODECS: dict[str, Callable[[], Any]] = {
 
 
 def zarr_module() -> Any:
-    """The ``zarr`` module, imported on first use (importing the course does not import Zarr)."""
-    import zarr
+    """The ``zarr`` module, imported on first use (importing the course does not import Zarr).
+    A Ctrl-C during that first import waits for its end: an import cut in half can leave a
+    module (PyYAML's, below Zarr's configuration) half made, and every later import failing."""
+    with interrupts.held():
+        import zarr
     return zarr
 
 

@@ -58,14 +58,12 @@ write, which threads still read it) is one :class:`SlotState`.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import functools
 import os
 import queue
 import shutil
-import signal
 import threading
 import warnings
 from collections.abc import Callable
@@ -79,7 +77,7 @@ from ..memory import HandsOnCopies, TakesCopiesOnDevice, copy_on_device_async, d
 from ..runtime.disk_lanes import DiskWrite
 from ..runtime.model import ModelRuntime
 from ..runtime.ops import OpKind
-from ..runtime import observe
+from ..runtime import interrupts, observe
 from ..streams import Stream
 from ..timelines import recording
 from ..wave import WaveProblem, saved_levels
@@ -467,22 +465,27 @@ class DiskSink:
                                           daemon=True) for i in range(writers)]
         self._peaker = threading.Thread(target=self._take_peaks, name="disk peaks", daemon=True)
         self._flagger = threading.Thread(target=self._keep_flags, name="disk flags", daemon=True)
-        self.group, self._state, self._checksums = create_store(self.path, problem, every, chunk, compress)
-        try:
-            self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
-            device = self._device_ring(problem, chunk, ring_slots(writers)) if where != "host" else None
-            self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned, device)
-            for t in (*self._threads, self._peaker, self._flagger):
-                t.start()
-            if self._compressor is not None:
-                self._compressor.start()
-        except BaseException as exc:
-            # (a MemoryError for the ring, a Ctrl-C): the threads started stop, the store goes
-            self._stop_threads(cancel=False)
-            self._checksums.close()
-            self._state.end(f"failed: {in_one_line(exc)}")
-            shutil.rmtree(self.path, ignore_errors=True)      # it holds nothing: it must not block a re-run
-            raise
+        # A Ctrl-C while the pipeline starts is held: it starts whole, then stops whole (its
+        # threads joined, the empty store removed) and the Ctrl-C is raised.
+        with interrupts.held() as ctrl_c:
+            self.group, self._state, self._checksums = create_store(self.path, problem, every, chunk, compress)
+            try:
+                self.data, self.complete, self.peak = self.group[DATA], self.group["complete"], self.group["peak"]
+                device = self._device_ring(problem, chunk, ring_slots(writers)) if where != "host" else None
+                self.ring = Ring(self, self.nsaved, chunk, problem.shape, ring_slots(writers), pinned, device)
+                for t in (*self._threads, self._peaker, self._flagger):
+                    t.start()
+                if self._compressor is not None:
+                    self._compressor.start()
+                if ctrl_c.count:
+                    raise KeyboardInterrupt
+            except BaseException as exc:
+                # (a MemoryError for the ring, a Ctrl-C): the threads started stop, the store goes
+                self._stop_threads(cancel=False)
+                self._checksums.close()
+                self._state.end(f"failed: {in_one_line(exc)}")
+                shutil.rmtree(self.path, ignore_errors=True)      # it holds nothing: it must not block a re-run
+                raise
 
     def _device_ring(self, problem, chunk, nslots):
         """The ring's slots on the device (one buffer), and on a GPU the nvCOMP stage; None, and
@@ -573,13 +576,16 @@ class DiskSink:
         (their copies failed). The exception gets a note saying what the store keeps, and a
         store that keeps nothing is removed, so that it does not block a run to the same path.
         """
-        if self._ended:
-            return
-        self._ended = True
-        with _ctrl_c_held():             # a Ctrl-C now is raised once everything has stopped
-            stopped = None               # an error (a second Ctrl-C) while waiting for the modelled writes
+        # A Ctrl-C now is held, and raised once everything has stopped: the threads joined, the
+        # flags and the run's state written. Only the wait for the modelled writes stops at one.
+        with interrupts.held() as ctrl_c:
+            if self._ended:
+                return
+            self._ended = True
+            stopped = None               # an error (a Ctrl-C) while waiting for the modelled writes
             try:                 # first: the writer threads wait for the modelled writes to begin
-                self._clock.wait_for_writes(self.ring.states)
+                with ctrl_c.stoppable():
+                    self._clock.wait_for_writes(self.ring.states)
             except BaseException as exc:  # noqa: BLE001 - raised below, once everything is stopped
                 stopped = exc
             self._stop_threads(cancel=error is not None or stopped is not None)
@@ -788,31 +794,6 @@ class DiskSink:
     def open_result(self) -> StoredImages:
         """The finished store's wavefield array, opened for reading (lazy)."""
         return open_store(self.path).images
-
-
-@contextlib.contextmanager
-def _ctrl_c_held():
-    """Hold a Ctrl-C (SIGINT) that comes inside the block and raise it at the block's end, so
-    that a clean-up runs to its end (threads stopped, flags and state written). A second
-    Ctrl-C is not held. Only where Python's own handler is in place (the main thread)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    held = []
-
-    def hold(signum, frame):
-        if held:
-            raise KeyboardInterrupt          # pressed again: the user insists
-        held.append(signum)
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if held:
-            raise KeyboardInterrupt
 
 
 def _disk_error(exc, path, first, every, what=None):

@@ -20,6 +20,7 @@ import numpy as np
 from .. import checks, runtime, streams
 from ..graphs import Graph, capture_with_one_io_stream
 from ..memory import zero_async
+from ..runtime import interrupts
 from ..runtime.ops import OpKind
 from ..streams import synchronize
 from ..timelines import recording
@@ -81,6 +82,7 @@ STRATEGIES = tuple(REGISTRY)
 def _levels(run, hand_over=True):
     step = REGISTRY[run.strategy].step
     for level in range(run.problem.nt):
+        interrupts.deliver()                         # a safe point for a Ctrl-C the rank holds (cli halo)
         if level >= 2:                               # levels 0 and 1 are the zero initial state
             step(run, level)
         else:
@@ -181,6 +183,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
                 recorder = recording.Recorder(meta).activate()
             graph = capture_rank_loop(run)           # once; every repeat replays it
         for i in range(repeats):
+            interrupts.deliver()
             for u in run.U:
                 zero_async(u, run.compute)
             synchronize()

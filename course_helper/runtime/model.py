@@ -74,6 +74,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from . import interrupts
 from .base import CpuDeviceArray, Runtime, plain_view
 from .capture import Call, CapturedCall, ModelGraph
 from .compress_lane import CompressedChunk, ModelCompressor, compress_spec
@@ -109,10 +110,12 @@ class ModelEvent:
 
 
 def _serialised(method):
-    """One host thread at a time drives the model (threads share its one modelled host)."""
+    """One host thread at a time drives the model (threads share its one modelled host), and a
+    Ctrl-C waits for the model's state to be whole again: the end of the call, or a turn of the
+    device's loop inside it (see :mod:`.interrupts`)."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        with self._lock:
+        with self._lock, interrupts.deferred():
             return method(self, *args, **kwargs)
     return call
 

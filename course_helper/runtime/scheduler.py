@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from . import interrupts
+
 __all__ = ["EPS", "Lane", "Scheduler", "Task", "ticks"]
 
 PENDING, RUNNING, DONE = range(3)
@@ -133,18 +135,31 @@ class Scheduler:
 
     def _run(self, until=None, condition=None, what=""):
         """The one loop: start what can start, let time run to the next end, complete what is
-        due; up to ``until``, or (``condition`` given) until it holds."""
-        while condition is None or not condition():
-            self._start_ready()
-            rates = self._rates()
-            nxt = self._next(rates)
-            if condition is None and (nxt is None or nxt > until + EPS):
-                self._move_to(max(until, self.t), rates)
-                return
-            if nxt is None:
-                raise RuntimeError(f"the host waits for {what}, but no queued work can ever finish it")
-            self._move_to(max(nxt, self.t), rates)
-            self._complete_due()
+        due; up to ``until``, or (``condition`` given) until it holds.
+
+        A Ctrl-C waits for the loop's next turn, where every lane is in order (the start of a
+        task moves it from its lane's queue to the running ones in several steps, which a
+        ``KeyboardInterrupt`` between them would leave half done: the lane stuck, and the next
+        wait for it never ending); the learner's host functions alone are stopped at once."""
+        with interrupts.deferred():
+            while condition is None or not condition():
+                interrupts.deliver()
+                if self._turn(until, condition, what):
+                    return
+
+    def _turn(self, until, condition, what):
+        """One turn of :meth:`_run`; True when it is done (``until`` reached)."""
+        self._start_ready()
+        rates = self._rates()
+        nxt = self._next(rates)
+        if condition is None and (nxt is None or nxt > until + EPS):
+            self._move_to(max(until, self.t), rates)
+            return True
+        if nxt is None:
+            raise RuntimeError(f"the host waits for {what}, but no queued work can ever finish it")
+        self._move_to(max(nxt, self.t), rates)
+        self._complete_due()
+        return False
 
     def _ready(self, task):
         return task.queued <= self.t + EPS and all(d.done for d in task.deps)
@@ -178,8 +193,9 @@ class Scheduler:
                 self.fail(task, upstream)
         skip = s.error is not None                    # work after a failure is skipped
         if not skip and task.begin is not None and task.engine != "host":
-            # The NumPy work reads its inputs now, before anything changes: a Ctrl-C in it (the
-            # host's, raised at once as on a GPU) leaves the task pending, to start again later.
+            # The NumPy work reads its inputs now, before anything changes. A KeyboardInterrupt it
+            # raises itself leaves the task pending, to start again later (a Ctrl-C waits for
+            # the loop's next turn: see _run).
             try:
                 task.finish = task.begin()
             except Exception as exc:  # noqa: BLE001 - stored, raised at the next synchronise
@@ -208,7 +224,8 @@ class Scheduler:
         wall = time.perf_counter()
         self.inside = task
         try:
-            task.begin()
+            with interrupts.at_once():            # the learner's Python may never return: a Ctrl-C stops it
+                task.begin()
         except Exception as exc:  # noqa: BLE001 - stored, raised at the next synchronise
             self.fail(task, exc)
         except BaseException as exc:
@@ -260,8 +277,8 @@ class Scheduler:
         s = task.stream
         if task.finish is not None and s.error is None:
             try:
-                # Writes its outputs now. A Ctrl-C here is raised at once and leaves the task
-                # running: its next completion writes them again, whole.
+                # Writes its outputs now. A KeyboardInterrupt it raises leaves the task running:
+                # its next completion writes them again, whole.
                 task.finish()
             except Exception as exc:  # noqa: BLE001 - stored, raised at the next synchronise
                 self.fail(task, exc)

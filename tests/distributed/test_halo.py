@@ -2,9 +2,11 @@
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -424,6 +426,12 @@ def test_the_chrome_trace_of_the_ranks_reads_back_as_their_traces():
 
 
 # -- nothing hangs: an interrupted rank, an interrupted mpiexec, an interrupted launch_halo ---
+# These tests wait for what they assert, never for a time: each rank says when it is in its run,
+# the signal goes then, and the test reads the job's stderr until the line it expects arrives or
+# the job ends (bounded by one generous deadline, for a loaded machine).
+_DEADLINE_S = 240
+
+
 def _descendants(pid):
     """Pids of every process below ``pid`` (from /proc: mpiexec -> proxy -> ranks)."""
     children = {}
@@ -457,18 +465,7 @@ def _cmdline(pid):
         return ""
 
 
-def _wait_for_ranks(pid, count, seconds=60):
-    """Wait until ``count`` rank processes run below ``pid`` and have had time to enter the loop."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if len(_ranks_of(pid)) == count:
-            time.sleep(4)        # imports, the team, the warm-up: then the loop runs for minutes
-            return _ranks_of(pid)
-        time.sleep(0.2)
-    pytest.fail(f"the ranks did not start within {seconds} s")
-
-
-def _gone(pids, seconds=10):
+def _gone(pids, seconds=_DEADLINE_S):
     """Whether the processes ``pids`` have all ended (within ``seconds``: the kernel reaps them)."""
     deadline = time.monotonic() + seconds
     while any(_cmdline(p) for p in pids) and time.monotonic() < deadline:
@@ -484,34 +481,90 @@ def _kill_all(pids):
             pass
 
 
+class _Lines:
+    """The lines of a process's pipe, read by a thread as they come; :meth:`wait_for` waits
+    until one passes a test or the pipe ends."""
+
+    def __init__(self, pipe):
+        self.lines, self.ended = [], False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._thread.start()
+
+    def _read(self, pipe):
+        for line in pipe:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self.ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, found, seconds=_DEADLINE_S):
+        """The lines once ``found(lines)`` holds, or the pipe has ended, or ``seconds`` have passed."""
+        with self._changed:
+            self._changed.wait_for(lambda: found(self.lines) or self.ended, seconds)
+            return list(self.lines)
+
+    def text(self):
+        self._thread.join(_DEADLINE_S)
+        return "".join(self.lines)
+
+
+#: The long job's ranks, each saying on stderr when it is in its run (after MPI and the backend
+#: are up, inside halo_main's handling of an interrupt): ``rank R ready, pid P``.
+_ANNOUNCING_RANKS = """
+import os, sys
+from course_helper import cli, distributed
+real = distributed.run_rank
+def announced(team, *args, **kwargs):
+    sys.stderr.write(f"rank {team.rank} ready, pid {os.getpid()}\\n")   # one write: print() makes two, and
+    sys.stderr.flush()                                                 # the ranks' lines could run together
+    return real(team, *args, **kwargs)
+distributed.run_rank = announced
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
 #: Minutes of work in a loop of small steps, saving 2 levels (the saved levels' host memory is small).
-_LONG_JOB = ["-n", "2", sys.executable, "-m", "course_helper", "halo", "--n", "64", "--nt", "2000000",
-             "--every", "1000000"]
+_LONG_JOB = ["halo", "--n", "64", "--nt", "2000000", "--every", "1000000"]
+
+
+def _ready_pids(lines):
+    """``{rank: pid}`` of the ranks that said they are ready (found in the text, not line by line)."""
+    return {int(rank): int(pid) for rank, pid in re.findall(r"rank (\d+) ready, pid (\d+)", "".join(lines))}
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank processes through /proc")
-@pytest.mark.parametrize("target", ["one rank", "mpiexec"])
+@pytest.mark.parametrize("target", ["rank 0", "rank 1", "mpiexec"])
 def test_an_interrupt_ends_every_rank_of_the_job(target):
     """A Ctrl-C that reaches one rank only (or mpiexec, which passes it on to the ranks) stops
-    the whole job: the interrupted rank aborts the communicator instead of leaving the other
-    waiting for its halo rows for ever."""
-    proc = subprocess.Popen([_mpiexec(), *_LONG_JOB], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ranks_env("cpu"), start_new_session=True)
+    the whole job, without a crash: the interrupted rank aborts the communicator instead of
+    leaving the other waiting for its halo rows for ever."""
+    proc = subprocess.Popen([_mpiexec(), "-n", "2", sys.executable, "-c", _ANNOUNCING_RANKS, *_LONG_JOB],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ranks_env("cpu"),
+                            start_new_session=True)
+    err = _Lines(proc.stderr)
     try:
-        ranks = _wait_for_ranks(proc.pid, 2)
-        os.kill(ranks[-1] if target == "one rank" else proc.pid, signal.SIGINT)
+        ranks = _ready_pids(err.wait_for(lambda lines: len(_ready_pids(lines)) == 2))
+        assert len(ranks) == 2, "the ranks never said they were ready:\n" + "".join(err.lines)[-3000:]
+        os.kill(proc.pid if target == "mpiexec" else ranks[int(target.split()[1])], signal.SIGINT)
+        err.wait_for(lambda lines: any("interrupted; stopping every rank" in line for line in lines))
         try:
-            _, err = proc.communicate(timeout=60)
+            proc.wait(timeout=_DEADLINE_S)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the job still ran 60 s after an interrupt to {target}")
-        assert proc.returncode != 0
-        if target == "one rank" or "Open MPI" not in _mpi_flavour():
+            pytest.fail(f"the job still ran {_DEADLINE_S} s after an interrupt to {target}")
+        text = err.text()
+        assert proc.returncode != 0, text[-3000:]
+        # No rank crashed: neither mpiexec's exit status nor its report names a segfault.
+        assert proc.returncode not in (11, 139, -11) and "signal 11" not in text.lower(), text[-3000:]
+        assert "segmentation fault" not in text.lower(), text[-3000:]
+        if target != "mpiexec" or "Open MPI" not in _mpi_flavour():
             # (Open MPI's mpiexec ends the ranks itself on a Ctrl-C, before they can say so)
-            assert "interrupted; stopping every rank" in err
-        assert _gone(ranks), "a rank outlived the job"
+            assert "interrupted; stopping every rank" in text, text[-3000:]
+        assert _gone(list(ranks.values())), "a rank outlived the job"
     finally:
         _kill_all([*_descendants(proc.pid), proc.pid])
-        proc.communicate()
+        proc.wait()
 
 
 def _mpi_flavour():
@@ -523,6 +576,7 @@ def _mpi_flavour():
 _LAUNCH_SCRIPT = """
 import sys
 from course_helper import distributed
+print("launching", flush=True)
 try:
     distributed.launch_halo(ranks=2, n=64, nt=2000000, every=1000000, trace=False, backend="cpu")
 except KeyboardInterrupt:
@@ -531,8 +585,22 @@ except KeyboardInterrupt:
 """
 
 
+def _wait_for_ranks(pid, count):
+    """The ``count`` rank processes below ``pid``, once they all run (launch_halo is then waiting
+    for mpiexec), or fail the test."""
+    deadline = time.monotonic() + _DEADLINE_S
+    while time.monotonic() < deadline:
+        ranks = _ranks_of(pid)
+        if len(ranks) == count:
+            return ranks
+        time.sleep(0.1)
+    pytest.fail(f"the ranks did not start within {_DEADLINE_S} s")
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank processes through /proc")
 def test_a_ctrl_c_to_launch_halo_stops_every_rank():
+    """Wherever the ranks are (starting up, or in their loop), launch_halo passes a Ctrl-C on to
+    mpiexec, waits for the job to end, and raises KeyboardInterrupt."""
     _mpiexec()
     proc = subprocess.Popen([sys.executable, "-c", _LAUNCH_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=ranks_env("cpu"))
@@ -540,9 +608,9 @@ def test_a_ctrl_c_to_launch_halo_stops_every_rank():
         ranks = _wait_for_ranks(proc.pid, 2)
         proc.send_signal(signal.SIGINT)
         try:
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=_DEADLINE_S)
         except subprocess.TimeoutExpired:
-            pytest.fail("launch_halo still waited 60 s after Ctrl-C")
+            pytest.fail(f"launch_halo still waited {_DEADLINE_S} s after Ctrl-C")
         assert proc.returncode == 130 and "interrupted" in out, err
         assert _gone(ranks), "a rank outlived launch_halo"
     finally:
