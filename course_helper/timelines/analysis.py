@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import files
 from ..runtime.ops import OpKind
-from .timeline import Trace, TraceEvent, covered_length, intersection_length, merge_intervals
+from .timeline import Trace, TraceEvent, clip_intervals, covered_length, intersection_length, merge_intervals
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -293,10 +293,6 @@ def _busy(events: Iterable[DeviceOp]) -> list[list[float]]:
     return merge_intervals((e.start, e.end) for e in events)
 
 
-def _clip(intervals, lo, hi):
-    return [[max(a, lo), min(b, hi)] for a, b in intervals if min(b, hi) > max(a, lo)]
-
-
 def _first_where(items):
     """The learner's line most of ``items`` were called from (the first of those tied), or None."""
     lines = [i.where for i in items if i.where]
@@ -334,7 +330,7 @@ def diagnose(records: Records) -> list[Finding]:
         of their busy time and the kernels' there, less the time both ran at once. What running every
         copy under a kernel (or every kernel under a copy, where the copies take longer) would save."""
         lo, hi = inside or window
-        busy, kern = _clip(_busy(selected), lo, hi), _clip(kern_busy, lo, hi)
+        busy, kern = clip_intervals(_busy(selected), lo, hi), clip_intervals(kern_busy, lo, hi)
         return min(covered_length(busy), covered_length(kern)) - intersection_length(busy, kern)
 
     # pageable-copy: the host held inside each call while the driver staged the copy.

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import matplotlib.axes
 
 __all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "LANES", "lane_of", "plot_compared", "merge_intervals",
-           "covered_length", "intersection_length"]
+           "covered_length", "intersection_length", "clip_intervals"]
 
 #: Kinds of timeline entry and the colour each is drawn in.
 KINDS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c", OpKind.D2D: "#9467bd",
@@ -104,7 +104,7 @@ def covered_length(intervals: Iterable[list[float]]) -> float:
     return float(sum(b - a for a, b in intervals))
 
 
-def _clip(intervals, lo, hi):
+def clip_intervals(intervals: Iterable[list[float]], lo: float, hi: float) -> list[list[float]]:
     """The parts of disjoint sorted intervals that lie inside [lo, hi]."""
     return [[max(a, lo), min(b, hi)] for a, b in intervals if min(b, hi) > max(a, lo)]
 
@@ -307,7 +307,7 @@ class Trace:
         lo, hi = window
         if not hi > lo:
             raise ValueError(f"the window must end after it starts, got {window}")
-        return {name: covered_length(_clip(merge_intervals((e.start_ms, e.end_ms) for e in self.events
+        return {name: covered_length(clip_intervals(merge_intervals((e.start_ms, e.end_ms) for e in self.events
                                                            if lane_of(e, lanes) == name), lo, hi)) / (hi - lo)
                 for name in names}
 
