@@ -612,7 +612,8 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
     Every panel shows the same part of its run on the same scale: with ``levels=(first, last)`` the
     work of those levels, each run's time counted from its first operation of level ``first`` (the
     title says how long the levels took); with ``window`` the same time range of each run; else the
-    whole runs. A lane is equally tall in every panel.
+    whole runs, each from its first operation, titled with its length as :meth:`Trace.summary`
+    (``total_ms``) and the doctor's headline give it. A lane is equally tall in every panel.
 
     Parameters
     ----------
@@ -672,9 +673,13 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
             title = f"{title}: levels {levels[0]} to {levels[1]} in {span[1]:.2f} ms"
         elif window is not None:
             span = window
+        elif trace.events:
+            # Each run from its first operation, its length as its summary (and the doctor) states it.
+            trace = trace.shifted(-min(e.start_ms for e in trace.events))
+            span = (0.0, trace.summary()["total_ms"])
+            title = f"{title}: {span[1]:.2f} ms"
         else:
-            span = (0.0, max((e.end_ms for e in trace.events), default=0.0))
-            title = f"{title}: {span[1]:.2f} ms" if trace.events else title
+            span = (0.0, 0.0)
         panels.append((trace, span, title))
     lane_counts = [len(trace.lane_names(lanes)) for trace, _, _ in panels]
     fig, axes = plt.subplots(len(panels), 1, sharex=True, layout="constrained", squeeze=False,
@@ -697,6 +702,9 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
                     ax.axvspan(*outside, facecolor="white", alpha=0.75, edgecolor="none", zorder=2.2)
     clock = panels[-1][0].meta.get("clock")
     unit = f"ms, {clock}" if clock else "ms"
-    axes[-1].set_xlabel(f"time since the first operation of level {levels[0]} ({unit})" if levels is not None
-                        else f"time ({unit})")
+    if levels is not None:
+        axes[-1].set_xlabel(f"time since the first operation of level {levels[0]} ({unit})")
+    else:
+        axes[-1].set_xlabel(f"time ({unit})" if window is not None
+                            else f"time since each run's first operation ({unit})")
     return axes

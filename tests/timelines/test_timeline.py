@@ -512,6 +512,18 @@ def test_compared_panels_of_whole_runs_and_of_a_window():
     plt.close("all")
 
 
+def test_a_whole_run_s_title_states_the_length_its_summary_and_the_doctor_state():
+    """A run that starts after its recording did (the doctor's block, whose first kernel comes a
+    little after the recording starts) is titled with first start to last end, not last end."""
+    import matplotlib.pyplot as plt
+    late = hand_trace().shifted(0.12)
+    axes = ch.timelines.plot_compared({"late": late})
+    total = late.summary()["total_ms"]
+    assert axes[0].get_title().split(" (clock")[0] == f"late: {total:.2f} ms" == "late: 12.00 ms"
+    assert axes[0].get_xlim()[0] < 0 < 12.0 < axes[0].get_xlim()[1] < 12.5          # from its first operation
+    plt.close("all")
+
+
 def test_compared_panels_refuse_what_they_cannot_draw_before_drawing():
     import matplotlib.pyplot as plt
     plt.close("all")
