@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     #: What the viewers take: a Result, a stack of slices (n, n0, n1) or the path of a store.
     Slices = Result | ArrayLike | str | os.PathLike
 
-__all__ = ["plot_slices", "compare_slices", "animate", "Animation", "SliceViewer", "colour_limit", "show_code"]
+__all__ = ["plot_slices", "compare_slices", "animate", "Animation", "SliceViewer", "colour_limit", "show_code",
+           "SCALES"]
 
 
 def _opened(source):
@@ -46,6 +47,10 @@ def _stack_of(result_or_images, lazy=False):
     levels = getattr(result_or_images, "levels", np.arange(images.shape[0]))
     times = getattr(result_or_images, "times_ms", None)
     return images, np.asarray(levels), times
+
+
+#: The slice viewer's colour scales and the colormap each uses by default.
+SCALES = {"symmetric": "seismic", "sequential": "viridis"}
 
 
 def colour_limit(images: np.ndarray | None, clip: float = 0.05, peak: float | None = None) -> float:
@@ -95,17 +100,28 @@ class SliceViewer:
         The slice shown now.
     """
 
-    def __init__(self, result_or_images: Slices, clip: float = 0.05, cmap: str = "seismic",
-                 title: str = "wavefield"):
+    def __init__(self, result_or_images: Slices, clip: float = 0.05, cmap: str | None = None,
+                 title: str = "wavefield", scale: str = "symmetric", label: str = "amplitude"):
         import ipywidgets as widgets
         import matplotlib.pyplot as plt
 
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {', '.join(repr(s) for s in SCALES)}, got {scale!r}: "
+                             "'symmetric' for a field of both signs (the wave), 'sequential' for one that "
+                             "is never negative (a concentration)")
         source = _opened(result_or_images)
         self.images, self.levels, self.times_ms = _stack_of(source, lazy=True)
+        if scale == "sequential" and isinstance(self.images, np.ndarray) and np.nanmin(self.images) < 0:
+            raise ValueError(f"scale='sequential' draws 0 up to the peak, but these slices go down to "
+                             f"{np.nanmin(self.images):.3g}: use scale='symmetric' for a field of both signs")
         self.label = title
         # A store knows each level's peak: no need to read every slice for the colour scale.
         peak = source.peak_amplitude() if isinstance(source, StoredRun) else None
         self.vlim = colour_limit(self.images, clip, peak=peak)
+        # The wave swings both ways about zero: a diverging map, symmetric. A concentration is
+        # never negative: a sequential map from zero, so that no colour stands for values it never takes.
+        vmin = -self.vlim if scale == "symmetric" else 0.0
+        cmap = cmap or SCALES[scale]
         self.interactive = _ipympl_active()
         n = self.images.shape[0]
         self.slider = widgets.IntSlider(value=0, min=0, max=n - 1, description="slice",
@@ -122,9 +138,9 @@ class SliceViewer:
             self.figure, ax = plt.subplots(figsize=(5.5, 4.6))
         self.out = None if self.interactive else widgets.Output()
         self.ax = ax
-        self.image = ax.imshow(self.images[0], cmap=cmap, vmin=-self.vlim, vmax=self.vlim,
+        self.image = ax.imshow(self.images[0], cmap=cmap, vmin=vmin, vmax=self.vlim,
                                origin="upper", interpolation="nearest")
-        self.figure.colorbar(self.image, ax=ax, label="amplitude", shrink=0.85)
+        self.colorbar = self.figure.colorbar(self.image, ax=ax, label=label, shrink=0.85)
         ax.set_xlabel("cell index (dimension 1)")
         ax.set_ylabel("cell index (dimension 0)")
         self.index = -1
@@ -178,8 +194,8 @@ class SliceViewer:
         return bundle
 
 
-def plot_slices(result_or_images: Slices, clip: float = 0.05, cmap: str = "seismic",
-                title: str = "wavefield") -> SliceViewer:
+def plot_slices(result_or_images: Slices, clip: float = 0.05, cmap: str | None = None,
+                title: str = "wavefield", scale: str = "symmetric", label: str = "amplitude") -> SliceViewer:
     """Explore a stack of wavefield slices with a slider and a play button.
 
     Works with ``%matplotlib widget`` (ipympl: the figure redraws in place)
@@ -192,14 +208,24 @@ def plot_slices(result_or_images: Slices, clip: float = 0.05, cmap: str = "seism
         the slice shown is read from disk (levels never written show as NaN).
     clip : float
         Saturate the colour scale at this fraction of the peak amplitude
-        (same limits for every slice, symmetric about zero).
+        (same limits for every slice).
+    cmap : str, optional
+        A matplotlib colormap; default: the scale's (:data:`SCALES`).
+    title : str
+        What the slices are, at the head of each slice's title ("wavefield: level 40, ...").
+    scale : {"symmetric", "sequential"}
+        "symmetric" (default): limits symmetric about zero in a diverging map, for a field of both
+        signs such as the wave; "sequential": from zero up, for a field never negative such as a
+        concentration.
+    label : str
+        The colour bar's title ("amplitude"; e.g. "concentration v").
 
     Returns
     -------
     SliceViewer
         Display it (it is the cell's value); ``viewer.slider.value = k`` moves it.
     """
-    return SliceViewer(result_or_images, clip=clip, cmap=cmap, title=title)
+    return SliceViewer(result_or_images, clip=clip, cmap=cmap, title=title, scale=scale, label=label)
 
 
 def compare_slices(a: Slices, b: Slices, index: int | None = None, clip: float = 0.05,

@@ -105,3 +105,21 @@ def test_animate_returns_an_animated_gif_and_a_still_strip(cpu, result):
     assert np.diff(anim.levels).tolist() == [10] * (len(anim.levels) - 1)
     with pytest.raises(ValueError):
         ch.animate(result, step=0)
+
+
+def test_a_concentration_gets_a_sequential_scale_from_zero_with_its_own_label(cpu):
+    """The capstone's Gray-Scott v is never negative: no blue half of a diverging map, and the colour
+    bar says what the colours are."""
+    rng = np.random.default_rng(2)
+    v = ch.plot_slices(rng.random((3, 8, 8)) * 0.4, clip=1.0, title="v", scale="sequential",
+                       label="concentration v")
+    lo, hi = v.image.get_clim()
+    assert lo == 0 and hi == pytest.approx(v.vlim) and v.image.get_cmap().name == ch.viewer.SCALES["sequential"]
+    assert v.colorbar.ax.get_ylabel() == "concentration v"
+    wave = ch.plot_slices(rng.standard_normal((3, 8, 8)))                 # the default: the wave's scale
+    assert wave.image.get_clim()[0] == -wave.image.get_clim()[1]
+    assert wave.image.get_cmap().name == "seismic" and wave.colorbar.ax.get_ylabel() == "amplitude"
+    with pytest.raises(ValueError, match="scale must be one of 'symmetric', 'sequential', got 'log'"):
+        ch.plot_slices(rng.random((3, 8, 8)), scale="log")
+    with pytest.raises(ValueError, match="go down to -.*use scale='symmetric'"):
+        ch.plot_slices(rng.standard_normal((3, 8, 8)), scale="sequential")

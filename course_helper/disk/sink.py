@@ -80,6 +80,7 @@ from ..runtime.ops import OpKind
 from ..runtime import interrupts, observe
 from ..streams import Stream
 from ..timelines import recording
+from ..timelines.timeline import COMPRESS
 from ..wave import WaveProblem, saved_levels
 from .compression import CompressionFallback, NvcompCompressor, engine_for
 from .layout import (DATA, NUMCODECS, SHARDED, StoreWriteError, check_target, create_store, flag_bytes,
@@ -673,7 +674,7 @@ class DiskSink:
                              first * self.every)
         for first, n, (a, b), (c, d), nbytes in self._compression_times():
             level = first * self.every        # nvCOMP's kernels, then the compressed bytes' copy
-            rec.add_interval("compress", "kernel", f"zstd level {level}", a, b, n * self.level_bytes, level)
+            rec.add_interval("compress", COMPRESS, f"zstd level {level}", a, b, n * self.level_bytes, level)
             rec.add_interval("compress", OpKind.D2H, f"{OpKind.D2H} zstd level {level}", c, d, nbytes, level)
 
     # -- the writer threads --------------------------------------------------

@@ -18,12 +18,20 @@ if TYPE_CHECKING:
 
     import matplotlib.axes
 
-__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "LANES", "lane_of", "plot_compared", "merge_intervals",
-           "covered_length", "intersection_length", "clip_intervals"]
+__all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "COMPRESS", "LANES", "MAX_LANES", "lane_of", "plot_compared",
+           "merge_intervals", "covered_length", "intersection_length", "clip_intervals"]
 
-#: Kinds of timeline entry and the colour each is drawn in.
+#: The kind of a chunk's compression on the device (nvCOMP's kernels, or the modelled engine's work).
+COMPRESS = "compress"
+#: Kinds of timeline entry and the colour each is drawn in: each its own, so the legend tells them apart.
 KINDS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c", OpKind.D2D: "#9467bd",
-         OpKind.MEMSET: "#8c564b", "host wait": "#7f7f7f", OpKind.HALO: "#d62728", "disk write": "#17becf"}
+         OpKind.MEMSET: "#8c564b", "host wait": "#7f7f7f", OpKind.HALO: "#d62728", "disk write": "#17becf",
+         COMPRESS: "#e377c2"}
+# Colours for kinds outside KINDS, handed out in turn, so that unknown kinds do not share one.
+_SPARE_COLOURS = ("#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
+#: The most lanes one panel draws: more would be too thin to read. A trace with more tracks draws
+#: the numbered streams of one pool ("io 0" ... "io 7") on one lane (see :meth:`Trace.lane_names`).
+MAX_LANES = 6
 
 #: How a picture lays out its lanes: ``"engines"`` (the default) one lane per engine and purpose,
 #: ``"streams"`` one lane per recorded track (stream, host, writer thread), as the Chrome export has them.
@@ -146,14 +154,16 @@ def _check_lanes(lanes):
     return lanes
 
 
-def lane_of(event: TraceEvent, lanes: str = "engines") -> str:
+def lane_of(event: TraceEvent, lanes: str = "engines", grouped: bool = False) -> str:
     """The lane a picture draws ``event`` on.
 
-    ``lanes="streams"``: its own track. ``lanes="engines"``: copies to and from the host share
-    their direction's lane (``"D2H"``, ``"H2D"``) whatever stream queued them, the disk writers share
-    ``"disk"``, the halo exchange has ``"halo"`` and host waits ``"host"``; other work (kernels,
-    fills, device-to-device copies) stays on its stream's lane, streams of one name ("compute 0",
-    "compute 1") sharing one. A merged multi-rank trace keeps each rank's prefix ("rank 1 D2H").
+    ``lanes="streams"``: its own track; with ``grouped=True`` (what a picture of more than
+    :data:`MAX_LANES` tracks uses) a numbered stream of a pool ("io 7") shares its pool's lane ("io").
+    ``lanes="engines"``: copies to and from the host share their direction's lane (``"D2H"``,
+    ``"H2D"``) whatever stream queued them, the disk writers share ``"disk"``, the halo exchange has
+    ``"halo"`` and host waits ``"host"``; other work (kernels, fills, device-to-device copies,
+    compression) stays on its stream's lane, streams of one name ("compute 0", "compute 1") sharing
+    one. A merged multi-rank trace keeps each rank's prefix ("rank 1 D2H").
 
     >>> lane_of(TraceEvent("io 7", "D2H", "copy", 0.0, 1.0))
     'D2H'
@@ -161,10 +171,21 @@ def lane_of(event: TraceEvent, lanes: str = "engines") -> str:
     'io 7'
     >>> lane_of(TraceEvent("rank 1 compute", "kernel", "k", 0.0, 1.0))
     'rank 1 compute'
+    >>> lane_of(TraceEvent("io 7", "D2H", "copy", 0.0, 1.0), lanes="streams", grouped=True)
+    'io'
     """
     if _check_lanes(lanes) == "streams":
-        return event.track
+        return _pool(event.track) if grouped else event.track
     return _engine_lane(event.track, event.kind)
+
+
+def _pool(track):
+    """The pool a numbered stream belongs to ("io 7" -> "io", "rank 1 io 3" -> "rank 1 io"); a track
+    without a number is its own."""
+    match = _RANK.fullmatch(track)
+    rank, name = match.groups() if match else ("", track)
+    head, _, number = name.rpartition(" ")
+    return rank + (head if head and number.isdigit() else name)
 
 
 def _engine_lane(track, kind):
@@ -173,8 +194,7 @@ def _engine_lane(track, kind):
     rank, track = match.groups() if match else ("", track)
     if kind in _SHARED_LANE:
         return rank + _SHARED_LANE[kind]
-    head, _, number = track.rpartition(" ")
-    return rank + (head if head and number.isdigit() else track)
+    return rank + _pool(track)
 
 
 def _lane_order(lane, first_track):
@@ -283,17 +303,31 @@ class Trace:
     def lane_names(self, lanes: str = "engines") -> list[str]:
         """The lanes a picture of the trace draws, top to bottom: with ``lanes="streams"`` its
         tracks, with ``"engines"`` (the default) one per engine and purpose (:func:`lane_of`):
-        e.g. ``["compute", "D2H", "host"]`` for the streams loop, however many IO streams it used."""
+        e.g. ``["compute", "D2H", "host"]`` for the streams loop, however many IO streams it used.
+
+        At most :data:`MAX_LANES`: with more tracks than that, the streams view draws the numbered
+        streams of one pool ("io 0" ... "io 16") on one lane ("io"), as the engines view does. A
+        pool of streams whose work all went to the shared lanes (the IO streams' copies, on "D2H")
+        gets no empty lane of its own in the engines view.
+        """
         if _check_lanes(lanes) == "streams":
-            return list(self.tracks)
+            if len(self.tracks) <= MAX_LANES:
+                return list(self.tracks)
+            return list(dict.fromkeys(_pool(track) for track in self.tracks))
         kinds = {}
         for e in self.events:
             kinds.setdefault(e.track, set()).add(e.kind)
         first = {}                              # lane -> the first track that has work on it
         for i, track in enumerate(self.tracks):
+            if track not in kinds and self.events and _pool(track) != track:
+                continue                        # an idle stream of a pool: its work is on the shared lanes
             for kind in sorted(kinds.get(track, {"no work"})):
                 first.setdefault(_engine_lane(track, kind), i)
         return sorted(first, key=lambda lane: _lane_order(lane, first[lane]))
+
+    def _grouped(self, lanes):
+        """Whether a picture in the ``lanes`` view draws a pool's streams on one lane."""
+        return lanes == "streams" and len(self.tracks) > MAX_LANES
 
     def busy_fractions(self, window: tuple[float, float] | None = None, lanes: str = "engines") -> dict[str, float]:
         """``{lane: fraction}``: the share of ``window`` (``(start_ms, end_ms)``; default: first
@@ -307,8 +341,9 @@ class Trace:
         lo, hi = window
         if not hi > lo:
             raise ValueError(f"the window must end after it starts, got {window}")
+        grouped = self._grouped(lanes)
         return {name: covered_length(clip_intervals(merge_intervals((e.start_ms, e.end_ms) for e in self.events
-                                                           if lane_of(e, lanes) == name), lo, hi)) / (hi - lo)
+                                                           if lane_of(e, lanes, grouped) == name), lo, hi)) / (hi - lo)
                 for name in names}
 
     @property
@@ -414,6 +449,11 @@ class Trace:
         from matplotlib.patches import Patch
 
         names = self.lane_names(lanes)          # checks `lanes` before anything is drawn
+        if len(names) > MAX_LANES:
+            raise ValueError(f"this trace has {len(names)} lanes ({', '.join(names)}), more than the {MAX_LANES} "
+                             "a panel draws readably: plot each rank's own trace (a multi-rank run keeps one per "
+                             "rank), or export it with to_chrome_json and open it in Perfetto, which scrolls "
+                             "through any number of lanes")
         if levels is not None:
             window = self.window_for_levels(*levels)
         if ax is None:
@@ -429,8 +469,9 @@ class Trace:
             ax.legend(handles=[Patch(color=c, label=k) for k, c in colours.items()],
                       loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
         on_lane = {name: [] for name in names}
+        grouped = self._grouped(lanes)
         for e in self.events:                        # in time order
-            on_lane[lane_of(e, lanes)].append(e)
+            on_lane[lane_of(e, lanes, grouped)].append(e)
         busy = self.busy_fractions(window, lanes) if self.events else {name: 0.0 for name in names}
         ax.set_yticks(range(len(names)), [_lane_label(name, on_lane[name], busy[name]) for name in names])
         ax.set_ylim(max(len(names), 1) - 0.5, -0.5)
@@ -460,10 +501,12 @@ _BAR_HEIGHT = 0.8
 
 def _colours(events):
     """``{kind: colour}`` of the kinds among ``events``: :data:`KINDS`'s, in its order, then any
-    other kind in grey-green, so that nothing recorded is left undrawn."""
+    other kind in a spare colour of its own, so that nothing recorded is left undrawn and the legend
+    tells every kind apart."""
     present = {e.kind for e in events}
     colours = {k: c for k, c in KINDS.items() if k in present}
-    colours.update({k: "#bcbd22" for k in sorted(present - set(KINDS))})
+    others = sorted(present - set(KINDS))
+    colours.update({k: _SPARE_COLOURS[i % len(_SPARE_COLOURS)] for i, k in enumerate(others)})
     return colours
 
 
@@ -580,7 +623,8 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
     Every panel shows the same part of its run on the same scale: with ``levels=(first, last)`` the
     work of those levels, each run's time counted from its first operation of level ``first`` (the
     title says how long the levels took); with ``window`` the same time range of each run; else the
-    whole runs. A lane is equally tall in every panel.
+    whole runs, each from its first operation, titled with its length as :meth:`Trace.summary`
+    (``total_ms``) and the doctor's headline give it. A lane is equally tall in every panel.
 
     Parameters
     ----------
@@ -626,6 +670,10 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
             raise TypeError(f"{what} holds no timeline ({type(item).__name__}): pass Traces, or results of a "
                             "solve run with trace=True (the default)")
         title = key if isinstance(key, str) else trace.meta.get("strategy", "timeline")
+        if len(trace.lane_names(lanes)) > MAX_LANES:        # refused before any panel is drawn
+            raise ValueError(f"{title}: {len(trace.lane_names(lanes))} lanes, more than the {MAX_LANES} a panel "
+                             "draws readably: compare each rank's own trace, or export it with to_chrome_json "
+                             "for Perfetto")
         if levels is not None:
             try:
                 start, end = trace.window_for_levels(*levels)
@@ -636,9 +684,13 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
             title = f"{title}: levels {levels[0]} to {levels[1]} in {span[1]:.2f} ms"
         elif window is not None:
             span = window
+        elif trace.events:
+            # Each run from its first operation, its length as its summary (and the doctor) states it.
+            trace = trace.shifted(-min(e.start_ms for e in trace.events))
+            span = (0.0, trace.summary()["total_ms"])
+            title = f"{title}: {span[1]:.2f} ms"
         else:
-            span = (0.0, max((e.end_ms for e in trace.events), default=0.0))
-            title = f"{title}: {span[1]:.2f} ms" if trace.events else title
+            span = (0.0, 0.0)
         panels.append((trace, span, title))
     lane_counts = [len(trace.lane_names(lanes)) for trace, _, _ in panels]
     fig, axes = plt.subplots(len(panels), 1, sharex=True, layout="constrained", squeeze=False,
@@ -664,6 +716,9 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
                     ax.axvspan(*outside, facecolor="white", alpha=0.75, edgecolor="none", zorder=2.2)
     clock = panels[-1][0].meta.get("clock")
     unit = f"ms, {clock}" if clock else "ms"
-    axes[-1].set_xlabel(f"time since the first operation of level {levels[0]} ({unit})" if levels is not None
-                        else f"time ({unit})")
+    if levels is not None:
+        axes[-1].set_xlabel(f"time since the first operation of level {levels[0]} ({unit})")
+    else:
+        axes[-1].set_xlabel(f"time ({unit})" if window is not None
+                            else f"time since each run's first operation ({unit})")
     return axes

@@ -213,6 +213,31 @@ def test_no_output_is_wider_than_the_text_column(site, page):
     assert not too_wide, too_wide
 
 
+#: Every block of code or printed text on a page: a cell's code, its printed output, a page's commands.
+TEXT_BLOCKS = "article.bd-article pre"
+
+
+def test_no_code_or_output_line_is_cut_off_in_a_narrow_column(site, browser):
+    """In a window whose text column is about 750 px wide, no code or output block hides part of a
+    line past its right edge: long lines wrap, so nothing depends on a scrollbar that a browser may
+    not show (headless Chromium, overlay scrollbars). Lesson 7's long print lines and the README's
+    install line were cut off there."""
+    pg = browser.new_page(viewport={"width": 1100, "height": 900})
+    cut = {}
+    try:
+        for name in ["index.html"] + LESSONS:
+            pg.goto(site["url"] + name, wait_until="networkidle")
+            hidden = pg.evaluate("""blocks => [...document.querySelectorAll(blocks)]
+                .filter(p => p.getClientRects().length && p.scrollWidth > p.clientWidth + 1)
+                .map(p => p.innerText.split('\\n').reduce((a, b) => a.length >= b.length ? a : b).slice(0, 80))""",
+                                 TEXT_BLOCKS)
+            if hidden:
+                cut[name] = hidden
+    finally:
+        pg.close()
+    assert not cut, cut
+
+
 def test_search_finds_a_lesson_and_shows_what_it_says(site, page):
     """Served as the README says, search lists the pages and the text around the word in each,
     which it reads from the pages themselves (opened from the file system, a browser refuses those

@@ -446,7 +446,8 @@ def test_the_events_loop_at_the_balanced_point_draws_at_most_six_lanes(backend):
     ax = t.plot(levels=(160, 208))
     labels = [x.get_text().split("\n")[0] for x in ax.get_yticklabels()]
     assert len(labels) <= 6 and labels == ["compute", f"D2H ({len(t.tracks) - 1} streams)"]
-    assert len(t.plot(lanes="streams").get_yticklabels()) == len(t.tracks)
+    streams_view = [x.get_text().split("\n")[0] for x in t.plot(lanes="streams").get_yticklabels()]
+    assert streams_view == ["compute", f"io ({len(t.tracks) - 1} streams)"]     # the ring's pool on one lane
     doc = t.to_chrome()
     assert [e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"] == t.tracks
     plt.close("all")
@@ -508,6 +509,18 @@ def test_compared_panels_of_whole_runs_and_of_a_window():
     assert axes[0].get_xlim() == axes[1].get_xlim() and axes[0].get_xlim()[1] > 30
     axes = ch.timelines.plot_compared({"a": short, "b": long}, window=(2.0, 6.0))
     assert axes[0].get_xlim() == axes[1].get_xlim() == pytest.approx((1.92, 6.08))
+    plt.close("all")
+
+
+def test_a_whole_run_s_title_states_the_length_its_summary_and_the_doctor_state():
+    """A run that starts after its recording did (the doctor's block, whose first kernel comes a
+    little after the recording starts) is titled with first start to last end, not last end."""
+    import matplotlib.pyplot as plt
+    late = hand_trace().shifted(0.12)
+    axes = ch.timelines.plot_compared({"late": late})
+    total = late.summary()["total_ms"]
+    assert axes[0].get_title().split(" (clock")[0] == f"late: {total:.2f} ms" == "late: 12.00 ms"
+    assert axes[0].get_xlim()[0] < 0 < 12.0 < axes[0].get_xlim()[1] < 12.5          # from its first operation
     plt.close("all")
 
 
@@ -574,4 +587,77 @@ def test_a_panel_of_named_levels_fades_the_other_levels_work_inside_its_window()
     (panel,) = ch.timelines.plot_compared({"ring": trace}, levels=(2, 2))
     assert strengths(panel) == [(0.0, 1.0), (1.0, 1.0), (1.5, 0.25)]
     assert strengths(trace.plot()) == [(0.0, 1.0), (1.0, 1.0), (1.5, 1.0)]     # no levels named: all in full
+    plt.close("all")
+
+
+# -- at most six lanes a panel, every kind of bar in the legend in its own colour --------------------
+
+def _many_streams_trace():
+    """A loop with a compute stream, eight IO streams and a host lane: ten tracks."""
+    ev = [TraceEvent("compute", "kernel", f"k{i}", 2.0 * i, 2.0 * i + 1.5, 0, i) for i in range(8)]
+    ev += [TraceEvent(f"io {i}", "D2H", f"c{i}", 2.0 * i + 1.5, 2.0 * i + 3.0, 100, i) for i in range(8)]
+    ev += [TraceEvent("host", "host wait", "w", 3.0, 4.0)]
+    return Trace(ev, ["compute"] + [f"io {i}" for i in range(8)] + ["host"], {"strategy": "many"})
+
+
+def test_a_trace_of_many_streams_draws_its_pool_on_one_lane_in_the_streams_view():
+    import matplotlib.pyplot as plt
+    from course_helper.timelines.timeline import MAX_LANES
+    t = _many_streams_trace()
+    assert t.lane_names("streams") == ["compute", "io", "host"]
+    ax = t.plot(lanes="streams")
+    labels = [x.get_text() for x in ax.get_yticklabels()]
+    assert len(labels) <= MAX_LANES and labels[1].startswith("io (8 streams)")
+    busy = t.busy_fractions(lanes="streams")
+    assert busy["io"] == pytest.approx(covered_length(merge_intervals(
+        (e.start_ms, e.end_ms) for e in t.of_kind("D2H"))) / 17.0)          # the pool's union, not one stream's
+    few = Trace(t.events[:3], ["compute", "io 0", "io 1"])                 # few tracks: each its own lane
+    assert few.lane_names("streams") == ["compute", "io 0", "io 1"]
+    plt.close("all")
+
+
+def _seven_lane_trace():
+    ev = [TraceEvent(track, kind, "x", 0.0, 1.0, 0, 1) for track, kind in [
+        ("rank 0 compute", "kernel"), ("rank 0 halo", "halo"), ("rank 0 io", "D2H"), ("rank 0 host", "host wait"),
+        ("rank 1 compute", "kernel"), ("rank 1 halo", "halo"), ("rank 1 io", "D2H")]]
+    return Trace(ev, [e.track for e in ev])
+
+
+def test_more_than_six_lanes_in_a_panel_are_refused_before_anything_is_drawn():
+    import matplotlib.pyplot as plt
+    t = _seven_lane_trace()
+    assert len(t.lane_names()) == 7
+    plt.close("all")
+    with pytest.raises(ValueError, match="7 lanes .*more than the 6 a panel draws readably: plot each rank's own"):
+        t.plot()
+    with pytest.raises(ValueError, match="seven: 7 lanes, more than the 6"):
+        ch.timelines.plot_compared({"fine": hand_trace(), "seven": t})
+    assert plt.get_fignums() == []                                          # refused before drawing
+
+
+def test_an_idle_pool_of_streams_gets_no_empty_lane():
+    """The GPU-compressed run: its IO streams queue nothing to the host, the compressed bytes
+    cross from the compression stream, so an "io" lane would stand empty above the D2H lane."""
+    ev = [TraceEvent("compute", "kernel", "k", 0.0, 4.0, 0, 0),
+          TraceEvent("compress", "compress", "zstd level 0", 1.0, 3.0, 400, 0),
+          TraceEvent("compress", "D2H", "D2H zstd level 0", 3.0, 3.5, 100, 0),
+          TraceEvent("disk 0", "disk write", "write level 0", 3.5, 5.0, 100, 0)]
+    t = Trace(ev, ["compute", "io 0", "io 1", "compress", "disk 0", "host"])
+    assert t.lane_names() == ["compute", "compress", "D2H", "disk", "host"]
+
+
+def test_every_kind_of_bar_has_a_legend_entry_in_a_colour_of_its_own():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+    kinds = ["kernel", "D2H", "H2D", "compress", "disk write", "host wait", "a new kind", "another kind"]
+    ev = [TraceEvent(f"stream {i // 2}", kind, "x", float(i), i + 0.5, 0, i) for i, kind in enumerate(kinds)]
+    t = Trace(ev, [f"stream {i}" for i in range(4)])
+    assert KINDS["compress"] != KINDS["kernel"]
+    ax = t.plot(lanes="streams")                               # four lanes, two kinds on each
+    legend = {text.get_text(): to_hex(patch.get_facecolor())
+              for text, patch in zip(ax.get_legend().get_texts(), ax.get_legend().get_patches())}
+    assert set(legend) == set(kinds)
+    assert len(set(legend.values())) == len(kinds)            # no two kinds share a colour
+    drawn = {to_hex(c) for coll in ax.collections for c in coll.get_facecolors()}
+    assert drawn <= set(legend.values())                      # every bar's colour is in the legend
     plt.close("all")
