@@ -138,22 +138,34 @@ def lab(tmp_path_factory):
         shutil.copy(root / "lab.log", ARTIFACTS / "lab.log")
 
 
-@pytest.fixture
-def page(lab):
+@pytest.fixture(scope="module")
+def browser(lab):
+    """One headless Chromium for the module (started once: each test gets a context of its own)."""
     from playwright.sync_api import sync_playwright
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                           "--disable-component-update", "--no-first-run", "--disable-sync"])
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                      args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                                            "--disable-component-update", "--no-first-run", "--disable-sync"])
         try:
-            pg = browser.new_page(viewport={"width": 1280, "height": 1000})
-            pg.set_default_timeout(60_000)
-            pg.console_errors = []
-            pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))
-            yield pg
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+@pytest.fixture
+def page(lab, browser):
+    """A page in a browser context of its own: no cookies, storage or cache from another test, as
+    in a browser just started."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(60_000)
+        pg.console_errors = []
+        pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))
+        yield pg
+    finally:
+        context.close()
 
 
 def _open(page, lab, name):
@@ -247,14 +259,63 @@ def test_jupyterlab_is_told_to_fetch_no_news(lab, page):
     assert fetch_news == "false", f"fetchNews is {fetch_news!r}: the front end would ask about news"
 
 
+_MSG_ID = re.compile(r'"msg_id":\s*"([^"]+)"')
+_IDLE = re.compile(r'"execution_state":\s*"idle"')
+
+
+def _watch_kernel_info(page):
+    """Follow the page's kernel connections (call before the page opens a notebook): return a
+    function that says whether every kernel_info request the page has sent has its reply and the
+    kernel's idle status after it. JupyterLab writes the reply's language_info into the notebook's
+    metadata when both have arrived: from then on, a notebook whose stored metadata differs would be
+    marked modified. (The frames are the kernel messages' JSON, whole or in the binary framing of
+    jupyter_server's v1 protocol: a request is found by its msg_id, its answers by their parent's.)"""
+    asked, replied, idle = [], set(), set()
+
+    def text(payload):
+        return payload if isinstance(payload, str) else payload.decode("utf-8", "replace")
+
+    def sent(payload):
+        frame = text(payload)
+        if "kernel_info_request" in frame and (msg_id := _MSG_ID.search(frame)):
+            asked.append(msg_id.group(1))
+
+    def received(payload):
+        frame = text(payload)
+        for msg_id in asked:
+            if msg_id in frame:
+                if "kernel_info_reply" in frame:
+                    replied.add(msg_id)
+                elif _IDLE.search(frame):
+                    idle.add(msg_id)
+
+    def connected(ws):
+        ws.on("framesent", sent)
+        ws.on("framereceived", received)
+
+    page.on("websocket", connected)
+    return lambda: bool(asked) and all(m in replied and m in idle for m in asked)
+
+
+def _wait_until(page, condition, timeout, what):
+    """Let the page run until ``condition()`` holds (it reads what the page's events recorded)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout} s")
+        page.wait_for_timeout(100)
+
+
 @pytest.mark.parametrize("name", COURSE_NOTEBOOKS)
 def test_opening_a_notebook_asks_nothing_and_changes_nothing(lab, page, name):
     # The stored notebook as it is: it names no Python, and the course's settings fill in this one.
     path = lab["root"] / "notebooks" / name
     before = path.read_bytes()
+    kernel_info = _watch_kernel_info(page)
     _open(page, lab, name)
     page.get_by_text(re.compile(r"\| Idle")).first.wait_for(timeout=90_000)
-    page.wait_for_timeout(3000)                         # the kernel's language_info has arrived
+    _wait_until(page, kernel_info, 90, f"the kernel's reply to {name}'s kernel_info request")
+    page.wait_for_timeout(500)              # the front end writes language_info and redraws its tab
     shot = ARTIFACTS / f"opened_{name.replace('/', '_')}.png"
     popup = not _no_news_popup(page)
     dirty = page.locator(".lm-TabBar-tab.jp-mod-dirty").count()

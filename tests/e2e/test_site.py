@@ -81,8 +81,7 @@ def browser(site):
             chromium.close()
 
 
-@pytest.fixture
-def page(site, browser):
+def _new_page(site, browser):
     """A page that records (and blocks) every request for another host, and every failed one."""
     pg = browser.new_page(viewport={"width": 1400, "height": 1000})
     pg.set_default_timeout(30_000)
@@ -97,8 +96,79 @@ def page(site, browser):
 
     pg.route("**/*", route)
     pg.on("response", lambda resp: resp.status >= 400 and pg.failed.append(f"{resp.status} {resp.url}"))
+    return pg
+
+
+@pytest.fixture
+def page(site, browser):
+    """A fresh page (see :func:`_new_page`) for a test that opens pages of its own."""
+    pg = _new_page(site, browser)
     yield pg
     pg.close()
+
+
+#: The blocks of a notebook's outputs: each must fit the text column (scrolling inside, if wider).
+OUTPUT_BLOCKS = "div.cell_output, div.cell_output > *, div.cell_output pre, div.cell_output img, div.cell_output table"
+
+#: What the walk reads from each page, for the tests below: its broken images, its first heading,
+#: the links of its text, its Next and Previous links, the output blocks that reach past the text
+#: column and the number of outputs that scroll inside themselves.
+READ_PAGE = """blocks => {
+    const heading = document.querySelector('main h1');
+    const next = document.querySelector('a.right-next'), prev = document.querySelector('a.left-prev');
+    const article = document.querySelector('article.bd-article');
+    const column = article && article.getBoundingClientRect();
+    return {
+        broken: [...document.images].filter(i => i.naturalWidth === 0).map(i => i.src),
+        title: heading && heading.innerText,
+        links: [...document.querySelectorAll('main a')].map(a => a.href),
+        next: next && next.href,
+        previous: prev && prev.href,
+        column: !!column,
+        too_wide: !column ? [] : [...document.querySelectorAll(blocks)]
+            .map(e => [e.tagName.toLowerCase() + '.' + e.className, e.getBoundingClientRect()])
+            .filter(([, r]) => r.right > column.right + 1 || r.left < column.left - 1)
+            .map(([what, r]) => `${what}: ${Math.round(r.left)}..${Math.round(r.right)} px, `
+                                + `column ${Math.round(column.left)}..${Math.round(column.right)} px`),
+        scrolled: [...document.querySelectorAll('div.cell_output pre')]
+            .filter(p => p.scrollWidth > p.clientWidth + 1).length,
+    };
+}"""
+
+
+@pytest.fixture(scope="module")
+def walk(site, browser):
+    """Every page of the site opened once, as a reader's browser shows it (the network idle, every
+    image loaded, lazy ones too), and what the tests below check on it (:data:`READ_PAGE`, plus the
+    requests that went elsewhere or failed while it loaded), by the page's path in the site. One
+    walk serves every test that looks at all the pages: opening a page is what takes the time."""
+    pg = _new_page(site, browser)
+    seen = {}
+    try:
+        for name in _pages(site["html"]):
+            pg.goto(site["url"] + name, wait_until="networkidle")
+            # Lazy images load only in view: ask for all of them now, then wait for each.
+            pg.evaluate("() => document.querySelectorAll('img').forEach(i => { i.loading = 'eager'; })")
+            pg.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=30_000)
+            seen[name] = dict(pg.evaluate(READ_PAGE, OUTPUT_BLOCKS), outside=list(pg.outside), failed=list(pg.failed))
+            if seen[name]["broken"] or pg.outside or pg.failed:
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                pg.screenshot(path=str(ARTIFACTS / f"site_{name.replace('/', '_')}.png"))
+            pg.outside.clear()
+            pg.failed.clear()
+    finally:
+        pg.close()
+    return seen
+
+
+def _path(url):
+    """A link's page, as the walk names it (the site is served from the server's root)."""
+    return urllib.parse.urlparse(url).path.lstrip("/")
+
+
+def _title(heading):
+    """A page's first heading without the "#" of its anchor link."""
+    return (heading or "").rstrip("#").strip()
 
 
 def _pages(html):
@@ -111,21 +181,11 @@ def test_the_site_has_a_page_per_notebook(site):
     assert not set(NOTEBOOKS) - set(pages), f"notebooks without a page: {set(NOTEBOOKS) - set(pages)}"
 
 
-def test_every_page_loads_its_images_and_nothing_from_elsewhere(site, page):
-    problems = {}
-    for name in _pages(site["html"]):
-        page.goto(site["url"] + name, wait_until="networkidle")
-        # Lazy images load only in view: ask for all of them now, then wait for each.
-        page.evaluate("() => document.querySelectorAll('img').forEach(i => { i.loading = 'eager'; })")
-        page.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=30_000)
-        broken = page.evaluate("() => [...document.images].filter(i => i.naturalWidth === 0).map(i => i.src)")
-        if broken or page.outside or page.failed:
-            problems[name] = {"broken images": broken, "outside requests": list(page.outside),
-                              "failed requests": list(page.failed)}
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"site_{name.replace('/', '_')}.png"))
-        page.outside.clear()
-        page.failed.clear()
+def test_every_page_loads_its_images_and_nothing_from_elsewhere(site, walk):
+    assert set(walk) == set(_pages(site["html"]))
+    problems = {name: {"broken images": seen["broken"], "outside requests": seen["outside"],
+                       "failed requests": seen["failed"]}
+                for name, seen in walk.items() if seen["broken"] or seen["outside"] or seen["failed"]}
     assert not problems, problems
 
 
@@ -148,67 +208,45 @@ def test_the_maths_is_typeset_by_the_site_s_own_mathjax(site, page):
     assert not page.outside, page.outside
 
 
-def test_the_navigation_reaches_every_notebook_and_next_walks_the_lessons_in_order(site, page):
+def test_the_navigation_reaches_every_notebook_and_next_walks_the_lessons_in_order(site, page, walk):
     page.goto(site["url"] + "index.html", wait_until="networkidle")
     links = page.evaluate("() => [...document.querySelectorAll('nav.bd-docs-nav a, .bd-sidenav a')].map(a => a.href)")
     reached = {urllib.parse.urlparse(href).path.lstrip("/") for href in links}
     assert set(NOTEBOOKS) <= reached, f"the navigation leaves out {sorted(set(NOTEBOOKS) - reached)}"
     # Following Next from the front page visits the lessons one after the other, no solution between.
-    order, url = [], site["url"] + "index.html"
+    order, here = [], _path(page.url)
     for _ in range(60):
-        page.goto(url, wait_until="networkidle")        # index.html forwards to the front page
-        following = page.locator("a.right-next")
-        if following.count() == 0:
+        assert here in walk, f"Next leads to {here}, which is not a page of the site (came through {order})"
+        if not walk[here]["next"]:
             break
-        url = following.first.evaluate("a => a.href")
-        order.append(urllib.parse.urlparse(url).path.lstrip("/"))
+        here = _path(walk[here]["next"])
+        order.append(here)
     visited = [p for p in order if p in NOTEBOOKS]
     assert visited == LESSONS, visited
     # ... and Previous walks them back.
     for before, lesson in zip(LESSONS, LESSONS[1:]):
-        page.goto(site["url"] + lesson, wait_until="networkidle")
-        back = page.locator("a.left-prev").first.evaluate("a => a.href")
-        assert urllib.parse.urlparse(back).path.lstrip("/") == before, (lesson, back)
+        back = walk[lesson]["previous"]
+        assert back and _path(back) == before, (lesson, back)
 
 
-def test_each_solution_is_linked_from_its_lesson_and_titled_after_it(site, page):
+def test_each_solution_is_linked_from_its_lesson_and_titled_after_it(walk):
     assert any(SOLUTIONS.values())
     for lesson, solutions in SOLUTIONS.items():
-        page.goto(site["url"] + lesson, wait_until="networkidle")
-        lesson_title = page.locator("main h1").first.inner_text().rstrip("#").strip()
-        hrefs = page.evaluate("() => [...document.querySelectorAll('main a')].map(a => a.href)")
-        linked = {urllib.parse.urlparse(h).path.lstrip("/") for h in hrefs}
+        lesson_title = _title(walk[lesson]["title"])
+        linked = {_path(h) for h in walk[lesson]["links"]}
         for solution in solutions:
             assert solution in linked, f"{lesson} has no link to {solution}"
-            page.goto(site["url"] + solution, wait_until="networkidle")
-            heading = page.locator("main h1").first.inner_text().rstrip("#").strip()
+            heading = _title(walk[solution]["title"])
             assert heading == f"Solution: {lesson_title}", (solution, heading)
 
 
-#: The blocks of a notebook's outputs: each must fit the text column (scrolling inside, if wider).
-OUTPUT_BLOCKS = "div.cell_output, div.cell_output > *, div.cell_output pre, div.cell_output img, div.cell_output table"
-
-
-def test_no_output_is_wider_than_the_text_column(site, page):
+def test_no_output_is_wider_than_the_text_column(walk):
     """At a 1400 px window no output block reaches past the text column: a wide table scrolls inside
     its own output (and the page says which ones do, in the test's output)."""
-    too_wide, scrolled = {}, {}
-    for name in LESSONS + [p for sols in SOLUTIONS.values() for p in sols]:
-        page.goto(site["url"] + name, wait_until="networkidle")
-        found = page.evaluate("""blocks => {
-            const column = document.querySelector('article.bd-article').getBoundingClientRect();
-            return [...document.querySelectorAll(blocks)]
-                .map(e => [e.tagName.toLowerCase() + '.' + e.className, e.getBoundingClientRect()])
-                .filter(([, r]) => r.right > column.right + 1 || r.left < column.left - 1)
-                .map(([what, r]) => `${what}: ${Math.round(r.left)}..${Math.round(r.right)} px, `
-                                    + `column ${Math.round(column.left)}..${Math.round(column.right)} px`);
-        }""", OUTPUT_BLOCKS)
-        if found:
-            too_wide[name] = found
-        inside = page.evaluate("() => [...document.querySelectorAll('div.cell_output pre')]"
-                               ".filter(p => p.scrollWidth > p.clientWidth + 1).length")
-        if inside:
-            scrolled[name] = inside
+    notebooks = LESSONS + [p for sols in SOLUTIONS.values() for p in sols]
+    assert all(walk[name]["column"] for name in notebooks), "a notebook's page has no text column"
+    too_wide = {name: walk[name]["too_wide"] for name in notebooks if walk[name]["too_wide"]}
+    scrolled = {name: walk[name]["scrolled"] for name in notebooks if walk[name]["scrolled"]}
     print("outputs that scroll inside themselves:", scrolled or "none")
     assert not too_wide, too_wide
 
