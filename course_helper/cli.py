@@ -276,7 +276,7 @@ def _parse_points(text):
 def bench_main(args: argparse.Namespace) -> int:
     """``bench``: the benchmark sweep (or ``--disk``: the runs streamed to disk); returns the exit status."""
     if args.backend or args.profile:
-        backend.set_backend(args.backend or os.environ.get(backend.ENV_VAR, "auto"), profile=args.profile)
+        backend.set_backend(args.backend or backend.requested(), profile=args.profile)
     else:
         backend.backend_name()
     if args.disk:
@@ -292,7 +292,9 @@ def bench_main(args: argparse.Namespace) -> int:
     if args.points is not None:
         points = _parse_points(args.points)
     else:
-        points = list(bench.DEFAULT_POINTS if backend.backend_name() == "gpu" or predict else bench.QUICK_POINTS)
+        # The quick sweep where the model computes every wavefield in NumPy: the full one on a
+        # device that measures its times, or where the model predicts them without computing.
+        points = list(bench.QUICK_POINTS if rt.predicts_times and not predict else bench.DEFAULT_POINTS)
     if args.every_sweep:
         points += [p for p in bench.EVERY_POINTS if p not in points]
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
@@ -442,7 +444,7 @@ def halo_main(args: argparse.Namespace) -> int:
     never inside a halo exchange, whose receives are posted into buffers it would let go), and
     the rank then says so and aborts the whole job."""
     if args.backend:
-        os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
+        backend.request(args.backend)      # chosen on first use: the team picks its GPU before that
     with interrupts.deferred():
         world = halo.world()
         try:
@@ -524,7 +526,7 @@ def _halo_ranks(args, problem):
 
 def calibrate_main(args: argparse.Namespace) -> int:
     """``calibrate``: measure this GPU and write its profile for the modelled device; returns the exit status."""
-    if backend.backend_name() != "gpu":
+    if runtime.get().predicts_times:
         raise RuntimeError("calibrate measures a real GPU, and this process runs on the CPU backend "
                            f"({backend.device_report()['device']}); run it on a machine with a CUDA GPU")
     folder = os.path.dirname(os.path.abspath(args.out))

@@ -96,8 +96,7 @@ def check_gpu() -> tuple[str, str, str]:
     if not rt.predicts_times:
         r = backend.device_report()
         return "ok", f"{r['device']}, driver CUDA {r['driver_version']}, runtime CUDA {r['runtime_version']}", ""
-    why = ("no usable GPU here" if not backend.gpu_available() else
-           f"{backend.ENV_VAR}={os.environ.get(backend.ENV_VAR)} asks for the CPU")
+    why = "no usable GPU here" if not backend.gpu_available() else f"the CPU was asked for ({backend.reason()})"
     return "modelled", f"{why}: the CPU backend runs the course on the {rt.device_label}", ""
 
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import checks
-from .runtime.backend import backend_name, cupy_module
+from . import runtime
+from .runtime.backend import cupy_module
 from .wave import WaveProblem, kernel_source, saved_levels
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ __all__ = ["events_loop", "streams_loop", "sequential_loop", "launch_step", "cop
 
 def _prepare(problem, every, nscratch, pinned=True):
     """Everything the loops need, made before the clock starts."""
-    if backend_name() != "gpu":
+    if not runtime.get().runs_cuda:
         raise RuntimeError("the raw CuPy loops need the GPU backend (CuPy on a GPU)")
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     every = checks.positive_int("every", every)

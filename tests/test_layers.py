@@ -235,3 +235,114 @@ def test_module_takes_the_copy_kinds_from_ops(path):
 def test_the_check_finds_a_copy_kind_spelled_as_a_string():
     assert spelled_copy_kinds('"""D2H in a docstring is fine."""\nCOPIES = ("D2H", "H2D", "D2D")\n')
     assert not spelled_copy_kinds('"""Copies "D2H" and "H2D"."""\nlink = f"{kind}_pageable"\n')
+
+
+# --------------------------------------------------------------------------
+# Ask the runtime what it can do, never which backend it is
+# --------------------------------------------------------------------------
+#: The concrete runtimes: only ``runtime/`` itself imports them (``runtime.active`` picks one).
+CONCRETE_RUNTIMES = {"runtime.model", "runtime.gpu"}
+#: What hands out the active runtime, as a module outside ``runtime/`` spells the call.
+RUNTIME_GETTERS = {"runtime.get", "_runtime"}
+
+
+def _imported_module(node, here):
+    """The dotted modules inside the package that the import ``node`` of a module in the package
+    ``here`` (a list of folder names) names, with each imported name as a possible submodule."""
+    if isinstance(node, ast.Import):
+        return [a.name.removeprefix("course_helper.") for a in node.names]
+    if node.level:
+        base = ".".join(here[:len(here) - (node.level - 1)] + ([node.module] if node.module else []))
+    else:
+        base = (node.module or "").removeprefix("course_helper").lstrip(".")
+    return [base] + [f"{base}.{a.name}".lstrip(".") for a in node.names]
+
+
+def backend_identity(source, here=(), filename="<module>"):
+    """The lines of ``source`` (a module of the package in the folder ``here``) that ask which
+    backend runs instead of what the runtime can do: a comparison with ``"gpu"`` or ``"cpu"``,
+    the runtime's ``modelled`` or an attribute the :class:`~course_helper.runtime.base.Runtime`
+    interface does not declare (``rt.profile``), an import of a concrete runtime, or the backend's
+    environment variable (``COURSE_HELPER_BACKEND``, ``backend.ENV_VAR``)."""
+    from course_helper.runtime.backend import ENV_VAR
+    from course_helper.runtime.base import Runtime
+    declared = set(dir(Runtime)) - {"modelled"}     # modelled: kept for the notebooks, asked as predicts_times
+    tree = ast.parse(source, filename)
+    found = []
+    runtime_names = {}        # id(node): the names its function binds to the active runtime (rt = runtime.get())
+    for scope in ast.walk(tree):
+        if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = {t.id for node in ast.walk(scope) if isinstance(node, ast.Assign)
+                     and isinstance(node.value, ast.Call) and ast.unparse(node.value.func) in RUNTIME_GETTERS
+                     for t in node.targets if isinstance(t, ast.Name)}
+            for node in ast.walk(scope):        # the innermost function's names win (walked last)
+                runtime_names[id(node)] = names
+    for node in ast.walk(tree):
+        runtimes = runtime_names.get(id(node), set())
+        where = f"{filename}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                if any(isinstance(v, ast.Constant) and v.value in ("gpu", "cpu") for v in values):
+                    found.append(f"{where}: compares with a backend's name ({ast.unparse(node)}); "
+                                 "ask the runtime what it can do (predicts_times, runs_cuda...)")
+                    break
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            base = node.value
+            is_runtime = (isinstance(base, ast.Name) and base.id in runtimes) or (
+                isinstance(base, ast.Call) and ast.unparse(base.func) in RUNTIME_GETTERS)
+            if is_runtime and node.attr not in declared:
+                found.append(f"{where}: reads {ast.unparse(node)}, which the Runtime interface does not "
+                             "declare; declare what is asked on runtime/base.py")
+            if node.attr == "ENV_VAR" and ast.unparse(base).endswith("backend"):
+                found.append(f"{where}: reads the backend's environment variable; ask runtime.backend")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            named = _imported_module(node, list(here))
+            if any(m in CONCRETE_RUNTIMES for m in named) or any(
+                    a.name in ("ModelRuntime", "GpuRuntime") for a in node.names):
+                found.append(f"{where}: imports a concrete runtime; use runtime.get() and the Runtime interface")
+            if isinstance(node, ast.ImportFrom) and any(a.name == "ENV_VAR" for a in node.names) \
+                    and any(m.endswith("backend") for m in named):
+                found.append(f"{where}: imports the backend's environment variable; ask runtime.backend")
+        elif isinstance(node, ast.Constant) and node.value == ENV_VAR:
+            found.append(f"{where}: names {ENV_VAR}; ask runtime.backend (requested, request, environment_for)")
+        elif isinstance(node, ast.keyword) and node.arg == ENV_VAR:
+            found.append(f"{where}: sets {ENV_VAR}; use runtime.backend.environment_for")
+    return found
+
+
+OUTSIDE_RUNTIME = [p for p in MODULES if p.relative_to(PACKAGE).parts[0] != "runtime"]
+
+
+@pytest.mark.parametrize("path", OUTSIDE_RUNTIME, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_asks_the_runtime_what_it_can_do(path):
+    relative = path.relative_to(PACKAGE)
+    found = backend_identity(path.read_text(), relative.parts[:-1], str(relative))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("source, here", [
+    ("from .runtime.backend import backend_name\nif backend_name() != 'gpu':\n    pass\n", ()),
+    ("def f(b):\n    return b in ('gpu', 'auto')\n", ()),
+    ("from .. import runtime\nrt = runtime.get()\nif rt.modelled:\n    x = rt.profile['disk']\n", ("measure",)),
+    ("from .. import runtime\ngbps = runtime.get().profile['disk']\n", ("measure",)),
+    ("from ..runtime.model import ModelRuntime\n", ("disk",)),
+    ("from ..runtime import gpu\n", ("disk",)),
+    ("import course_helper.runtime.model\n", ()),
+    ("import os\nos.environ.get('COURSE_HELPER_BACKEND', 'auto')\n", ("distributed",)),
+    ("import os\nenv = dict(os.environ, COURSE_HELPER_BACKEND='cpu')\n", ("distributed",)),
+    ("import os\nfrom .runtime import backend\nos.environ.get(backend.ENV_VAR)\n", ()),
+])
+def test_the_check_finds_a_question_of_backend_identity(source, here):
+    assert backend_identity(source, here)
+
+
+@pytest.mark.parametrize("source, here", [
+    ("from . import runtime\nrt = runtime.get()\nif rt.predicts_times:\n    print(rt.device_label)\n", ()),
+    ("from .runtime.backend import backend_name\nprint(f'{backend_name()} backend')\n", ()),
+    ("from ..runtime import model_errors\n", ("disk",)),
+    ("from .runtime.backend import environment_for\nenv = environment_for('cpu')\n", ()),
+    ("import os\nos.environ.get('COURSE_HELPER_PROFILE')\n", ()),
+])
+def test_the_check_allows_asking_the_runtime(source, here):
+    assert not backend_identity(source, here)

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import disk
-from ..runtime.backend import backend_name, device_report
+from .. import runtime
+from ..runtime.backend import device_report
 from ..runtime.ops import COPY_KINDS, OpKind
 from ..exercises.layer_cake import bake_layer
 from ..graphs import capture_graph
@@ -237,7 +238,7 @@ HOST_ROUNDS = 5
 
 def calibrate(progress: Callable[[str], object] = print) -> dict:
     """Measure the active GPU and return a profile dict (see :mod:`course_helper.runtime.profiles`)."""
-    if backend_name() != "gpu":
+    if runtime.get().predicts_times:
         raise RuntimeError("calibration measures a real GPU: run it on the GPU backend "
                            "(the CPU backend models a GPU from such a profile)")
     rep = device_report()

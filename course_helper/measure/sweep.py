@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import checks, raw_cupy, runtime
-from ..runtime.backend import backend_name
 from ..solver import STRATEGIES, available_strategies, plan_memory, solve, suggest_nscratch
 from ..wave import WaveProblem, saved_levels
 from .compare import baseline_first, nscratch_for, time_strategies
@@ -100,7 +99,7 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
     # On a GPU the events loop in plain CuPy is the reference row: it runs right after the
     # helper's events loop in every round (the helper's overhead is the gap), before any traced
     # (CUPTI) run.
-    raw = backend_name() == "gpu" and "events" in order
+    raw = runtime.get().runs_cuda and "events" in order
     # The same ring as the helper's events loop: the depth given, or the one solve chooses by default.
     ring = {"nscratch": nscratch if nscratch is not None else suggest_nscratch(problem, every, "events")[0]}
     also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every, **ring)} if raw else None
@@ -182,7 +181,9 @@ def run_bench(points: Iterable[tuple[int, int, int]] | None = None, strategies: 
     ``progress(point, stage)`` is called after each point of each pass, ``stage`` being
     ``"untraced"`` or ``"traced"``."""
     if points is None:
-        points = DEFAULT_POINTS if backend_name() == "gpu" else QUICK_POINTS
+        # The quick sweep where a model computes every wavefield in NumPy (not where it predicts times only).
+        rt = runtime.get()
+        points = QUICK_POINTS if rt.predicts_times and rt.computes_data else DEFAULT_POINTS
     strategies = baseline_first(available_strategies() if strategies is None else strategies)
     repeats = checks.positive_int("repeats", repeats)
     depths = [None] if nscratch is None else [checks.positive_int("nscratch", k) for k in nscratch]
