@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import checks, runtime
 from ..memory import is_device_array, to_host, was_measured
-from ..runtime.base import byte_span
+from ..runtime.base import byte_span, shares_memory
 from ..runtime.ops import OpKind
 from ..solver import prepare, solve, timing_only
 from ..streams import create_streams, synchronize
@@ -359,8 +359,7 @@ def _touches(a: Op, b: Op) -> bool:
     def overlap(xs, ys):
         for x in xs:
             for y in ys:
-                sx, sy = byte_span(x), byte_span(y)
-                if sx and sy and sx[0] == sy[0] and sx[1] < sy[2] and sy[1] < sx[2]:
+                if shares_memory(x, y):
                     return True
         return False
     return overlap(b.writes, (*a.reads, *a.writes)) or overlap(b.reads, a.writes)

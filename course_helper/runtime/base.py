@@ -11,7 +11,8 @@ import numpy as np
 
 from .ops import Cost, OpKind
 
-__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span", "plain_view"]
+__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span", "spans_overlap",
+           "shares_memory", "plain_view"]
 
 
 class CpuDeviceArray(np.ndarray):
@@ -63,6 +64,23 @@ def byte_span(a: Any) -> tuple[str, int, int] | None:
         else:
             lo += (n - 1) * st
     return space, lo, hi + a.itemsize
+
+
+def spans_overlap(a: tuple[str, int, int] | None, b: tuple[str, int, int] | None) -> bool:
+    """Whether two byte spans (:func:`byte_span`; None for an empty array) overlap: the same
+    address space, and ranges that meet."""
+    return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def shares_memory(a: Any, b: Any) -> bool:
+    """Whether the arrays ``a`` and ``b`` share any memory (a view of a buffer counts): the one
+    test the helper uses, on both backends.
+
+    Host and device memory never share (separate address spaces). Within a space the arrays'
+    byte spans are compared: exact for C-contiguous arrays, conservative for strided views (two
+    interleaved views of one buffer count as sharing, as a GPU's addresses cannot tell them apart).
+    """
+    return spans_overlap(byte_span(a), byte_span(b))
 
 
 class GraphsUnsupported(RuntimeError):
