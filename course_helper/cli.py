@@ -125,7 +125,7 @@ def _parser():
                    help="comma-separated strategies, from the list below (default: the ladder of notebooks "
                         f"5 to 7, {','.join(LADDER)})")
     c.add_argument("--repeats", type=int, default=3, help="timed runs per strategy (default 3)")
-    c.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    c.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     c.add_argument("--out", default=None, help="folder for traces (JSON) and timelines (PNG)")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -148,7 +148,7 @@ def _parser():
     b.add_argument("--strategies", default=None,
                    help="comma-separated strategies, from the list below (default: all that run on this backend)")
     b.add_argument("--repeats", type=int, default=5, help="timed runs per strategy and point (default 5)")
-    b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    b.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto); on the CPU the sweep is "
                         "predicted by the modelled GPU")
     b.add_argument("--profile", default=None,
@@ -193,7 +193,7 @@ def _add_run_parser(sub):
     r.add_argument("--batch", type=int, default=None,
                    help="levels per staging buffer, one chunk of the store (staged only; default about 4 MiB; "
                         "at most the run's saved levels)")
-    r.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    r.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -253,7 +253,7 @@ def _halo_parser(sub):
     h.add_argument("--check", action="store_true",
                    help="gather on rank 0 and compare bit for bit with the single-device solve (exit 1 if they differ)")
     h.add_argument("--trace", action="store_true", help="record every rank's timeline (needs --out)")
-    h.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    h.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend of every rank (default: $COURSE_HELPER_BACKEND or auto)")
     h.add_argument("--out", default=None,
                    help="folder for summary.json, images.npy (gathered levels) and trace.json (one process per rank)")
@@ -546,7 +546,7 @@ def _doctor_parser(sub):
                                    "CUPTI; on the CPU backend, code written with the helper's API, modelled.")
     d.add_argument("--out", default=None, help="folder for the timeline (doctor_trace.json, for "
                                                "https://ui.perfetto.dev) and the records (doctor_records.json)")
-    d.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    d.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     d.add_argument("script", help="the Python script to run")
     d.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")

@@ -287,6 +287,9 @@ def backend_identity(source, here=(), filename="<module>"):
                     found.append(f"{where}: compares with a backend's name ({ast.unparse(node)}); "
                                  "ask the runtime what it can do (predicts_times, runs_cuda...)")
                     break
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and {"gpu", "cpu"} <= {
+                v.value for v in node.elts if isinstance(v, ast.Constant)}:
+            found.append(f"{where}: spells the backends ({ast.unparse(node)}); use runtime.backend.CHOICES")
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             base = node.value
             is_runtime = (isinstance(base, ast.Name) and base.id in runtimes) or (
@@ -332,6 +335,7 @@ def test_module_asks_the_runtime_what_it_can_do(path):
     ("import os\nos.environ.get('COURSE_HELPER_BACKEND', 'auto')\n", ("distributed",)),
     ("import os\nenv = dict(os.environ, COURSE_HELPER_BACKEND='cpu')\n", ("distributed",)),
     ("import os\nfrom .runtime import backend\nos.environ.get(backend.ENV_VAR)\n", ()),
+    ("def add(parser):\n    parser.add_argument('--backend', choices=('auto', 'gpu', 'cpu'))\n", ()),
 ])
 def test_the_check_finds_a_question_of_backend_identity(source, here):
     assert backend_identity(source, here)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from .. import checks
 from .. import runtime
-from ..runtime.backend import cupy_module, environment_for
+from ..runtime.backend import CHOICES, cupy_module, environment_for
 from ..wave import WaveProblem, save_interval
 from .loops import STRATEGIES
 from .results import HaloResult
@@ -103,7 +103,7 @@ def launch_halo(ranks: int = 2, n: int = 256, nt: int | None = None, strategy: s
     mpiexec_args = list(mpiexec_args)
     if not all(isinstance(a, str) for a in mpiexec_args):
         raise TypeError(f"mpiexec_args must hold strings, got {mpiexec_args!r}")
-    backend = checks.one_of("backend", backend, ("auto", "gpu", "cpu")) if backend else ranks_backend(ranks)
+    backend = checks.one_of("backend", backend, CHOICES) if backend else ranks_backend(ranks)
     with tempfile.TemporaryDirectory(prefix="halo-") as out:
         cmd = [find_mpiexec(), *mpiexec_args, "-n", str(ranks), sys.executable, "-m", "course_helper", "halo",
                "--n", str(n), "--nt", str(problem.nt), "--strategy", strategy, "--every", str(every),
