@@ -48,18 +48,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 
-#: What each strategy does (the loops are in course_helper/strategies.py).
-STRATEGY_HELP = {
-    "sequential": "one stream, a blocking copy after every kernel",
-    "sequential-pinned": "the sequential loop copying into pinned memory: faster copies, the host still waits "
-                         "for each",
-    "streams": "compute and IO streams; the host waits on an IO stream before reusing its buffer",
-    "events": "the same dependencies as events; the host never waits",
-    "staged": "device-to-device copies into a staging ring, batched copies to the host",
-    "graph": "the events loop captured into a CUDA graph",
-    "graph-staged": "the staged loop captured into a CUDA graph",
-}
-
 #: What ``compare`` runs by default: the ladder of notebooks 5 to 7, one change per row.
 LADDER = ("sequential", "sequential-pinned", "streams", "events")
 
@@ -81,10 +69,10 @@ def _first_sentence(doc):
 
 
 def _strategies_text():
-    """Every registered strategy, each with a line on what it does (the first sentence of its
-    loop's docstring where the table above has no entry, so a new strategy is listed too)."""
+    """Every registered strategy, each with a line on what it does (its ``help``, else the first
+    sentence of its loop's docstring, so a strategy registered without one is listed too)."""
     width = max(len(name) for name in STRATEGIES)
-    lines = [textwrap.fill(STRATEGY_HELP.get(name) or _first_sentence(entry.loop.__doc__), width=98,
+    lines = [textwrap.fill(entry.help or _first_sentence(entry.loop.__doc__), width=98,
                            initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
              or f"  {name}"                    # a loop with no docstring: its name alone (fill drops it)
              for name, entry in STRATEGIES.items()]
@@ -246,10 +234,9 @@ def _halo_parser(sub):
     h.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
     h.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     h.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
-    h.add_argument("--strategy", choices=halo.STRATEGIES, default="overlap",
-                   help="blocking: compute, then exchange; overlap: boundary rows first, "
-                        "exchanged while the interior computes (default); overlap-graph: the overlap "
-                        "loop captured once into a CUDA graph and replayed")
+    h.add_argument("--strategy", choices=tuple(halo.STRATEGIES), default="overlap",
+                   help="; ".join(f"{name}: {entry.help}" + (" (default)" if name == "overlap" else "")
+                                  for name, entry in halo.STRATEGIES.items()))
     h.add_argument("--check", action="store_true",
                    help="gather on rank 0 and compare bit for bit with the single-device solve (exit 1 if they differ)")
     h.add_argument("--trace", action="store_true", help="record every rank's timeline (needs --out)")

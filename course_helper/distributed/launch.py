@@ -92,7 +92,7 @@ def launch_halo(ranks: int = 2, n: int = 256, nt: int | None = None, strategy: s
     this function raises.
     """
     ranks = checks.positive_int("ranks", ranks)
-    checks.one_of("strategy", strategy, STRATEGIES)
+    checks.one_of("strategy", strategy, tuple(STRATEGIES))
     problem = WaveProblem(n0=n, n1=n, nt=nt)         # the ranks' checks, made here first
     every = check_job(problem, ranks, every)
     check, trace = checks.flag("check", check), checks.flag("trace", trace)

@@ -22,6 +22,7 @@ from ..graphs import Graph, capture_with_one_io_stream
 from ..memory import zero_async
 from ..runtime import interrupts
 from ..runtime.ops import OpKind
+from ..strategies import add_to_registry
 from ..streams import synchronize
 from ..timelines import recording
 from ..timelines.timeline import Trace, TraceEvent
@@ -32,7 +33,7 @@ from .slabs import Slab, decompose
 if TYPE_CHECKING:
     from .link import Team
 
-__all__ = ["REGISTRY", "STRATEGIES", "HaloStrategy", "RankResult", "blocking_step", "capture_rank_loop",
+__all__ = ["STRATEGIES", "register", "HaloStrategy", "RankResult", "blocking_step", "capture_rank_loop",
            "overlap_step", "run_rank"]
 
 
@@ -66,21 +67,35 @@ def overlap_step(run: "RankRun", level: int) -> None:
 
 @dataclass(frozen=True)
 class HaloStrategy:
-    """A registered halo strategy: the step every level runs, and whether the whole loop is
-    captured once into a CUDA graph and replayed (one launch a run, instead of a dozen calls a
-    level: the cure for a loop the host cannot queue fast enough)."""
+    """A registered halo strategy: its ``name``, the ``step`` every level runs, whether the whole
+    loop is captured once into a CUDA graph and replayed (``graph``: one launch a run, instead of
+    a dozen calls a level: the cure for a loop the host cannot queue fast enough), and what it
+    does in a line (``help``; ``""``: the first sentence of the step's docstring)."""
+    name: str
     step: Callable[[RankRun, int], None]
     graph: bool = False
+    help: str = ""
 
 
-#: The halo strategies by name.
-REGISTRY = {"blocking": HaloStrategy(blocking_step), "overlap": HaloStrategy(overlap_step),
-            "overlap-graph": HaloStrategy(overlap_step, graph=True)}
-STRATEGIES = tuple(REGISTRY)
+#: halo strategy name -> its :class:`HaloStrategy`: the shape of :data:`course_helper.STRATEGIES`.
+STRATEGIES: dict[str, HaloStrategy] = {}
+
+
+def register(strategy: HaloStrategy) -> HaloStrategy:
+    """Add a :class:`HaloStrategy` to :data:`STRATEGIES` (its name must be new); returns it."""
+    return add_to_registry(STRATEGIES, strategy, HaloStrategy)
+
+
+register(HaloStrategy("blocking", blocking_step,
+                      help="compute, then exchange the halos: nothing overlaps the exchange"))
+register(HaloStrategy("overlap", overlap_step,
+                      help="boundary rows first, exchanged while the interior computes"))
+register(HaloStrategy("overlap-graph", overlap_step, graph=True,
+                      help="the overlap loop captured once into a CUDA graph and replayed"))
 
 
 def _levels(run, hand_over=True):
-    step = REGISTRY[run.strategy].step
+    step = STRATEGIES[run.strategy].step
     for level in range(run.problem.nt):
         interrupts.deliver()                         # a safe point for a Ctrl-C the rank holds (cli halo)
         if level >= 2:                               # levels 0 and 1 are the zero initial state
@@ -151,7 +166,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
     problem : WaveProblem
         The global problem (the same on every rank).
     strategy : {"blocking", "overlap", "overlap-graph"}
-        See :data:`REGISTRY`; ``"overlap-graph"`` captures the loop once (after the warm-up,
+        See :data:`STRATEGIES`; ``"overlap-graph"`` captures the loop once (after the warm-up,
         untimed) and each repeat replays it.
     every : int or None
         Save every ``every``-th level (None or 0: save nothing).
@@ -167,7 +182,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
         Timed runs from the zero initial state (after one untimed warm-up step).
     """
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
-    checks.one_of("strategy", strategy, STRATEGIES)
+    checks.one_of("strategy", strategy, tuple(STRATEGIES))
     repeats = checks.positive_int("repeats", repeats)
     if every:
         every = save_interval(every, problem.nt)
@@ -178,7 +193,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
             "n0": problem.n0, "n1": problem.n1, "nt": problem.nt}
     try:
         _warm_up(run)
-        if REGISTRY[strategy].graph:
+        if STRATEGIES[strategy].graph:
             if trace:                                # a replay's timeline is read from its capture's nodes
                 recorder = recording.Recorder(meta).activate()
             graph = capture_rank_loop(run)           # once; every repeat replays it
