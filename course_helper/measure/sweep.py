@@ -40,7 +40,7 @@ QUICK_POINTS = [(64, 80, 1), (128, 80, 4)]
 RAW_ROW = "raw-cupy-events"
 
 
-def _fits(output_bytes, strategies):
+def _host_shortfall(output_bytes, strategies):
     """None when the point fits in host memory, else the reason it does not."""
     # the sequential answer is kept for comparison while each other strategy runs
     need = output_bytes * (2 if len(strategies) > 1 else 1)
@@ -91,7 +91,7 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
     output_bytes = _check_point(n, nt, every, order, nscratch)      # refuses bad input before measuring
     point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
              "output_bytes": output_bytes, "nscratch": nscratch}
-    reason = _fits(output_bytes, order) if runtime.get().computes_data else None   # times only: no stacks held
+    reason = _host_shortfall(output_bytes, order) if runtime.get().computes_data else None   # times only: no stacks held
     if reason is not None:
         point["skipped"] = reason
         return point

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import files
-from ..runtime.ops import COPY_KINDS, OpKind
+from ..runtime.ops import COLOURS, COPY_KINDS, OpKind
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "LANES", "lane_of", "plot_compared", "merge_intervals",
            "covered_length", "intersection_length", "clip_intervals"]
 
-#: Kinds of timeline entry and the colour each is drawn in.
-KINDS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c", OpKind.D2D: "#9467bd",
-         OpKind.MEMSET: "#8c564b", "host wait": "#7f7f7f", OpKind.HALO: "#d62728", "disk write": "#17becf"}
+#: Kinds of timeline entry and the colour each is drawn in (the table of :mod:`course_helper.runtime.ops`,
+#: which Nsight Systems' NVTX ranges take their colours from too).
+KINDS = COLOURS
 
 #: How a picture lays out its lanes: ``"engines"`` (the default) one lane per engine and purpose,
 #: ``"streams"`` one lane per recorded track (stream, host, writer thread), as the Chrome export has them.
