@@ -226,8 +226,8 @@ def check_ring_depth(nscratch: int | None, problem: WaveProblem, every: int, goa
     (:func:`~course_helper.solver.timing_only`); ``baseline`` (a result of the same problem,
     e.g. sequential-pinned) is what the time is compared with."""
     if nscratch is None:
-        return Verdict(f"not answered yet: set nscratch to the fewest buffers that hide at least {goal:.0%} of "
-                       "the copies", False)
+        return Verdict(f"not answered yet: set nscratch to the fewest buffers with which the kernels and the copies "
+                       f"run at once for at least {goal:.0%} of the shorter of their busy times", False)
     try:
         nscratch = checks.positive_int("nscratch", nscratch, minimum=4,
                                        hint="a ring needs at least four buffers (notebook 6.1)")
@@ -250,17 +250,18 @@ def check_ring_depth(nscratch: int | None, problem: WaveProblem, every: int, goa
     if baseline is not None:
         took += f", {mine.elapsed_ms / baseline.elapsed_ms:.2f}x the {baseline.strategy} loop"
     # hidden_fraction is the share of the *shorter* busy time (kernels' or copies') that ran under the
-    # other: at the balanced point the two are close, but the words must not say "of the copies".
+    # other: at the balanced point the two are close, but the words must not say "of the copies"
+    # (copy_fraction is that one), here as in the layer cake's check.
     share = "of the shorter of their busy times"
     if hid < goal:
-        return Verdict(f"nscratch={nscratch} does not hide the copies yet: the kernels and the copies ran at once for "
+        return Verdict(f"nscratch={nscratch} is not deep enough yet: the kernels and the copies ran at once for "
                        f"{hid:.0%} {share} (the goal: at least {goal:.0%}). {took}; {memory}.", False)
     if fewer is not None and fewer >= goal:
-        return Verdict(f"nscratch={nscratch}: the kernels and the copies ran at once for {hid:.0%} {share}, but one "
-                       f"buffer fewer hides {fewer:.0%}: both reach {goal:.0%}, so {nscratch} is not the fewest. Try "
+        return Verdict(f"nscratch={nscratch}: the kernels and the copies ran at once for {hid:.0%} {share}, but with "
+                       f"one buffer fewer for {fewer:.0%}: both reach {goal:.0%}, so {nscratch} is not the fewest. Try "
                        "fewer buffers.", False)
-    below = "" if fewer is None else f", and one buffer fewer hides only {fewer:.0%}"
-    return Verdict(f"nscratch={nscratch} hides the copies: the kernels and the copies ran at once for {hid:.0%} "
+    below = "" if fewer is None else f", and with one buffer fewer for only {fewer:.0%}"
+    return Verdict(f"nscratch={nscratch} is deep enough: the kernels and the copies ran at once for {hid:.0%} "
                    f"{share} (the goal: at least {goal:.0%}){below}. {took}; {memory}.", True)
 
 
