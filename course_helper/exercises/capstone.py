@@ -374,10 +374,10 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
             raise CapstoneError(f"your loop ran no {copied[direction]} at the balanced point: every block reads its "
                                 "feed frame from gs.frames (gs.frames.copy_to_device_async) and every snapshot "
                                 "goes to snapshots[i] (ch.copy_to_host_async)")
-    short = [d for d, h in hidden.items() if h.fraction < HIDDEN_NEEDED]
+    short = [d for d, h in hidden.items() if h.copy_fraction < HIDDEN_NEEDED]
     not_counted = (f", not counting your {set_up} set-up upload{'s' if set_up > 1 else ''} before the first "
                    "kernel" if set_up else "")
-    measured = "; ".join(f"{copied[d]}: busy {h.copy_ms:.2f} ms, {h.fraction:.0%} of it under the kernels"
+    measured = "; ".join(f"{copied[d]}: busy {h.copy_ms:.2f} ms, {h.copy_fraction:.0%} of it under the kernels"
                          + (not_counted if d == OpKind.H2D else "") for d, h in hidden.items())
     if short:
         whys = " ".join(f"The {copied[d].split(' ')[0]}: {_why(program, d)}." for d in short)

@@ -352,7 +352,7 @@ def _hidden(loop: Callable[[Any], None], problem: WaveProblem, nscratch: int) ->
     trace = handle.trace
     hidden = hidden_by_direction(trace, (OpKind.D2H,))[str(OpKind.D2H)]
     return (f"Run again and traced (timed by the {trace.clock}), the copies took {hidden.copy_ms:.3f} ms, and "
-            f"{hidden.fraction:.0%} of that time ran under a kernel.")
+            f"{hidden.copy_fraction:.0%} of that time ran under a kernel.")
 
 
 def _touches(a: Op, b: Op) -> bool:

@@ -60,6 +60,10 @@ class Overlap:
     time both ran at once; ``hidden_fraction``: overlap / the shorter of the two busy times
     (1.0: the shorter stage ran entirely under the longer one; 0.0: never at once, or one of
     them did not run); ``timing``: the clock that timed the trace.
+
+    The two ratios go by these two names everywhere: ``hidden_fraction``, of the *shorter* busy
+    time (words: "of the shorter of their busy times"), and :attr:`copy_fraction`, of the copy
+    time (words: "of the copy time", "of the copying").
     """
     compute_ms: float
     copy_ms: float
@@ -256,8 +260,8 @@ class Trace:
         Returns a dict: ``compute_ms`` (time at least one kernel ran),
         ``copy_ms`` (time at least one copy ran), ``overlap_ms`` (both at
         once), ``host_wait_ms``, ``total_ms`` (first start to last end) and
-        ``overlap_fraction`` = overlap / copy time (how much of the copying
-        was hidden behind compute; 0 when nothing was copied), and ``timing``:
+        ``copy_fraction`` = overlap / copy time (how much of the copying
+        was hidden behind compute; 0 when nothing was copied: :attr:`Overlap.copy_fraction`), and ``timing``:
         what timed the device work ("CUPTI", "CUDA events", or the modelled GPU, e.g.
         "modelled H200").
         """
@@ -266,7 +270,7 @@ class Trace:
         total = (max(e.end_ms for e in self.events) - min(e.start_ms for e in self.events)) if self.events else 0.0
         return {"compute_ms": both.compute_ms, "copy_ms": both.copy_ms, "overlap_ms": both.overlap_ms,
                 "host_wait_ms": covered_length(host), "total_ms": total,
-                "overlap_fraction": both.copy_fraction, "timing": self.timing}
+                "copy_fraction": both.copy_fraction, "timing": self.timing}
 
     def overlap(self, copies: tuple[str, ...] = (OpKind.D2H,)) -> Overlap:
         """Compute busy, copy busy (the copies of the kinds ``copies``: by default those to the
@@ -335,7 +339,7 @@ class Trace:
         clock = f" ({self.meta['clock']})" if self.meta.get("clock") else ""
         return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms{clock}: "
                 f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
-                f"{100 * s['overlap_fraction']:.0f}% of copy time overlapped a kernel, "
+                f"{100 * s['copy_fraction']:.0f}% of copy time overlapped a kernel, "
                 f"host waited {s['host_wait_ms']:.2f} ms (timing: {s['timing']})")
 
     # -- export -----------------------------------------------------------
