@@ -80,6 +80,8 @@ def record_checks(path: str) -> None:
 
 
 def _recorded(check, name, path, refusal):
+    from .exercises import Verdict
+
     @functools.wraps(check)
     def recorded(*args, **kwargs):
         try:
@@ -89,7 +91,7 @@ def _recorded(check, name, path, refusal):
                            "error": type(exc).__name__, "refused": isinstance(exc, refusal)})
             raise
         # A check returns a Verdict (passed or not) or, for those that refuse by raising, a plain sentence.
-        _append(path, {"check": name, "passed": bool(getattr(verdict, "passed", True)),
+        _append(path, {"check": name, "passed": verdict.passed if isinstance(verdict, Verdict) else True,
                        "message": str(verdict)[:MESSAGE_CHARS]})
         return verdict
     return recorded
