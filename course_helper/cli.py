@@ -36,7 +36,7 @@ import numpy as np
 from .runtime import backend, interrupts, observe, profiles
 from .runtime.ops import OpKind
 from .measure import bench, calibrate, compare
-from . import runtime, solver, wave
+from . import runtime, solver, timing, wave
 from . import distributed as halo
 from .distributed.launch import check_job
 from . import disk
@@ -470,8 +470,8 @@ def _until_read(stream: TextIO, seconds: float = 2.0) -> None:
     still in the pipe then (the rank's last words: why it stopped the job) is lost."""
     try:
         fd = stream.fileno()
-        deadline = time.monotonic() + seconds
-        while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] and time.monotonic() < deadline:
+        deadline = timing.wall_ms() + seconds * 1e3
+        while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] and timing.wall_ms() < deadline:
             time.sleep(0.005)
     except (OSError, ValueError, AttributeError):
         pass               # not a pipe (a file, a terminal) or no fileno: nothing waits to be read

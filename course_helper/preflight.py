@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -294,13 +293,14 @@ def run_checks(store: str | None = None, seconds: float = CHECK_SECONDS) -> dict
     """Run every check of :data:`CHECKS`, one after the other, each bounded to ``seconds``
     (two MPI ranks: :data:`RANKS_SECONDS` more); ``store``: the folder whose disk is measured
     (default: the temporary folder, where notebook 11 puts its stores)."""
+    from .timing import host_timer, wall_ms
     found = {}
     for name, (title, fn) in CHECKS.items():
-        t0 = time.monotonic()
         call = (lambda fn=fn: fn(store)) if name == "disk" else fn
-        status, detail, fix = _bounded(call, seconds + (RANKS_SECONDS if name == "mpi" else 0))
+        with host_timer(wall_ms) as took:               # how long the check kept the learner waiting
+            status, detail, fix = _bounded(call, seconds + (RANKS_SECONDS if name == "mpi" else 0))
         found[name] = Check(name, title, status, detail, fix if status in ("warn", "missing") else "",
-                            round(time.monotonic() - t0, 2))
+                            round(took.ms / 1e3, 2))
     return found
 
 

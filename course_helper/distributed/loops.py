@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .. import checks, runtime, streams
+from .. import checks, streams
 from ..graphs import Graph, capture_with_one_io_stream
 from ..memory import zero_async
 from ..runtime import interrupts
@@ -26,6 +26,7 @@ from ..strategies import add_to_registry
 from ..streams import synchronize
 from ..timelines import recording
 from ..timelines.timeline import Trace, TraceEvent
+from ..timing import host_timer
 from ..wave import WaveProblem, save_interval
 from .rank import RankRun
 from .slabs import Slab, decompose
@@ -206,14 +207,14 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
                 recorder = recording.Recorder(meta).activate()
             with streams.host_wait("start"):
                 team.comm.Barrier()                  # all ranks start together (and the time origin)
-            t0 = runtime.host_ms()
-            if graph is not None:
-                _replay(run, graph)
-            else:
-                _loop(run)
-            queued.append(runtime.host_ms() - t0)
-            synchronize()
-            times.append(runtime.host_ms() - t0)
+            with host_timer() as run_time:
+                if graph is not None:
+                    _replay(run, graph)
+                else:
+                    _loop(run)
+                queued.append(run_time.ms)           # the host has queued the loop: so far
+                synchronize()
+            times.append(run_time.ms)
         if recorder is not None:
             timeline = recorder.finish()
     finally:

@@ -91,7 +91,8 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
     output_bytes = _check_point(n, nt, every, order, nscratch)      # refuses bad input before measuring
     point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
              "output_bytes": output_bytes, "nscratch": nscratch}
-    reason = _host_shortfall(output_bytes, order) if runtime.get().computes_data else None   # times only: no stacks held
+    # Times only: no stacks held.
+    reason = _host_shortfall(output_bytes, order) if runtime.get().computes_data else None
     if reason is not None:
         point["skipped"] = reason
         return point

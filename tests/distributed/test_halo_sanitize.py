@@ -109,8 +109,8 @@ def _patch(monkeypatch, where, fn):
 #: (strategy, what is patched, description, mutant): each strategy with every mutant that concerns it.
 MUTANTS = [(strategy, where, what, fn)
            for where, original in ORDERED.items() for what, fn in _mutants(original)
-           for strategy in distributed.STRATEGIES if where not in STEPS or distributed.STRATEGIES[strategy].step is original
-           if (distributed.STRATEGIES[strategy].step.__name__.removesuffix("_step"), what) not in UNREACHED]
+           for strategy, entry in distributed.STRATEGIES.items() if where not in STEPS or entry.step is original
+           if (entry.step.__name__.removesuffix("_step"), what) not in UNREACHED]
 
 
 def test_every_ordering_call_of_the_halo_loops_has_a_mutant():
