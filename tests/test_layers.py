@@ -219,7 +219,8 @@ def test_the_check_finds_a_duck_typed_reach(source):
 @pytest.mark.parametrize("source", [
     "def f(a):\n    return getattr(a, 'shape', None)\n",                   # a library's name
     "class A:\n    x = 1\n    def f(self):\n        return getattr(self, 'x', 0)\n",  # the module's own
-    "import threading\n_local = threading.local()\ndef f():\n    _local.x = 1\ndef g():\n    return getattr(_local, 'x', None)\n",
+    "import threading\n_local = threading.local()\ndef f():\n    _local.x = 1\n"
+    "def g():\n    return getattr(_local, 'x', None)\n",                    # the module's own variable
     "def f(fn):\n    return getattr(fn, '__name__', '')\n",                 # Python's protocols
 ])
 def test_the_check_allows_library_own_and_python_names(source):
