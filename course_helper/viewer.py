@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .memory import CpuDeviceArray
-from .disk import StoredRun, open_store
+from .disk import StoredImages, StoredRun, open_store
 from .distributed.results import HaloResult
 from .solver import Result
 
@@ -41,6 +41,8 @@ def _stack_of(result_or_images, lazy=False):
         images, levels, times = result_or_images.images, result_or_images.levels, result_or_images.times_ms
     elif isinstance(result_or_images, HaloResult):          # the gathered levels, without their numbers
         images = result_or_images.images
+    elif isinstance(result_or_images, StoredImages):        # a store's images know their levels
+        images, levels = result_or_images, result_or_images.levels
     else:
         images = result_or_images
     if type(images).__module__.startswith("cupy") or isinstance(images, CpuDeviceArray):

@@ -105,3 +105,18 @@ def test_animate_returns_an_animated_gif_and_a_still_strip(cpu, result):
     assert np.diff(anim.levels).tolist() == [10] * (len(anim.levels) - 1)
     with pytest.raises(ValueError):
         ch.animate(result, step=0)
+
+
+def test_each_source_gives_its_own_levels_and_times(cpu, tmp_path):
+    """A Result, a store (opened or by path) and a store's images bring their level numbers; a
+    Result and a store their times too; a plain stack is numbered from 0 and has none."""
+    p = ch.WaveProblem(24, 24, nt=8)
+    run = ch.solve(p, "events", every=2, trace=False, store=tmp_path / "s.zarr")
+    stored = ch.disk.open_store(tmp_path / "s.zarr")
+    for source in (run, stored, str(tmp_path / "s.zarr")):
+        images, levels, times = ch.viewer._stack_of(source)
+        assert list(levels) == [0, 2, 4, 6] and len(times) == 4 and images.shape == (4, 24, 24)
+    _, levels, times = ch.viewer._stack_of(stored.images)
+    assert list(levels) == [0, 2, 4, 6] and times is None
+    _, levels, times = ch.viewer._stack_of(ch.to_host(ch.device_zeros((3, 5, 5))))
+    assert list(levels) == [0, 1, 2] and times is None
