@@ -36,7 +36,7 @@ import numpy as np
 from .runtime import backend, interrupts, observe, profiles
 from .runtime.ops import OpKind
 from .measure import bench, calibrate, compare
-from . import runtime, solver, timing, wave
+from . import runtime, solver, timelines, timing, wave
 from . import distributed as halo
 from .distributed.launch import check_job
 from . import disk
@@ -46,6 +46,7 @@ from . import grading, preflight
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any
 
 
 #: What ``compare`` runs by default: the ladder of notebooks 5 to 7, one change per row.
@@ -405,17 +406,25 @@ def compare_main(args: argparse.Namespace) -> int:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        for name, res in cmp.results.items():
-            path = res.trace.to_chrome_json(os.path.join(args.out, f"trace_{name}.json"))
-            fig, axes = plt.subplots(2, 1, figsize=(11, 1.0 * len(res.trace.tracks) + 3))
-            res.trace.plot(ax=axes[0], title=f"{name}: whole run")
-            mid = problem.nt // 2
-            res.trace.plot(ax=axes[1], levels=(mid, mid + 4), title=f"{name}: levels {mid}..{mid + 4}")
-            fig.tight_layout()
-            png = os.path.join(args.out, f"timeline_{name}.png")
+        def save(fig: Any, png: str) -> None:
             write_atomically(png, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
             plt.close(fig)
+
+        for name, res in cmp.results.items():
+            path = res.trace.to_chrome_json(os.path.join(args.out, f"trace_{name}.json"))
+            fig, ax = plt.subplots(figsize=(11, 0.5 * len(res.trace.tracks) + 1.6), layout="constrained")
+            res.trace.plot(ax=ax, title=f"{name}: whole run")
+            png = os.path.join(args.out, f"timeline_{name}.png")
+            save(fig, png)
             print(f"wrote {path} and {png}")
+        # The same few levels of every strategy on one time axis, as notebook 7 draws them: each
+        # panel holds the same work, and what lies past a panel's levels is faded.
+        mid = problem.nt // 2
+        levels = (mid, min(mid + 4, problem.nt - 1))
+        axes = timelines.plot_compared(cmp.results, levels=levels)
+        png = os.path.join(args.out, "timeline_levels.png")
+        save(axes[0].figure, png)
+        print(f"wrote {png} (levels {levels[0]} to {levels[1]} of each strategy, one time axis)")
     if not cmp.agree:
         print("ERROR: the strategies do not give identical images", file=sys.stderr)
         return 1

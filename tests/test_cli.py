@@ -28,6 +28,8 @@ def test_compare_end_to_end_on_the_cpu_backend(tmp_path, capsys):
         doc = json.loads((out / f"trace_{s}.json").read_text())
         assert any(e["ph"] == "X" for e in doc["traceEvents"])
         assert (out / f"timeline_{s}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "timeline_levels.png").read_bytes()[:4] == b"\x89PNG"     # every strategy, one time axis
+    assert "levels 15 to 19 of each strategy" in text
     assert not [f for f in os.listdir(out) if f.endswith(".partial")]
 
 

@@ -51,3 +51,10 @@ def test_the_fit_finds_the_link_that_made_the_times(tmp_path, restore_backend):
     assert worst < 0.01
     assert link["direct_measurement"] == {"gbps": 16.0, "latency_us": 70.0}
     assert "fitted_to" in link
+    # one copy time per level size, each the truth's latency + bytes / bandwidth
+    assert [size for size, _ in link["fitted_us"]] == sorted(n * n * 4 for n, _, _ in points)
+    for size, us in link["fitted_us"]:
+        assert us == pytest.approx(30.0 + size / 9e3, rel=0.01)
+    _, again = vm.predict(doc, str(start))
+    for point, row in zip(doc["points"], again):
+        assert row["modelled_ms"] == pytest.approx(point["strategies"]["sequential"]["median_ms"], rel=0.01)

@@ -188,14 +188,14 @@ class Comparison:
                [r["max_ms"] - r["median_ms"] for r in self.rows]]
         bars = ax.bar(names, med, yerr=err, capsize=4,
                       color=["#7f7f7f" if n == "sequential" else "#1f77b4" for n in names])
-        for bar, r in zip(bars, self.rows):
-            ax.annotate(f"{r['speedup']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        for bar, r in zip(bars, self.rows):          # above the error bar's cap, not on it
+            ax.annotate(f"{r['speedup']:.2f}x", (bar.get_x() + bar.get_width() / 2, r["max_ms"]),
                         ha="center", va="bottom", xytext=(0, 3), textcoords="offset points")
         ax.set_ylabel("time (ms), median over repeats")
         p = self.problem
         label = next(iter(self.results.values())).time_label if self.results else ""
         ax.set_title(f"{p.n0}x{p.n1}, {p.nt} levels, every {self.every} (clock: {label or 'host clock'})")
-        ax.set_ylim(0, max(med) * 1.25)
+        ax.set_ylim(0, max(r["max_ms"] for r in self.rows) * 1.2)   # room for the labels
         return ax
 
 

@@ -9,14 +9,13 @@ from typing import Any
 from .ops import CopyCost, Cost, FillCost, KernelCost, LinkCost, OpKind
 from .scheduler import ticks
 
-__all__ = ["kernel_us", "link_ms", "alone_ms", "timing"]
+__all__ = ["interpolate_us", "kernel_us", "link_ms", "alone_ms", "timing"]
 
 
-def kernel_us(profile: dict, shape: str, nbytes: float) -> float:
-    """Modelled duration (µs) of one kernel of ``shape`` moving ``nbytes``: the
-    profile's measured points, interpolated linearly in bytes (extrapolated
-    with the slope of the last segment; the first point's time below it)."""
-    pts = sorted(profile["kernels"][shape]["points"])
+def interpolate_us(pts: list, nbytes: float) -> float:
+    """A time (µs) at ``nbytes`` from measured ``[bytes, µs]`` points, interpolated linearly in
+    bytes (extrapolated with the slope of the last segment; the first point's time below it)."""
+    pts = sorted(pts)
     xs = [p[0] for p in pts]
     i = bisect.bisect_left(xs, nbytes)
     if i == 0:
@@ -32,9 +31,19 @@ def kernel_us(profile: dict, shape: str, nbytes: float) -> float:
     return float(max(pts[0][1], y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0)))
 
 
+def kernel_us(profile: dict, shape: str, nbytes: float) -> float:
+    """Modelled duration (µs) of one kernel of ``shape`` moving ``nbytes``: the
+    profile's measured points, interpolated (:func:`interpolate_us`)."""
+    return interpolate_us(profile["kernels"][shape]["points"], nbytes)
+
+
 def link_ms(profile: dict, link: str, nbytes: float) -> float:
-    """Modelled time (ms) of one copy of ``nbytes`` alone on ``link``: latency + bytes / bandwidth."""
+    """Modelled time (ms) of one copy of ``nbytes`` alone on ``link``: latency + bytes / bandwidth,
+    or, where the link carries ``fitted_us`` (per-copy times fitted to a measured loop, as the
+    pageable device-to-host link's are), those times interpolated."""
     spec = profile["links"][link]
+    if "fitted_us" in spec:
+        return interpolate_us(spec["fitted_us"], nbytes) * 1e-3
     return spec["latency_us"] * 1e-3 + nbytes / (spec["gbps"] * 1e6)
 
 
@@ -69,11 +78,16 @@ def timing(profile: dict, op: Any, cost: Cost, replaying: bool) -> dict:
     graph = profile.get("graph", {}) if replaying else {}
     match cost:
         case CopyCost(kind=kind):
-            spec = profile["links"][kind + ("_pageable" if cost.pageable else "")]
+            name = kind + ("_pageable" if cost.pageable else "")
+            spec = profile["links"][name]
             peak = spec["gbps"] * 1e6
-            setup_ms = (spec["latency_us"] + graph.get("copy_node_us", 0.0)) * 1e-3
+            node_ms = graph.get("copy_node_us", 0.0) * 1e-3
+            if "fitted_us" in spec:     # the copy alone takes its fitted time: as bytes at the link's peak
+                nbytes = (link_ms(profile, name, op.nbytes) + node_ms) * peak
+            else:
+                nbytes = op.nbytes + (spec["latency_us"] * 1e-3 + node_ms) * peak
             return dict(engine="compute" if kind == OpKind.D2D else "copy", link=str(kind), peak=peak,
-                        nbytes=op.nbytes + setup_ms * peak)
+                        nbytes=nbytes)
         case LinkCost(link=link):
             # A transfer to or from another device (a halo exchange): no engine of this device,
             # the profile's link where it has one (else it takes no modelled time).

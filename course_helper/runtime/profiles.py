@@ -84,6 +84,17 @@ def _section(where, doc, field, keys=()):
     return part
 
 
+def _points(where: str, field: str, pts: Any) -> None:
+    """Check a list of measured ``[bytes, us]`` pairs (a kernel's, or a link's fitted copy times)."""
+    if not isinstance(pts, list) or not pts:
+        raise ValueError(f"{where}: {field} must be a list of [bytes, us] pairs, got {pts!r}")
+    for i, p in enumerate(pts):
+        if not isinstance(p, list) or len(p) != 2:
+            raise ValueError(f"{where}: {field}[{i}] must be a pair [bytes, us], got {p!r}")
+        _number(where, f"{field}[{i}] bytes", p[0], 0, MAX_BYTES)
+        _number(where, f"{field}[{i}] time (us)", p[1], 0, MAX_US, above=True)
+
+
 def validate(doc: Any, where: str = "profile") -> dict:
     """Check every figure the modelled GPU reads from a profile dict; return it.
 
@@ -104,15 +115,11 @@ def validate(doc: Any, where: str = "profile") -> dict:
         link = _section(where, sections["links"], f"links.{name}", ("gbps", "latency_us"))
         _number(where, f"links.{name}.gbps", link["gbps"], *GBPS, above=True)
         _number(where, f"links.{name}.latency_us", link["latency_us"], 0, MAX_US)
+        if "fitted_us" in link:
+            _points(where, f"links.{name}.fitted_us", link["fitted_us"])
     for name in sections["kernels"]:
-        pts = _section(where, sections["kernels"], f"kernels.{name}", ("points",))["points"]
-        if not isinstance(pts, list) or not pts:
-            raise ValueError(f"{where}: kernels.{name}.points must be a list of [bytes, us] pairs, got {pts!r}")
-        for i, p in enumerate(pts):
-            if not isinstance(p, list) or len(p) != 2:
-                raise ValueError(f"{where}: kernels.{name}.points[{i}] must be a pair [bytes, us], got {p!r}")
-            _number(where, f"kernels.{name}.points[{i}] bytes", p[0], 0, MAX_BYTES)
-            _number(where, f"kernels.{name}.points[{i}] time (us)", p[1], 0, MAX_US, above=True)
+        _points(where, f"kernels.{name}.points",
+                _section(where, sections["kernels"], f"kernels.{name}", ("points",))["points"])
     for key, value in sections["host_us"].items():
         _number(where, f"host_us.{key}", value, 0, MAX_US)
     if "graph" in doc:

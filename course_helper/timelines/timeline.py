@@ -406,7 +406,9 @@ class Trace:
         window : (start_ms, end_ms), optional
             Zoom to this time range.
         levels : (first, last), optional
-            Zoom to the work of these time levels (e.g. ``(100, 104)``).
+            Zoom to the work of these time levels (e.g. ``(100, 104)``). Work of other levels that
+            ran inside that time (a ring's next kernels, queued ahead) is drawn faded, so that the
+            bright bars are the levels named.
         title : str, optional
             Default: the strategy. The clock is added unless the title names it.
         lanes : {"engines", "streams"}
@@ -446,8 +448,11 @@ class Trace:
             title = f"{title} (clock: {self.clock})"
         ax.set_title(title)
         ax.grid(axis="x", alpha=0.3)
+        def faded(e):
+            return levels is not None and e.level is not None and not levels[0] <= e.level <= levels[1]
+
         for i, name in enumerate(names):
-            _draw_lane(ax, i, on_lane[name], colours)
+            _draw_lane(ax, i, on_lane[name], colours, faded)
         return ax
 
 
@@ -474,26 +479,32 @@ def _lane_label(name, events, busy):
     return f"{name}{shared}\n{_percent(busy)} {'waiting' if name.endswith('host') else 'busy'}"
 
 
-def _draw_lane(ax, index, events, colours):
+#: Opacity of work drawn faded: other levels' work in a window chosen by levels.
+_FADED = 0.25
+
+
+def _draw_lane(ax, index, events, colours, faded=lambda e: False):
     """Draw one lane's ``events`` (in time order) as bars around y = ``index``, in rows where work
-    overlapped, and label each bar of a lane that several tracks share with its track where the
-    label fits inside it."""
+    overlapped (those ``faded`` says, at a quarter of their colour), and label each bar of a lane
+    that several tracks share with its track where the label fits inside it."""
     from matplotlib.colors import to_rgb
     rows, nrows = _rows(events)
     height = _BAR_HEIGHT / nrows
     bars = {}
     for e, row in zip(events, rows):
-        bars.setdefault((e.kind, row), []).append((e.start_ms, e.duration_ms))
+        bars.setdefault((e.kind, row, faded(e)), []).append((e.start_ms, e.duration_ms))
     pixel_ms = _pixel_ms(ax)
-    for (kind, row), spans in bars.items():
+    for (kind, row, dim), spans in bars.items():
+        strength = _FADED if dim else 1.0
         wide = [s for s in spans if s[1] >= pixel_ms]
         narrow = [s for s in spans if s[1] < pixel_ms]
         y = (index - _BAR_HEIGHT / 2 + row * height, height)
         if wide:
-            ax.broken_barh(wide, y, facecolors=colours[kind], edgecolor="none")
+            ax.broken_barh(wide, y, facecolors=[(*to_rgb(colours[kind]), strength)], edgecolor="none")
         if narrow:
             shaded, alphas = _pixel_shades(narrow, pixel_ms, ax.get_xlim()[0])
-            ax.broken_barh(shaded, y, facecolors=[(*to_rgb(colours[kind]), a) for a in alphas], edgecolor="none")
+            ax.broken_barh(shaded, y, facecolors=[(*to_rgb(colours[kind]), a * strength) for a in alphas],
+                           edgecolor="none")
     if len({e.track for e in events}) < 2:
         return
     # Only bars that could hold a label at all (a sixtieth of the view or more) get one: a whole
@@ -639,7 +650,10 @@ def plot_compared(traces: Mapping[str, object] | Sequence[Trace], levels: tuple[
                              height_ratios=[_LANE_INCHES * n + 0.9 for n in lane_counts])
     axes = list(axes[:, 0])
     for ax, (trace, span, title) in zip(axes, panels):
-        trace.plot(ax=ax, window=span if span[1] > span[0] else None, title=title, lanes=lanes)
+        if levels is not None:          # the shifted trace's levels span the panel, other levels faded
+            trace.plot(ax=ax, levels=levels, title=title, lanes=lanes)
+        else:
+            trace.plot(ax=ax, window=span if span[1] > span[0] else None, title=title, lanes=lanes)
         ax.set_xlabel("")
     lo = min(span[0] for _, span, _ in panels)
     hi = max(span[1] for _, span, _ in panels)

@@ -284,3 +284,13 @@ def test_compare_table_shows_busy_times_overlap_and_hidden_fraction(cpu):
                                      f"{100 * o.hidden_fraction:.0f}%"]
     assert c.rows[1]["hidden_fraction"] > 0 and "timing: modelled H200" in lines[-1]
     assert "modelled H200" in c.plot().get_title()
+
+
+def test_compare_plot_puts_each_speedup_above_its_error_bar(cpu):
+    c = ch.compare_strategies(ch.WaveProblem(64, 64, nt=20), ["events"], repeats=1)
+    c.rows[1]["max_ms"] = 3 * c.rows[1]["median_ms"]          # a long error bar, as a noisy host gives
+    ax = c.plot()
+    labels = {t.get_text(): t.xy[1] for t in ax.texts}
+    for r in c.rows:
+        assert labels[f"{r['speedup']:.2f}x"] >= r["max_ms"]     # the label clears the bar's cap
+    assert ax.get_ylim()[1] > max(r["max_ms"] for r in c.rows)

@@ -800,3 +800,33 @@ def test_a_gpu_measures_its_times_and_predicts_none(backend):
     assert rt.predicted_ms(KernelCost("wave2d_4o", MIB)) is None and rt.predicted_ms(LinkCost(OpKind.D2H, MIB)) is None
     assert rt.compresses_on_device("zstd") is None                  # nvCOMP decides (disk.compression)
     assert ch.distributed.link_note() == ""
+
+
+def test_a_link_with_fitted_copy_times_takes_them_alone_and_in_a_loop(cpu, tmp_path):
+    """A pageable link fitted to a measured loop (``fitted_us``: per-copy times at the sweep's
+    level sizes) makes a copy alone take the interpolated fitted time, in the trace and on the host's
+    clock, instead of latency + bytes / bandwidth; a malformed list is refused by name."""
+    fitted = [[256 * 1024, 57.0], [4 * MIB, 379.0], [64 * MIB, 4460.0]]
+    profile = ch.runtime.profiles.load("h200")
+    profile["links"]["D2H_pageable"]["fitted_us"] = fitted
+    path = tmp_path / "fitted.json"
+    path.write_text(json.dumps(profile))
+    try:
+        ch.set_backend("cpu", profile=str(path))
+        rt = runtime.get()
+        for nbytes, us in [(4 * MIB, 379.0), (34 * MIB, (379.0 + 4460.0) / 2)]:
+            assert model.link_ms(rt.profile, "D2H_pageable", nbytes) == pytest.approx(us * 1e-3)
+        src = ch.device_zeros(MIB)                            # 4 MiB of float32
+        dst = np.empty(MIB, np.float32)                       # pageable
+        with ch.tracing() as trace:
+            ch.memory.copy_to_host(dst, src)
+        (copy,) = trace.copies
+        assert copy.duration_ms == pytest.approx(0.379, rel=1e-3)
+        assert model.link_ms(rt.profile, "D2H", 4 * MIB) < 0.2  # the pinned link keeps its own line
+    finally:
+        ch.set_backend("cpu", profile="h200")
+    for bad, word in [([], "list of"), ([[4 * MIB]], "pair"), ([[4 * MIB, -1.0]], "time")]:
+        profile["links"]["D2H_pageable"]["fitted_us"] = bad
+        path.write_text(json.dumps(profile))
+        with pytest.raises(ValueError, match=rf"links\.D2H_pageable\.fitted_us.*{word}"):
+            ch.set_backend("cpu", profile=str(path))

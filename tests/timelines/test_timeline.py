@@ -547,3 +547,31 @@ def test_work_at_once_on_a_shared_lane_is_drawn_side_by_side_and_labelled_where_
     (left, top), (right, bottom) = ax.transData.transform([(0.0, 0.6), (8.0, 1.0)])
     assert left < box.x0 < box.x1 < right and min(top, bottom) <= box.y0 < box.y1 <= max(top, bottom)
     plt.close(fig)
+
+
+def test_a_panel_of_named_levels_fades_the_other_levels_work_inside_its_window():
+    """A ring queues the next levels' kernels before the named levels' copies end, so the window
+    of levels 2..2 holds level 3's kernel too: it is drawn at a quarter of its colour, level 2's
+    work in full, in Trace.plot(levels=...) and in plot_compared alike."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    trace = Trace([TraceEvent("compute", "kernel", "k2", 0.0, 1.0, 0, 2),
+                   TraceEvent("compute", "kernel", "k3", 1.5, 2.5, 0, 3),
+                   TraceEvent("io 0", "D2H", "c2", 1.0, 3.0, 100, 2)], ["compute", "io 0"])
+
+    def strengths(ax):
+        """(x of each bar, its opacity) for every bar drawn in ax."""
+        found = []
+        for bars in ax.collections:
+            colours = bars.get_facecolors()
+            for path, colour in zip(bars.get_paths(), colours if len(colours) > 1 else [colours[0]] * 99):
+                found.append((round(float(path.vertices[:, 0].min()), 3), round(float(colour[3]), 2)))
+        return sorted(found)
+
+    ax = trace.plot(levels=(2, 2))
+    assert strengths(ax) == [(0.0, 1.0), (1.0, 1.0), (1.5, 0.25)]
+    (panel,) = ch.timelines.plot_compared({"ring": trace}, levels=(2, 2))
+    assert strengths(panel) == [(0.0, 1.0), (1.0, 1.0), (1.5, 0.25)]
+    assert strengths(trace.plot()) == [(0.0, 1.0), (1.0, 1.0), (1.5, 1.0)]     # no levels named: all in full
+    plt.close("all")
