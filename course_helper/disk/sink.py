@@ -79,6 +79,7 @@ from ..runtime.ops import OpKind
 from ..runtime import interrupts, observe
 from ..streams import Stream
 from ..timelines import recording
+from ..timing import host_timer
 from ..wave import WaveProblem, saved_levels
 from .compression import CompressionFallback, NvcompCompressor, engine_for
 from .layout import (DATA, NUMCODECS, SHARDED, StoreWriteError, check_target, create_store, flag_bytes,
@@ -314,9 +315,9 @@ class _WallClock:
 
     def timed(self, lane: str, slot: SlotState, write: Callable[[], None]) -> tuple[str, tuple[float, float]]:
         """``write()`` the chunk of ``slot``; returns the timeline lane and its (start, end) on the host clock."""
-        t0 = runtime.host_ms()
-        write()
-        return lane, (t0, runtime.host_ms())
+        with host_timer() as took:              # the GPU runtime's host clock: the wall clock
+            write()
+        return lane, (took.start, took.end)
 
     def wait_for_writes(self, slots: list[SlotState]) -> None:
         """Nothing: the writer threads write each chunk as soon as its copy has landed."""
