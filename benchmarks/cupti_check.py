@@ -81,7 +81,7 @@ def agreement(trace, records):
         "events_compute_ms": s["compute_ms"], "cupti_compute_ms": covered_length(k_cu),
         "events_copy_ms": s["copy_ms"], "cupti_copy_ms": covered_length(c_cu),
         "events_overlap_ms": s["overlap_ms"], "cupti_overlap_ms": intersection_length(k_cu, c_cu),
-        "events_overlap_fraction": s["overlap_fraction"],
+        "events_overlap_fraction": s["copy_fraction"],
         "cupti_overlap_fraction": (intersection_length(k_cu, c_cu) / covered_length(c_cu)
                                    if covered_length(c_cu) else 0.0),
     })

@@ -86,7 +86,7 @@ def mapping(problem, name):
             "kernels_in_level_order": levels == sorted(levels), "copies_before_their_kernel": len(late),
             "lanes": trace.tracks, **{k: trace.meta[k] for k in trace.meta if k.startswith("cupti_")},
             "compute_ms": s["compute_ms"], "copy_ms": s["copy_ms"], "overlap_ms": s["overlap_ms"],
-            "overlap_fraction": s["overlap_fraction"], "total_ms": s["total_ms"]}
+            "overlap_fraction": s["copy_fraction"], "total_ms": s["total_ms"]}
 
 
 def main():

@@ -36,7 +36,7 @@ import numpy as np
 from .runtime import backend, interrupts, observe, profiles
 from .runtime.ops import OpKind
 from .measure import bench, calibrate, compare
-from . import runtime, solver, timelines, wave
+from . import runtime, solver, timelines, timing, wave
 from . import distributed as halo
 from .distributed.launch import check_job
 from . import disk
@@ -48,18 +48,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-
-#: What each strategy does (the loops are in course_helper/strategies.py).
-STRATEGY_HELP = {
-    "sequential": "one stream, a blocking copy after every kernel",
-    "sequential-pinned": "the sequential loop copying into pinned memory: faster copies, the host still waits "
-                         "for each",
-    "streams": "compute and IO streams; the host waits on an IO stream before reusing its buffer",
-    "events": "the same dependencies as events; the host never waits",
-    "staged": "device-to-device copies into a staging ring, batched copies to the host",
-    "graph": "the events loop captured into a CUDA graph",
-    "graph-staged": "the staged loop captured into a CUDA graph",
-}
 
 #: What ``compare`` runs by default: the ladder of notebooks 5 to 7, one change per row.
 LADDER = ("sequential", "sequential-pinned", "streams", "events")
@@ -82,10 +70,10 @@ def _first_sentence(doc):
 
 
 def _strategies_text():
-    """Every registered strategy, each with a line on what it does (the first sentence of its
-    loop's docstring where the table above has no entry, so a new strategy is listed too)."""
+    """Every registered strategy, each with a line on what it does (its ``help``, else the first
+    sentence of its loop's docstring, so a strategy registered without one is listed too)."""
     width = max(len(name) for name in STRATEGIES)
-    lines = [textwrap.fill(STRATEGY_HELP.get(name) or _first_sentence(entry.loop.__doc__), width=98,
+    lines = [textwrap.fill(entry.help or _first_sentence(entry.loop.__doc__), width=98,
                            initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
              or f"  {name}"                    # a loop with no docstring: its name alone (fill drops it)
              for name, entry in STRATEGIES.items()]
@@ -126,7 +114,7 @@ def _parser():
                    help="comma-separated strategies, from the list below (default: the ladder of notebooks "
                         f"5 to 7, {','.join(LADDER)})")
     c.add_argument("--repeats", type=int, default=3, help="timed runs per strategy (default 3)")
-    c.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    c.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     c.add_argument("--out", default=None, help="folder for traces (JSON) and timelines (PNG)")
     c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -149,7 +137,7 @@ def _parser():
     b.add_argument("--strategies", default=None,
                    help="comma-separated strategies, from the list below (default: all that run on this backend)")
     b.add_argument("--repeats", type=int, default=5, help="timed runs per strategy and point (default 5)")
-    b.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    b.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto); on the CPU the sweep is "
                         "predicted by the modelled GPU")
     b.add_argument("--profile", default=None,
@@ -194,7 +182,7 @@ def _add_run_parser(sub):
     r.add_argument("--batch", type=int, default=None,
                    help="levels per staging buffer, one chunk of the store (staged only; default about 4 MiB; "
                         "at most the run's saved levels)")
-    r.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    r.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     r.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
@@ -247,14 +235,13 @@ def _halo_parser(sub):
     h.add_argument("--n", type=int, default=256, help="grid size N0 = N1 (default 256)")
     h.add_argument("--nt", type=int, default=None, help="number of time levels (default: the box-crossing time)")
     h.add_argument("--every", type=int, default=1, help="save every k-th level (default 1)")
-    h.add_argument("--strategy", choices=halo.STRATEGIES, default="overlap",
-                   help="blocking: compute, then exchange; overlap: boundary rows first, "
-                        "exchanged while the interior computes (default); overlap-graph: the overlap "
-                        "loop captured once into a CUDA graph and replayed")
+    h.add_argument("--strategy", choices=tuple(halo.STRATEGIES), default="overlap",
+                   help="; ".join(f"{name}: {entry.help}" + (" (default)" if name == "overlap" else "")
+                                  for name, entry in halo.STRATEGIES.items()))
     h.add_argument("--check", action="store_true",
                    help="gather on rank 0 and compare bit for bit with the single-device solve (exit 1 if they differ)")
     h.add_argument("--trace", action="store_true", help="record every rank's timeline (needs --out)")
-    h.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    h.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend of every rank (default: $COURSE_HELPER_BACKEND or auto)")
     h.add_argument("--out", default=None,
                    help="folder for summary.json, images.npy (gathered levels) and trace.json (one process per rank)")
@@ -277,7 +264,7 @@ def _parse_points(text):
 def bench_main(args: argparse.Namespace) -> int:
     """``bench``: the benchmark sweep (or ``--disk``: the runs streamed to disk); returns the exit status."""
     if args.backend or args.profile:
-        backend.set_backend(args.backend or os.environ.get(backend.ENV_VAR, "auto"), profile=args.profile)
+        backend.set_backend(args.backend or backend.requested(), profile=args.profile)
     else:
         backend.backend_name()
     if args.disk:
@@ -293,7 +280,9 @@ def bench_main(args: argparse.Namespace) -> int:
     if args.points is not None:
         points = _parse_points(args.points)
     else:
-        points = list(bench.DEFAULT_POINTS if backend.backend_name() == "gpu" or predict else bench.QUICK_POINTS)
+        # The quick sweep where the model computes every wavefield in NumPy: the full one on a
+        # device that measures its times, or where the model predicts them without computing.
+        points = list(bench.QUICK_POINTS if rt.predicts_times and not predict else bench.DEFAULT_POINTS)
     if args.every_sweep:
         points += [p for p in bench.EVERY_POINTS if p not in points]
     strategies = [s.strip() for s in args.strategies.split(",")] if args.strategies else None
@@ -451,7 +440,7 @@ def halo_main(args: argparse.Namespace) -> int:
     never inside a halo exchange, whose receives are posted into buffers it would let go), and
     the rank then says so and aborts the whole job."""
     if args.backend:
-        os.environ["COURSE_HELPER_BACKEND"] = args.backend   # read by the team before the GPU is touched
+        backend.request(args.backend)      # chosen on first use: the team picks its GPU before that
     with interrupts.deferred():
         world = halo.world()
         try:
@@ -490,8 +479,8 @@ def _until_read(stream: TextIO, seconds: float = 2.0) -> None:
     still in the pipe then (the rank's last words: why it stopped the job) is lost."""
     try:
         fd = stream.fileno()
-        deadline = time.monotonic() + seconds
-        while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] and time.monotonic() < deadline:
+        deadline = timing.wall_ms() + seconds * 1e3
+        while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] and timing.wall_ms() < deadline:
             time.sleep(0.005)
     except (OSError, ValueError, AttributeError):
         pass               # not a pipe (a file, a terminal) or no fileno: nothing waits to be read
@@ -533,7 +522,7 @@ def _halo_ranks(args, problem):
 
 def calibrate_main(args: argparse.Namespace) -> int:
     """``calibrate``: measure this GPU and write its profile for the modelled device; returns the exit status."""
-    if backend.backend_name() != "gpu":
+    if runtime.get().predicts_times:
         raise RuntimeError("calibrate measures a real GPU, and this process runs on the CPU backend "
                            f"({backend.device_report()['device']}); run it on a machine with a CUDA GPU")
     folder = os.path.dirname(os.path.abspath(args.out))
@@ -553,7 +542,7 @@ def _doctor_parser(sub):
                                    "CUPTI; on the CPU backend, code written with the helper's API, modelled.")
     d.add_argument("--out", default=None, help="folder for the timeline (doctor_trace.json, for "
                                                "https://ui.perfetto.dev) and the records (doctor_records.json)")
-    d.add_argument("--backend", choices=("auto", "gpu", "cpu"), default=None,
+    d.add_argument("--backend", choices=backend.CHOICES, default=None,
                    help="backend (default: $COURSE_HELPER_BACKEND or auto)")
     d.add_argument("script", help="the Python script to run")
     d.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")

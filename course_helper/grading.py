@@ -35,7 +35,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -80,6 +79,8 @@ def record_checks(path: str) -> None:
 
 
 def _recorded(check, name, path, refusal):
+    from .exercises import Verdict
+
     @functools.wraps(check)
     def recorded(*args, **kwargs):
         try:
@@ -89,7 +90,7 @@ def _recorded(check, name, path, refusal):
                            "error": type(exc).__name__, "refused": isinstance(exc, refusal)})
             raise
         # A check returns a Verdict (passed or not) or, for those that refuse by raising, a plain sentence.
-        _append(path, {"check": name, "passed": bool(getattr(verdict, "passed", True)),
+        _append(path, {"check": name, "passed": verdict.passed if isinstance(verdict, Verdict) else True,
                        "message": str(verdict)[:MESSAGE_CHARS]})
         return verdict
     return recorded
@@ -203,6 +204,7 @@ def grade_notebook(path: str | os.PathLike, learner: str, timeout: float = DEFAU
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     from .distributed.launch import ranks_env      # a child's environment: this package first on its path
+    from .timing import wall_ms
 
     path = pathlib.Path(path)
     nb = nbformat.read(path, as_version=4)
@@ -231,10 +233,10 @@ def grade_notebook(path: str | os.PathLike, learner: str, timeout: float = DEFAU
         def executed(cell, cell_index, execute_reply):
             claim(cell_index)
 
-        t0 = time.monotonic()
-        deadline = t0 + timeout
+        t0 = wall_ms()                                    # the notebook's run on this machine
+        deadline = t0 + timeout * 1e3
         client = _client_class()(
-            nb, timeout_func=lambda cell: max(1, int(deadline - time.monotonic())), kernel_name="python3",
+            nb, timeout_func=lambda cell: max(1, int((deadline - wall_ms()) / 1e3)), kernel_name="python3",
             allow_errors=True, record_timing=False, on_cell_start=started, on_cell_executed=executed,
             resources={"metadata": {"path": str(path.parent.resolve())}})
         client.max_output, client.output_used, client.output_capped = max_output, {}, set()
@@ -249,7 +251,7 @@ def grade_notebook(path: str | os.PathLike, learner: str, timeout: float = DEFAU
         if state["cell"] is not None:
             claim(state["cell"])
         calls = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
-    seconds = time.monotonic() - t0
+    seconds = (wall_ms() - t0) / 1e3
     cells = nb.cells[1:]
     setup_error = [o for o in nb.cells[0].get("outputs", []) if o.get("output_type") == "error"]
     if setup_error and stopped is None:          # the checks could not be watched: nothing can be graded

@@ -30,7 +30,7 @@ from . import checks, runtime, streams, timing
 from .runtime import observe
 from .runtime.backend import backend_name
 from .checks import host_memory_available
-from .runtime.base import CpuDeviceArray, PinnedArray, byte_span
+from .runtime.base import CpuDeviceArray, PinnedArray, shares_memory
 from .runtime.ops import D2D, D2H, H2D, CopyCost, FillCost, OpKind, label
 
 __all__ = ["CpuDeviceArray", "PinnedArray", "device_empty", "device_zeros", "to_device", "to_host",
@@ -359,8 +359,7 @@ def copy_on_device_async(dst: Any, src: Any, stream: streams.Stream | None = Non
 def _require_apart(dst, src):
     # An async copy between overlapping ranges has no defined result on a GPU (it may read bytes
     # it has already overwritten), so it is refused here rather than giving a different answer.
-    d, s = byte_span(dst), byte_span(src)
-    if d is not None and s is not None and d[1] < s[2] and s[1] < d[2]:
+    if shares_memory(dst, src):
         raise ValueError("dst and src overlap in device memory, and a copy between overlapping ranges "
                          "has no defined result (it may read what it has already overwritten); copy "
                          "through a separate buffer, or between slices that do not overlap")

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -96,8 +95,7 @@ def check_gpu() -> tuple[str, str, str]:
     if not rt.predicts_times:
         r = backend.device_report()
         return "ok", f"{r['device']}, driver CUDA {r['driver_version']}, runtime CUDA {r['runtime_version']}", ""
-    why = ("no usable GPU here" if not backend.gpu_available() else
-           f"{backend.ENV_VAR}={os.environ.get(backend.ENV_VAR)} asks for the CPU")
+    why = "no usable GPU here" if not backend.gpu_available() else f"the CPU was asked for ({backend.reason()})"
     return "modelled", f"{why}: the CPU backend runs the course on the {rt.device_label}", ""
 
 
@@ -295,13 +293,14 @@ def run_checks(store: str | None = None, seconds: float = CHECK_SECONDS) -> dict
     """Run every check of :data:`CHECKS`, one after the other, each bounded to ``seconds``
     (two MPI ranks: :data:`RANKS_SECONDS` more); ``store``: the folder whose disk is measured
     (default: the temporary folder, where notebook 11 puts its stores)."""
+    from .timing import host_timer, wall_ms
     found = {}
     for name, (title, fn) in CHECKS.items():
-        t0 = time.monotonic()
         call = (lambda fn=fn: fn(store)) if name == "disk" else fn
-        status, detail, fix = _bounded(call, seconds + (RANKS_SECONDS if name == "mpi" else 0))
+        with host_timer(wall_ms) as took:               # how long the check kept the learner waiting
+            status, detail, fix = _bounded(call, seconds + (RANKS_SECONDS if name == "mpi" else 0))
         found[name] = Check(name, title, status, detail, fix if status in ("warn", "missing") else "",
-                            round(time.monotonic() - t0, 2))
+                            round(took.ms / 1e3, 2))
     return found
 
 

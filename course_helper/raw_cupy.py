@@ -13,14 +13,15 @@ GPU only (CuPy on an NVIDIA or AMD GPU).
 """
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import checks
-from .runtime.backend import backend_name, cupy_module
+from . import runtime
+from .runtime.backend import cupy_module
+from .timing import host_timer
 from .wave import WaveProblem, kernel_source, saved_levels
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ __all__ = ["events_loop", "streams_loop", "sequential_loop", "launch_step", "cop
 
 def _prepare(problem, every, nscratch, pinned=True):
     """Everything the loops need, made before the clock starts."""
-    if backend_name() != "gpu":
+    if not runtime.get().runs_cuda:
         raise RuntimeError("the raw CuPy loops need the GPU backend (CuPy on a GPU)")
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
     every = checks.positive_int("every", every)
@@ -75,10 +76,10 @@ def copy_level_to_host(r: SimpleNamespace, level: int, stream: cupy.cuda.Stream)
 
 def _timed(loop, r):
     r.cupy.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    loop(r)
-    r.cupy.cuda.Device().synchronize()
-    return r.images, (time.perf_counter() - t0) * 1e3
+    with host_timer() as timed:               # the GPU runtime's host clock: the wall clock
+        loop(r)
+        r.cupy.cuda.Device().synchronize()
+    return r.images, timed.ms
 
 
 def events_loop(problem: WaveProblem, every: int = 1, nscratch: int = 5) -> tuple[np.ndarray, float]:

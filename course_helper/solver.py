@@ -27,6 +27,7 @@ from .memory import device_zeros, pinned_empty, to_device
 from .strategies import (COPY_LAG, KERNEL_LEVELS, STRATEGIES, Run, Strategy, capture_loop, level_times,
                          ring_depth)
 from .streams import create_events, create_streams, synchronize
+from .timing import host_timer
 from .wave import WaveProblem, launch_wave2d, save_interval, saved_levels
 
 if TYPE_CHECKING:
@@ -602,23 +603,23 @@ def _timed_loop(run, entry, sink):
     """Run the strategy's loop and time it: ``(elapsed_ms, capture_ms)``. A graph strategy's loop
     is captured and set up first (``capture_ms``; None for the others), then one replay is timed.
     The timed part ends when the device is done and, with a ``sink``, every level is on disk."""
-    rt, capture_ms = runtime.get(), None
+    graph, capture_ms = None, None
     if entry.graph:
-        t0 = rt.host_ms()
-        graph = capture_loop(entry.loop, run)         # capture: records, runs nothing
-        graph.upload()                                # and set up, ready to replay
+        with host_timer() as capture:
+            graph = capture_loop(entry.loop, run)     # capture: records, runs nothing
+            graph.upload()                            # and set up, ready to replay
+            synchronize()
+        capture_ms = capture.ms
+    with host_timer() as timed:
+        if graph is not None:
+            graph.launch()                            # the timed part: one replay
+        else:
+            entry.loop(run)                           # with a store, each copy hands its slot to the sink
         synchronize()
-        capture_ms = rt.host_ms() - t0
-        t0 = rt.host_ms()
-        graph.launch()                                # the timed part: one replay
-    else:
-        t0 = rt.host_ms()
-        entry.loop(run)                               # with a store, each copy hands its slot to the sink
-    synchronize()
-    if sink is not None:
-        sink.require_every_level(run.strategy)        # a loop that skipped a level leaves no gap unsaid
-        sink.finish()                                 # the timed part ends when all is on disk
-    return rt.host_ms() - t0, capture_ms
+        if sink is not None:
+            sink.require_every_level(run.strategy)    # a loop that skipped a level leaves no gap unsaid
+            sink.finish()                             # the timed part ends when all is on disk
+    return timed.ms, capture_ms
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from .graphs import Graph
 
 __all__ = ["Run", "sequential", "sequential_pinned", "with_streams", "with_events", "staged", "capture_loop",
-           "COPY_LAG", "ring_depth", "level_times", "LevelTimes", "Strategy", "STRATEGIES", "register"]
+           "COPY_LAG", "ring_depth", "level_times", "LevelTimes", "Strategy", "STRATEGIES", "register",
+           "add_to_registry"]
 
 #: How many turns the ring loops copy a level after computing it. The kernel of turn L reads
 #: levels L-2 and L-1 and writes L, so L - COPY_LAG is the newest level no kernel touches any
@@ -362,6 +363,9 @@ class Strategy:
         then it has one IO stream per staging buffer, otherwise one per scratch buffer.
     graph : bool
         Whether ``solve`` captures the loop once into a CUDA graph and times a replay.
+    help : str
+        What the loop does, in a line (``compare --help`` lists it); ``""``: the first sentence
+        of the loop's docstring.
     """
     name: str
     loop: Callable[[Run], None]
@@ -371,6 +375,7 @@ class Strategy:
     streams: bool = True
     staged: bool = False
     graph: bool = False
+    help: str = ""
 
     @property
     def ring(self) -> bool:
@@ -388,25 +393,43 @@ class Strategy:
 #: strategy name -> its :class:`Strategy`, in the order the course introduces them
 STRATEGIES: dict[str, Strategy] = {}
 
+_Entry = TypeVar("_Entry")
+
+
+def add_to_registry(registry: dict[str, _Entry], entry: _Entry, kind: type) -> _Entry:
+    """Add ``entry`` (a ``kind``, with a ``name``) to ``registry`` under its name, which must be
+    new; returns it. The one way a strategy joins a registry: the single-device one here
+    (:func:`register`) and the halo one (:func:`course_helper.distributed.loops.register`)."""
+    if not isinstance(entry, kind):
+        raise TypeError(f"register a {kind.__name__}(...), got {type(entry).__name__}")
+    if entry.name in registry:
+        raise ValueError(f"a strategy named {entry.name!r} is already registered")
+    registry[entry.name] = entry
+    return entry
+
 
 def register(strategy: Strategy) -> Strategy:
     """Add a :class:`Strategy` to :data:`STRATEGIES` (its name must be new); returns it."""
-    if not isinstance(strategy, Strategy):
-        raise TypeError(f"register a Strategy(...), got {type(strategy).__name__}")
-    if strategy.name in STRATEGIES:
-        raise ValueError(f"a strategy named {strategy.name!r} is already registered")
-    top = strategy.nscratch if strategy.max_nscratch is None else strategy.max_nscratch
-    if not KERNEL_LEVELS <= strategy.min_nscratch <= strategy.nscratch <= top:
-        raise ValueError(f"strategy {strategy.name!r}: need {KERNEL_LEVELS} <= min_nscratch <= nscratch "
-                         "<= max_nscratch")
-    STRATEGIES[strategy.name] = strategy
-    return strategy
+    if isinstance(strategy, Strategy) and strategy.name not in STRATEGIES:
+        top = strategy.nscratch if strategy.max_nscratch is None else strategy.max_nscratch
+        if not KERNEL_LEVELS <= strategy.min_nscratch <= strategy.nscratch <= top:
+            raise ValueError(f"strategy {strategy.name!r}: need {KERNEL_LEVELS} <= min_nscratch <= nscratch "
+                             "<= max_nscratch")
+    return add_to_registry(STRATEGIES, strategy, Strategy)
 
 
-register(Strategy("sequential", sequential, max_nscratch=KERNEL_LEVELS, streams=False))
-register(Strategy("sequential-pinned", sequential_pinned, max_nscratch=KERNEL_LEVELS))
-register(Strategy("streams", with_streams, nscratch=5, min_nscratch=4))
-register(Strategy("events", with_events, nscratch=5, min_nscratch=4))
-register(Strategy("staged", staged, staged=True))
-register(Strategy("graph", with_events, nscratch=5, min_nscratch=4, graph=True))
-register(Strategy("graph-staged", staged, staged=True, graph=True))
+register(Strategy("sequential", sequential, max_nscratch=KERNEL_LEVELS, streams=False,
+                  help="one stream, a blocking copy after every kernel"))
+register(Strategy("sequential-pinned", sequential_pinned, max_nscratch=KERNEL_LEVELS,
+                  help="the sequential loop copying into pinned memory: faster copies, the host still "
+                       "waits for each"))
+register(Strategy("streams", with_streams, nscratch=5, min_nscratch=4,
+                  help="compute and IO streams; the host waits on an IO stream before reusing its buffer"))
+register(Strategy("events", with_events, nscratch=5, min_nscratch=4,
+                  help="the same dependencies as events; the host never waits"))
+register(Strategy("staged", staged, staged=True,
+                  help="device-to-device copies into a staging ring, batched copies to the host"))
+register(Strategy("graph", with_events, nscratch=5, min_nscratch=4, graph=True,
+                  help="the events loop captured into a CUDA graph"))
+register(Strategy("graph-staged", staged, staged=True, graph=True,
+                  help="the staged loop captured into a CUDA graph"))

@@ -12,10 +12,19 @@ host clock is the modelled host's: the same calls give the same modelled times, 
 The benchmark's limit B (:mod:`course_helper.measure.limit`), the calibration
 (:mod:`course_helper.measure.calibrate`), :func:`course_helper.memory.measure_bandwidth` and the
 GPU stopwatch (:class:`course_helper.timelines.stopwatch.Stopwatch`) all time with it.
+
+Host times - a loop the host ran, calls it made - are read here too, on one clock per backend:
+:func:`host_ms`, the active runtime's host clock (the wall clock on a GPU, the modelled host's on
+the CPU backend, where the device's times are modelled too). :func:`host_timer` times a block
+on it and :func:`host_times` times a call again and again. What really runs on this machine
+whatever the backend - files written to its disk, compression on its CPU, how long a command may
+take - is timed on :func:`wall_ms`, the machine's own clock (the GPU runtime's host clock too).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,9 +34,68 @@ from . import checks, runtime
 from .streams import Stream, create_events, elapsed_ms, resolve, synchronize
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
-__all__ = ["Timing", "benchmark"]
+__all__ = ["Timing", "benchmark", "host_ms", "HostSpan", "host_timer", "host_times", "wall_ms"]
+
+
+def host_ms() -> float:
+    """The host clock of the active backend, in ms: the wall clock on a GPU, the modelled host's on
+    the CPU backend (:meth:`course_helper.runtime.Runtime.host_ms`). Every host time of the
+    course's work is read on it, so that it agrees with the device's times."""
+    return runtime.host_ms()
+
+
+def wall_ms() -> float:
+    """This machine's own monotonic clock, in ms, on both backends: for what runs here for real
+    whatever the backend (a disk's writes, a codec on the CPU, a deadline), which a modelled host
+    does not see. On a GPU it is the same clock as :func:`host_ms`."""
+    return time.perf_counter() * 1e3
+
+
+@dataclass
+class HostSpan:
+    """The start and end of a block timed by :func:`host_timer`, in ms of its ``clock``; ``end``
+    is None while the block runs."""
+    start: float
+    clock: Callable[[], float] = dataclasses.field(default=host_ms, repr=False)
+    end: float | None = None
+
+    @property
+    def ms(self) -> float:
+        """How long the block took (so far, while it runs)."""
+        return (self.end if self.end is not None else self.clock()) - self.start
+
+
+@contextlib.contextmanager
+def host_timer(clock: Callable[[], float] = host_ms) -> Iterator[HostSpan]:
+    """Time the block on ``clock`` (:func:`host_ms` by default; :func:`wall_ms` for real host work):
+    ``with host_timer() as t: ...`` then ``t.ms``. The end is read when the block ends, also by
+    an exception (whose time is then of no use, but the span is closed)."""
+    span = HostSpan(clock(), clock)
+    try:
+        yield span
+    finally:
+        span.end = clock()
+
+
+def host_times(fn: Callable[[], object], n: int, *, before: Callable[[], object] | None = None,
+               after: Callable[[], object] | None = None,
+               clock: Callable[[], float] = host_ms) -> list[float]:
+    """The host time of each of ``n`` calls of ``fn`` in ms, on ``clock`` (:func:`host_ms` by
+    default): ``before()`` runs untimed ahead of each call, ``after()`` runs inside the timed part
+    right after it (a synchronisation the time must include)."""
+    n = checks.positive_int("n", n)
+    times = []
+    for _ in range(n):
+        if before is not None:
+            before()
+        t0 = clock()
+        fn()
+        if after is not None:
+            after()
+        times.append(clock() - t0)
+    return times
 
 
 @dataclass(frozen=True)
@@ -162,7 +230,7 @@ def benchmark(fn: Callable[[], object], stream: Stream | None = None, *, n_repea
         if before is not None:
             before()
         start.record(stream)
-        t0 = rt.host_ms()
+        t0 = rt.host_ms()                   # the runtime's own clock (host_ms), without a call between
         for _ in range(calls):
             fn()
         t1 = rt.host_ms()

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .memory import CpuDeviceArray
-from .disk import StoredRun, open_store
+from .disk import StoredImages, StoredRun, open_store
+from .distributed.results import HaloResult
+from .solver import Result
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -15,8 +17,6 @@ if TYPE_CHECKING:
 
     import matplotlib.figure
     from numpy.typing import ArrayLike
-
-    from .solver import Result
 
     #: What the viewers take: a Result, a stack of slices (n, n0, n1) or the path of a store.
     Slices = Result | ArrayLike | str | os.PathLike
@@ -37,15 +37,22 @@ def _stack_of(result_or_images, lazy=False):
 
     With ``lazy`` a store's images stay on disk (indexing reads one slice)."""
     result_or_images = _opened(result_or_images)
-    images = getattr(result_or_images, "images", result_or_images)
+    levels = times = None
+    if isinstance(result_or_images, (Result, StoredRun)):
+        images, levels, times = result_or_images.images, result_or_images.levels, result_or_images.times_ms
+    elif isinstance(result_or_images, HaloResult):          # the gathered levels, without their numbers
+        images = result_or_images.images
+    elif isinstance(result_or_images, StoredImages):        # a store's images know their levels
+        images, levels = result_or_images, result_or_images.levels
+    else:
+        images = result_or_images
     if type(images).__module__.startswith("cupy") or isinstance(images, CpuDeviceArray):
         raise TypeError("plot a host array: bring device data back with to_host() first")
     if not (lazy and isinstance(result_or_images, StoredRun)):
         images = np.asarray(images)
     if images.ndim != 3 or images.shape[0] < 1:
         raise ValueError(f"expected a stack of 2D slices with shape (n, n0, n1), got shape {images.shape}")
-    levels = getattr(result_or_images, "levels", np.arange(images.shape[0]))
-    times = getattr(result_or_images, "times_ms", None)
+    levels = np.arange(images.shape[0]) if levels is None else levels
     return images, np.asarray(levels), times
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import checks, kernels, runtime, streams
 from .runtime import observe
+from .runtime.base import shares_memory
 from .runtime.ops import KernelCost
 from .memory import is_device_array
 
@@ -369,19 +370,6 @@ def _step_args(problem):
     return (np.float32(problem.dt ** 2), np.float32(1 / problem.dx0 ** 2), np.float32(1 / problem.dx1 ** 2))
 
 
-def _overlap(a, b):
-    """True when the arrays ``a`` and ``b`` share any memory (a view of a buffer counts).
-
-    NumPy arrays (the CPU backend's device arrays are a NumPy subclass) are
-    compared with ``np.shares_memory``; device arrays by their address ranges,
-    which is exact for the C-contiguous buffers ``launch_wave2d`` accepts.
-    """
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return bool(np.shares_memory(a, b))
-    a0, b0 = a.data.ptr, b.data.ptr
-    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-
-
 def kernel_cost(nbytes_level: int) -> KernelCost:
     """What a modelled GPU charges for one launch of the wave kernel on a level of
     ``nbytes_level`` bytes: its profile's ``wave2d_4o`` time for the bytes the kernel moves
@@ -550,14 +538,14 @@ def _check_launch(U0, U1, U2, V, problem):
         if tuple(a.shape) != problem.shape or a.dtype != np.float32 or not a.flags.c_contiguous:
             raise ValueError(f"{label} must be a C-contiguous float32 array of shape {problem.shape}, "
                              f"got {a.dtype} {tuple(a.shape)}")
-    if _overlap(U2, U0) or _overlap(U2, U1):
+    if shares_memory(U2, U0) or shares_memory(U2, U1):
         raise ValueError("U2 must be a different buffer from U0 and U1 (it shares memory with one of them, "
                          "e.g. a view): the kernel reads its neighbours' old values while it writes, so an "
                          "in-place update is a race")
-    if _overlap(U2, V):
+    if shares_memory(U2, V):
         raise ValueError("U2 shares memory with the velocity model V: the kernel would overwrite V while "
                          "reading it; write the new level into a scratch buffer of its own")
-    if _overlap(U0, U1):
+    if shares_memory(U0, U1):
         raise ValueError("U0 and U1 share memory, but they hold two different levels (n and n+1); "
                          "pass two different buffers of the ring, e.g. U[n % 3] and U[(n + 1) % 3]")
 

@@ -134,8 +134,9 @@ def test_each_runtime_implements_every_abstract_method(module, cls):
 # No duck-typed reach into another module's objects
 # --------------------------------------------------------------------------
 #: Names that libraries' objects carry and that the package may ask any object for: NumPy's and
-#: CuPy's arrays (``shape``, ``ndim``, ``nbytes``), ``OSError.strerror``, ``cupy.cuda.nccl.available``.
-LIBRARY_NAMES = {"shape", "ndim", "nbytes", "strerror", "available"}
+#: CuPy's arrays (``shape``, ``ndim``, ``nbytes``, ``flags.writeable``), ``OSError.strerror``,
+#: ``cupy.cuda.nccl.available``, a raw stream's ``close`` (the runtime's library's object).
+LIBRARY_NAMES = {"shape", "ndim", "nbytes", "writeable", "strerror", "available", "close"}
 
 
 def _defined_names(tree):
@@ -168,9 +169,16 @@ def duck_reaches(source, module, defined=DEFINED):
     or ``hasattr``, for an attribute that only other modules of the package give their objects:
     a dependency no import shows (``getattr(dst, "copy_queued", None)`` reaching into a store's
     slots, ``hasattr(target, "wait_event")`` telling a stream from an event). Name the class
-    instead: an ``isinstance`` test on a class imported from its (lower) layer."""
+    instead: an ``isinstance`` test on a class imported from its (lower) layer.
+
+    A module may ask its own objects for its own names: ``self`` (and what ``self`` holds) and
+    its module-level variables (a ``threading.local``). Any other object - a parameter, a
+    value returned to it - may be another module's, whatever names the module also defines."""
     tree = ast.parse(source)
     own = _defined_names(tree)
+    module_level = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                    if isinstance(t, ast.Name)}
     found = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
@@ -178,7 +186,11 @@ def duck_reaches(source, module, defined=DEFINED):
                 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
             continue
         name = node.args[1].value
-        if name.startswith("__") or name in own or name in LIBRARY_NAMES:
+        target = node.args[0]
+        while isinstance(target, ast.Attribute):
+            target = target.value
+        owns_it = isinstance(target, ast.Name) and (target.id == "self" or target.id in module_level)
+        if name.startswith("__") or (name in own and owns_it) or name in LIBRARY_NAMES:
             continue
         owners = sorted(m for m, names in defined.items() if name in names and m != module)
         if owners:
@@ -196,6 +208,9 @@ def test_module_reaches_into_no_other_module_by_attribute_name(path):
 @pytest.mark.parametrize("source", [
     "def hand_on(dst, stream):\n    f = getattr(dst, 'copy_queued', None)\n",
     "def synced(target):\n    return hasattr(target, 'wait_event')\n",
+    # the module's own name, asked of an object handed to it (viewer.py asking a Result or a store)
+    "class View:\n    def __init__(self, x):\n        self.copy_queued = x\n"
+    "def show(source):\n    return getattr(source, 'copy_queued', None)\n",
 ])
 def test_the_check_finds_a_duck_typed_reach(source):
     assert duck_reaches(source, "memory", {"disk.sink": {"copy_queued"}, "streams": {"wait_event"}})
@@ -203,7 +218,9 @@ def test_the_check_finds_a_duck_typed_reach(source):
 
 @pytest.mark.parametrize("source", [
     "def f(a):\n    return getattr(a, 'shape', None)\n",                   # a library's name
-    "class A:\n    x = 1\ndef f(a):\n    return getattr(a, 'x', 0)\n",  # the module's own
+    "class A:\n    x = 1\n    def f(self):\n        return getattr(self, 'x', 0)\n",  # the module's own
+    "import threading\n_local = threading.local()\ndef f():\n    _local.x = 1\n"
+    "def g():\n    return getattr(_local, 'x', None)\n",                    # the module's own variable
     "def f(fn):\n    return getattr(fn, '__name__', '')\n",                 # Python's protocols
 ])
 def test_the_check_allows_library_own_and_python_names(source):
@@ -235,3 +252,118 @@ def test_module_takes_the_copy_kinds_from_ops(path):
 def test_the_check_finds_a_copy_kind_spelled_as_a_string():
     assert spelled_copy_kinds('"""D2H in a docstring is fine."""\nCOPIES = ("D2H", "H2D", "D2D")\n')
     assert not spelled_copy_kinds('"""Copies "D2H" and "H2D"."""\nlink = f"{kind}_pageable"\n')
+
+
+# --------------------------------------------------------------------------
+# Ask the runtime what it can do, never which backend it is
+# --------------------------------------------------------------------------
+#: The concrete runtimes: only ``runtime/`` itself imports them (``runtime.active`` picks one).
+CONCRETE_RUNTIMES = {"runtime.model", "runtime.gpu"}
+#: What hands out the active runtime, as a module outside ``runtime/`` spells the call.
+RUNTIME_GETTERS = {"runtime.get", "_runtime"}
+
+
+def _imported_module(node, here):
+    """The dotted modules inside the package that the import ``node`` of a module in the package
+    ``here`` (a list of folder names) names, with each imported name as a possible submodule."""
+    if isinstance(node, ast.Import):
+        return [a.name.removeprefix("course_helper.") for a in node.names]
+    if node.level:
+        base = ".".join(here[:len(here) - (node.level - 1)] + ([node.module] if node.module else []))
+    else:
+        base = (node.module or "").removeprefix("course_helper").lstrip(".")
+    return [base] + [f"{base}.{a.name}".lstrip(".") for a in node.names]
+
+
+def backend_identity(source, here=(), filename="<module>"):
+    """The lines of ``source`` (a module of the package in the folder ``here``) that ask which
+    backend runs instead of what the runtime can do: a comparison with ``"gpu"`` or ``"cpu"``,
+    the runtime's ``modelled`` or an attribute the :class:`~course_helper.runtime.base.Runtime`
+    interface does not declare (``rt.profile``), an import of a concrete runtime, or the backend's
+    environment variable (``COURSE_HELPER_BACKEND``, ``backend.ENV_VAR``)."""
+    from course_helper.runtime.backend import ENV_VAR
+    from course_helper.runtime.base import Runtime
+    declared = set(dir(Runtime)) - {"modelled"}     # modelled: kept for the notebooks, asked as predicts_times
+    tree = ast.parse(source, filename)
+    found = []
+    runtime_names = {}        # id(node): the names its function binds to the active runtime (rt = runtime.get())
+    for scope in ast.walk(tree):
+        if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = {t.id for node in ast.walk(scope) if isinstance(node, ast.Assign)
+                     and isinstance(node.value, ast.Call) and ast.unparse(node.value.func) in RUNTIME_GETTERS
+                     for t in node.targets if isinstance(t, ast.Name)}
+            for node in ast.walk(scope):        # the innermost function's names win (walked last)
+                runtime_names[id(node)] = names
+    for node in ast.walk(tree):
+        runtimes = runtime_names.get(id(node), set())
+        where = f"{filename}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                values = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                if any(isinstance(v, ast.Constant) and v.value in ("gpu", "cpu") for v in values):
+                    found.append(f"{where}: compares with a backend's name ({ast.unparse(node)}); "
+                                 "ask the runtime what it can do (predicts_times, runs_cuda...)")
+                    break
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and {"gpu", "cpu"} <= {
+                v.value for v in node.elts if isinstance(v, ast.Constant)}:
+            found.append(f"{where}: spells the backends ({ast.unparse(node)}); use runtime.backend.CHOICES")
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            base = node.value
+            is_runtime = (isinstance(base, ast.Name) and base.id in runtimes) or (
+                isinstance(base, ast.Call) and ast.unparse(base.func) in RUNTIME_GETTERS)
+            if is_runtime and node.attr not in declared:
+                found.append(f"{where}: reads {ast.unparse(node)}, which the Runtime interface does not "
+                             "declare; declare what is asked on runtime/base.py")
+            if node.attr == "ENV_VAR" and ast.unparse(base).endswith("backend"):
+                found.append(f"{where}: reads the backend's environment variable; ask runtime.backend")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            named = _imported_module(node, list(here))
+            if any(m in CONCRETE_RUNTIMES for m in named) or any(
+                    a.name in ("ModelRuntime", "GpuRuntime") for a in node.names):
+                found.append(f"{where}: imports a concrete runtime; use runtime.get() and the Runtime interface")
+            if isinstance(node, ast.ImportFrom) and any(a.name == "ENV_VAR" for a in node.names) \
+                    and any(m.endswith("backend") for m in named):
+                found.append(f"{where}: imports the backend's environment variable; ask runtime.backend")
+        elif isinstance(node, ast.Constant) and node.value == ENV_VAR:
+            found.append(f"{where}: names {ENV_VAR}; ask runtime.backend (requested, request, environment_for)")
+        elif isinstance(node, ast.keyword) and node.arg == ENV_VAR:
+            found.append(f"{where}: sets {ENV_VAR}; use runtime.backend.environment_for")
+    return found
+
+
+OUTSIDE_RUNTIME = [p for p in MODULES if p.relative_to(PACKAGE).parts[0] != "runtime"]
+
+
+@pytest.mark.parametrize("path", OUTSIDE_RUNTIME, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_asks_the_runtime_what_it_can_do(path):
+    relative = path.relative_to(PACKAGE)
+    found = backend_identity(path.read_text(), relative.parts[:-1], str(relative))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("source, here", [
+    ("from .runtime.backend import backend_name\nif backend_name() != 'gpu':\n    pass\n", ()),
+    ("def f(b):\n    return b in ('gpu', 'auto')\n", ()),
+    ("from .. import runtime\nrt = runtime.get()\nif rt.modelled:\n    x = rt.profile['disk']\n", ("measure",)),
+    ("from .. import runtime\ngbps = runtime.get().profile['disk']\n", ("measure",)),
+    ("from ..runtime.model import ModelRuntime\n", ("disk",)),
+    ("from ..runtime import gpu\n", ("disk",)),
+    ("import course_helper.runtime.model\n", ()),
+    ("import os\nos.environ.get('COURSE_HELPER_BACKEND', 'auto')\n", ("distributed",)),
+    ("import os\nenv = dict(os.environ, COURSE_HELPER_BACKEND='cpu')\n", ("distributed",)),
+    ("import os\nfrom .runtime import backend\nos.environ.get(backend.ENV_VAR)\n", ()),
+    ("def add(parser):\n    parser.add_argument('--backend', choices=('auto', 'gpu', 'cpu'))\n", ()),
+])
+def test_the_check_finds_a_question_of_backend_identity(source, here):
+    assert backend_identity(source, here)
+
+
+@pytest.mark.parametrize("source, here", [
+    ("from . import runtime\nrt = runtime.get()\nif rt.predicts_times:\n    print(rt.device_label)\n", ()),
+    ("from .runtime.backend import backend_name\nprint(f'{backend_name()} backend')\n", ()),
+    ("from ..runtime import model_errors\n", ("disk",)),
+    ("from .runtime.backend import environment_for\nenv = environment_for('cpu')\n", ()),
+    ("import os\nos.environ.get('COURSE_HELPER_PROFILE')\n", ()),
+])
+def test_the_check_allows_asking_the_runtime(source, here):
+    assert not backend_identity(source, here)

@@ -347,3 +347,21 @@ def test_register_refuses_depths_out_of_order(depths):
     with pytest.raises(ValueError, match="min_nscratch <= nscratch"):
         strategies.register(strategies.Strategy("out-of-order", strategies.with_events, **depths))
     assert "out-of-order" not in solver.STRATEGIES
+
+
+def test_the_two_strategy_registries_have_one_shape_and_one_way_in():
+    """ch.STRATEGIES and ch.distributed.STRATEGIES: each a dict of name -> entry that carries its
+    name and a line of help; both refuse a second entry of a name and an entry of another kind."""
+    from course_helper import distributed
+    from course_helper.distributed import loops
+    for registry in (ch.STRATEGIES, distributed.STRATEGIES):
+        assert isinstance(registry, dict) and registry
+        assert all(entry.name == name and entry.help for name, entry in registry.items())
+    with pytest.raises(ValueError, match="already registered"):
+        loops.register(loops.HaloStrategy("overlap", distributed.blocking_step))
+    with pytest.raises(TypeError, match="register a HaloStrategy"):
+        loops.register(strategies.Strategy("events-halo", strategies.with_events))
+    with pytest.raises(TypeError, match="register a Strategy"):
+        strategies.register(loops.HaloStrategy("halo-events", distributed.overlap_step))
+    assert distributed.STRATEGIES["overlap"].step is distributed.overlap_step
+    assert "events-halo" not in distributed.STRATEGIES and "halo-events" not in ch.STRATEGIES

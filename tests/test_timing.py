@@ -110,3 +110,52 @@ def test_bad_arguments_are_refused_before_anything_runs(cpu, kwargs, error, matc
     with pytest.raises(error, match=match):
         benchmark(**args)
     assert not ran
+
+
+# --------------------------------------------------------------------------
+# Host times: one clock per backend, read here
+# --------------------------------------------------------------------------
+def test_host_times_are_read_on_the_runtimes_clock(cpu):
+    """On the CPU backend a host time is the modelled host's: a synchronisation behind a queued
+    copy takes the copy's modelled time, whatever the machine's own clock did meanwhile."""
+    from course_helper import timing
+    (s,) = ch.create_streams(1)
+    src, dst = ch.device_zeros(16 * MIB), ch.pinned_empty(16 * MIB)
+    rt = runtime.get()
+    copy_ms = rt.predicted_ms(ch.runtime.ops.CopyCost(ch.runtime.ops.OpKind.D2H, dst, src))
+    with timing.host_timer() as t:
+        ch.copy_to_host_async(dst, src, s)
+        s.synchronize()
+    assert t.end is not None and t.ms >= copy_ms
+    assert t.start == pytest.approx(rt.host_ms() - t.ms)       # the modelled clock, not the wall clock
+    times = timing.host_times(lambda: ch.copy_to_host_async(dst, src, s), 3, before=ch.synchronize,
+                              after=s.synchronize)
+    assert len(times) == 3 and all(ms >= copy_ms for ms in times)
+    assert max(timing.host_times(lambda: None, 2)) < copy_ms     # nothing queued, nothing waited for
+
+
+def test_a_block_that_raises_still_ends_its_span():
+    from course_helper import timing
+    ticks = iter([1.0, 4.0])
+    with pytest.raises(ZeroDivisionError), timing.host_timer(lambda: next(ticks)) as t:
+        raise ZeroDivisionError("inside the timed block")
+    assert (t.start, t.end, t.ms) == (1.0, 4.0, 3.0)
+
+
+def test_only_the_timing_module_and_the_runtime_read_a_clock():
+    """A time of the course is read on the runtime's host clock, or on the machine's own through
+    timing.wall_ms: a time.perf_counter() elsewhere would disagree with the modelled host."""
+    import ast
+    import pathlib
+    package = pathlib.Path(ch.__file__).parent
+    clocks = {"perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns", "process_time"}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if relative.parts[0] == "runtime" or relative == pathlib.Path("timing.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in clocks and isinstance(node.value, ast.Name)
+                    and node.value.id == "time"):
+                found.append(f"{relative}:{node.lineno}: time.{node.attr}")
+    assert not found, "time it with course_helper.timing (host_timer, host_times, wall_ms):\n" + "\n".join(found)

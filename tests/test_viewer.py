@@ -123,3 +123,18 @@ def test_a_concentration_gets_a_sequential_scale_from_zero_with_its_own_label(cp
         ch.plot_slices(rng.random((3, 8, 8)), scale="log")
     with pytest.raises(ValueError, match="go down to -.*use scale='symmetric'"):
         ch.plot_slices(rng.standard_normal((3, 8, 8)), scale="sequential")
+
+
+def test_each_source_gives_its_own_levels_and_times(cpu, tmp_path):
+    """A Result, a store (opened or by path) and a store's images bring their level numbers; a
+    Result and a store their times too; a plain stack is numbered from 0 and has none."""
+    p = ch.WaveProblem(24, 24, nt=8)
+    run = ch.solve(p, "events", every=2, trace=False, store=tmp_path / "s.zarr")
+    stored = ch.disk.open_store(tmp_path / "s.zarr")
+    for source in (run, stored, str(tmp_path / "s.zarr")):
+        images, levels, times = ch.viewer._stack_of(source)
+        assert list(levels) == [0, 2, 4, 6] and len(times) == 4 and images.shape == (4, 24, 24)
+    _, levels, times = ch.viewer._stack_of(stored.images)
+    assert list(levels) == [0, 2, 4, 6] and times is None
+    _, levels, times = ch.viewer._stack_of(ch.to_host(ch.device_zeros((3, 5, 5))))
+    assert list(levels) == [0, 1, 2] and times is None

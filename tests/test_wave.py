@@ -323,11 +323,13 @@ def test_launch_uses_a_spacing_changed_since_the_last_launch(backend, small):
 
 
 class DevicePointer:
-    """What _overlap reads of a device array that is not a NumPy one (CuPy's): the address and size."""
+    """What shares_memory reads of a C-contiguous device array that is not a NumPy one (CuPy's):
+    the address and size."""
 
     def __init__(self, ptr, nbytes):
         self.data = types.SimpleNamespace(ptr=ptr)
-        self.nbytes = nbytes
+        self.nbytes = self.size = nbytes
+        self.flags = types.SimpleNamespace(c_contiguous=True)
 
 
 @pytest.mark.parametrize("a, b, shared", [((0, 16), (16, 16), False), ((16, 16), (0, 16), False),
@@ -335,7 +337,17 @@ class DevicePointer:
                                           ((0, 64), (16, 4), True), ((16, 4), (0, 64), True)])
 def test_device_buffers_share_memory_when_their_byte_ranges_meet(a, b, shared):
     """The GPU's overlap test (address ranges), run on the CPU: half-open ranges [ptr, ptr + nbytes)."""
-    assert ch.wave._overlap(DevicePointer(*a), DevicePointer(*b)) is shared
+    assert ch.runtime.base.shares_memory(DevicePointer(*a), DevicePointer(*b)) is shared
+
+
+def test_host_and_device_memory_never_share_and_views_are_judged_by_their_spans(cpu):
+    """One answer on both backends: separate address spaces, and byte spans (two interleaved views
+    of one buffer share, as a GPU's addresses cannot tell them apart)."""
+    from course_helper.runtime.base import plain_view, shares_memory
+    buf = ch.device_zeros((4, 8))
+    assert shares_memory(buf[:, ::2], buf[:, 1::2]) and shares_memory(buf[1], buf)
+    assert not shares_memory(buf[0], buf[1]) and not shares_memory(buf[:0], buf)
+    assert not shares_memory(buf, plain_view(buf))          # the same bytes, seen as host memory
 
 
 def test_the_default_nt_is_the_box_crossing_time_rounded_down():

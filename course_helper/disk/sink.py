@@ -48,7 +48,7 @@ and flagged. The error says how many levels are flagged; a store that keeps noth
 Timing. The sink keeps time with one clock, chosen when it is made. On a GPU it is the host's
 wall clock: writer ``i`` times each chunk's write on it (lane "disk i" of the timeline). On the
 CPU backend the disk is a stage of the modelled machine
-(:meth:`course_helper.runtime.model.ModelRuntime.disk_write`): a chunk's modelled write starts
+(:meth:`course_helper.runtime.base.Runtime.disk_write`): a chunk's modelled write starts
 when the copy into its slot has completed and takes latency + bytes / bandwidth from the
 profile's ``disk`` section, the writers sharing the disk's bandwidth; the host waits for a slot
 until its modelled write has ended. The writer threads still write the files, but nothing they
@@ -75,12 +75,12 @@ import numpy as np
 from .. import checks, files, runtime, streams
 from ..memory import HandsOnCopies, TakesCopiesOnDevice, copy_on_device_async, device_empty, pinned_empty
 from ..runtime.disk_lanes import DiskWrite
-from ..runtime.model import ModelRuntime
 from ..runtime.ops import OpKind
 from ..runtime import interrupts, observe
 from ..streams import Stream
 from ..timelines import recording
 from ..timelines.timeline import COMPRESS
+from ..timing import host_timer
 from ..wave import WaveProblem, saved_levels
 from .compression import CompressionFallback, NvcompCompressor, engine_for
 from .layout import (DATA, NUMCODECS, SHARDED, StoreWriteError, check_target, create_store, flag_bytes,
@@ -316,9 +316,9 @@ class _WallClock:
 
     def timed(self, lane: str, slot: SlotState, write: Callable[[], None]) -> tuple[str, tuple[float, float]]:
         """``write()`` the chunk of ``slot``; returns the timeline lane and its (start, end) on the host clock."""
-        t0 = runtime.host_ms()
-        write()
-        return lane, (t0, runtime.host_ms())
+        with host_timer() as took:              # the GPU runtime's host clock: the wall clock
+            write()
+        return lane, (took.start, took.end)
 
     def wait_for_writes(self, slots: list[SlotState]) -> None:
         """Nothing: the writer threads write each chunk as soon as its copy has landed."""
@@ -333,7 +333,7 @@ class _WallClock:
 
 class _ModelledClock:
     """The disk's clock on the CPU backend: the modelled machine's
-    (:meth:`course_helper.runtime.model.ModelRuntime.disk_write`).
+    (:meth:`course_helper.runtime.base.Runtime.disk_write`).
 
     A chunk's write is queued on the modelled disk when its copy is queued (after its modelled
     compression, where the device compresses), on writer lane k mod ``lanes``; it is encoded when
@@ -341,7 +341,7 @@ class _ModelledClock:
     (equal writes end in turn) and waits for a slot until its modelled write has ended. The
     writer threads still write the files, but nothing they do moves the model's clocks."""
 
-    def __init__(self, rt: ModelRuntime, *, lanes: int, chunk: int, level_bytes: int,
+    def __init__(self, rt: runtime.Runtime, *, lanes: int, chunk: int, level_bytes: int,
                  compresses: bool) -> None:
         self._rt = rt
         self._lanes, self._chunk, self._level_bytes = lanes, chunk, level_bytes
@@ -414,7 +414,7 @@ def _modelled_file(write, done):
 def _disk_clock(rt, *, lanes, chunk, level_bytes, compresses):
     """The disk's clock for the runtime ``rt``: the modelled machine's on the CPU backend, the
     host's wall clock on a GPU. ``compresses``: the modelled device compresses the chunks."""
-    if isinstance(rt, ModelRuntime):
+    if rt.predicts_times:                 # a model keeps the disk's clock (Runtime.disk_write)
         return _ModelledClock(rt, lanes=lanes, chunk=chunk, level_bytes=level_bytes, compresses=compresses)
     return _WallClock()
 

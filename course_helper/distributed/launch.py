@@ -15,7 +15,8 @@ import tempfile
 from collections.abc import Sequence
 
 from .. import checks
-from ..runtime.backend import backend_name, cupy_module
+from .. import runtime
+from ..runtime.backend import CHOICES, cupy_module, environment_for
 from ..wave import WaveProblem, save_interval
 from .loops import STRATEGIES
 from .results import HaloResult
@@ -59,7 +60,7 @@ def ranks_env(backend: str) -> dict[str, str]:
     """The environment for ranks started from this process: this copy of ``course_helper`` first
     on the path, the chosen backend, and (as root, e.g. in a container) Open MPI's consent to run
     as root, which MPICH ignores."""
-    env = dict(os.environ, COURSE_HELPER_BACKEND=backend)
+    env = dict(os.environ, **environment_for(backend))
     env["PYTHONPATH"] = os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[2]),
                                          env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -71,7 +72,7 @@ def ranks_env(backend: str) -> dict[str, str]:
 def ranks_backend(ranks: int) -> str:
     """The backend ``ranks`` ranks on this machine get: the GPU when this process uses the GPU
     backend and there is one GPU per rank, else the CPU."""
-    if backend_name() == "gpu" and cupy_module().cuda.runtime.getDeviceCount() >= ranks:
+    if runtime.get().runs_cuda and cupy_module().cuda.runtime.getDeviceCount() >= ranks:
         return "gpu"
     return "cpu"
 
@@ -91,7 +92,7 @@ def launch_halo(ranks: int = 2, n: int = 256, nt: int | None = None, strategy: s
     this function raises.
     """
     ranks = checks.positive_int("ranks", ranks)
-    checks.one_of("strategy", strategy, STRATEGIES)
+    checks.one_of("strategy", strategy, tuple(STRATEGIES))
     problem = WaveProblem(n0=n, n1=n, nt=nt)         # the ranks' checks, made here first
     every = check_job(problem, ranks, every)
     check, trace = checks.flag("check", check), checks.flag("trace", trace)
@@ -102,7 +103,7 @@ def launch_halo(ranks: int = 2, n: int = 256, nt: int | None = None, strategy: s
     mpiexec_args = list(mpiexec_args)
     if not all(isinstance(a, str) for a in mpiexec_args):
         raise TypeError(f"mpiexec_args must hold strings, got {mpiexec_args!r}")
-    backend = checks.one_of("backend", backend, ("auto", "gpu", "cpu")) if backend else ranks_backend(ranks)
+    backend = checks.one_of("backend", backend, CHOICES) if backend else ranks_backend(ranks)
     with tempfile.TemporaryDirectory(prefix="halo-") as out:
         cmd = [find_mpiexec(), *mpiexec_args, "-n", str(ranks), sys.executable, "-m", "course_helper", "halo",
                "--n", str(n), "--nt", str(problem.nt), "--strategy", strategy, "--every", str(every),

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import runtime
 from ..runtime import observe
-from ..runtime.backend import backend_name, cupy_module, gpu_name
+from ..runtime.backend import backend_name, cupy_module, gpu_name, may_use_gpu
 from ..runtime.ops import LinkCost
 from ..streams import create_events
 from .slabs import HALO
@@ -66,10 +66,10 @@ class Team:
         self.nccl = None
         if self.size > 1:
             _warn_if_on_one_core(self.rank)
-        if os.environ.get("COURSE_HELPER_BACKEND", "auto").strip().lower() != "cpu":
+        if may_use_gpu():              # before the backend's choice, whose probe runs on the current GPU
             _pick_gpu(self.comm)
         self.backend = backend_name()
-        if self.backend == "gpu":
+        if runtime.get().runs_cuda:
             cupy = cupy_module()
             self.device = gpu_name()
             if self.size > 1:

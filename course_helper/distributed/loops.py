@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .. import checks, runtime, streams
+from .. import checks, streams
 from ..graphs import Graph, capture_with_one_io_stream
 from ..memory import zero_async
 from ..runtime import interrupts
 from ..runtime.ops import OpKind
+from ..strategies import add_to_registry
 from ..streams import synchronize
 from ..timelines import recording
 from ..timelines.timeline import Trace, TraceEvent
+from ..timing import host_timer
 from ..wave import WaveProblem, save_interval
 from .rank import RankRun
 from .slabs import Slab, decompose
@@ -32,7 +34,7 @@ from .slabs import Slab, decompose
 if TYPE_CHECKING:
     from .link import Team
 
-__all__ = ["REGISTRY", "STRATEGIES", "HaloStrategy", "RankResult", "blocking_step", "capture_rank_loop",
+__all__ = ["STRATEGIES", "register", "HaloStrategy", "RankResult", "blocking_step", "capture_rank_loop",
            "overlap_step", "run_rank"]
 
 
@@ -66,21 +68,35 @@ def overlap_step(run: "RankRun", level: int) -> None:
 
 @dataclass(frozen=True)
 class HaloStrategy:
-    """A registered halo strategy: the step every level runs, and whether the whole loop is
-    captured once into a CUDA graph and replayed (one launch a run, instead of a dozen calls a
-    level: the cure for a loop the host cannot queue fast enough)."""
+    """A registered halo strategy: its ``name``, the ``step`` every level runs, whether the whole
+    loop is captured once into a CUDA graph and replayed (``graph``: one launch a run, instead of
+    a dozen calls a level: the cure for a loop the host cannot queue fast enough), and what it
+    does in a line (``help``; ``""``: the first sentence of the step's docstring)."""
+    name: str
     step: Callable[[RankRun, int], None]
     graph: bool = False
+    help: str = ""
 
 
-#: The halo strategies by name.
-REGISTRY = {"blocking": HaloStrategy(blocking_step), "overlap": HaloStrategy(overlap_step),
-            "overlap-graph": HaloStrategy(overlap_step, graph=True)}
-STRATEGIES = tuple(REGISTRY)
+#: halo strategy name -> its :class:`HaloStrategy`: the shape of :data:`course_helper.STRATEGIES`.
+STRATEGIES: dict[str, HaloStrategy] = {}
+
+
+def register(strategy: HaloStrategy) -> HaloStrategy:
+    """Add a :class:`HaloStrategy` to :data:`STRATEGIES` (its name must be new); returns it."""
+    return add_to_registry(STRATEGIES, strategy, HaloStrategy)
+
+
+register(HaloStrategy("blocking", blocking_step,
+                      help="compute, then exchange the halos: nothing overlaps the exchange"))
+register(HaloStrategy("overlap", overlap_step,
+                      help="boundary rows first, exchanged while the interior computes"))
+register(HaloStrategy("overlap-graph", overlap_step, graph=True,
+                      help="the overlap loop captured once into a CUDA graph and replayed"))
 
 
 def _levels(run, hand_over=True):
-    step = REGISTRY[run.strategy].step
+    step = STRATEGIES[run.strategy].step
     for level in range(run.problem.nt):
         interrupts.deliver()                         # a safe point for a Ctrl-C the rank holds (cli halo)
         if level >= 2:                               # levels 0 and 1 are the zero initial state
@@ -151,7 +167,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
     problem : WaveProblem
         The global problem (the same on every rank).
     strategy : {"blocking", "overlap", "overlap-graph"}
-        See :data:`REGISTRY`; ``"overlap-graph"`` captures the loop once (after the warm-up,
+        See :data:`STRATEGIES`; ``"overlap-graph"`` captures the loop once (after the warm-up,
         untimed) and each repeat replays it.
     every : int or None
         Save every ``every``-th level (None or 0: save nothing).
@@ -167,7 +183,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
         Timed runs from the zero initial state (after one untimed warm-up step).
     """
     checks.instance("problem", problem, WaveProblem, "a WaveProblem")
-    checks.one_of("strategy", strategy, STRATEGIES)
+    checks.one_of("strategy", strategy, tuple(STRATEGIES))
     repeats = checks.positive_int("repeats", repeats)
     if every:
         every = save_interval(every, problem.nt)
@@ -178,7 +194,7 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
             "n0": problem.n0, "n1": problem.n1, "nt": problem.nt}
     try:
         _warm_up(run)
-        if REGISTRY[strategy].graph:
+        if STRATEGIES[strategy].graph:
             if trace:                                # a replay's timeline is read from its capture's nodes
                 recorder = recording.Recorder(meta).activate()
             graph = capture_rank_loop(run)           # once; every repeat replays it
@@ -191,14 +207,14 @@ def run_rank(team: Team, problem: WaveProblem, strategy: str = "overlap", every:
                 recorder = recording.Recorder(meta).activate()
             with streams.host_wait("start"):
                 team.comm.Barrier()                  # all ranks start together (and the time origin)
-            t0 = runtime.host_ms()
-            if graph is not None:
-                _replay(run, graph)
-            else:
-                _loop(run)
-            queued.append(runtime.host_ms() - t0)
-            synchronize()
-            times.append(runtime.host_ms() - t0)
+            with host_timer() as run_time:
+                if graph is not None:
+                    _replay(run, graph)
+                else:
+                    _loop(run)
+                queued.append(run_time.ms)           # the host has queued the loop: so far
+                synchronize()
+            times.append(run_time.ms)
         if recorder is not None:
             timeline = recorder.finish()
     finally:

@@ -16,6 +16,7 @@ from .. import runtime
 from ..memory import measure_bandwidth
 from ..runtime.ops import LinkCost
 from ..streams import synchronize
+from ..timing import host_times
 from ..timelines.timeline import Trace, TraceEvent, covered_length, intersection_length, merge_intervals
 from .rank import RankRun
 from .slabs import decompose
@@ -129,14 +130,10 @@ def measure_parts(team: Team, problem: WaveProblem, every: int | None, repeats: 
             run.link.join(run.compute)
 
     def timed(work):
-        times = []
-        for _ in range(repeats + 1):                 # the first run warms up
+        def start_together():
             synchronize()
             team.comm.Barrier()
-            t0 = runtime.host_ms()
-            work()
-            synchronize()
-            times.append(runtime.host_ms() - t0)
+        times = host_times(work, repeats + 1, before=start_together, after=synchronize)   # the first warms up
         return team.max(float(np.median(times[1:])))
 
     try:

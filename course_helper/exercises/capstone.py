@@ -35,7 +35,7 @@ from .. import checks, streams
 from ..kernels import RawKernel, source
 from ..memory import InputRing, copy_to_device_async, copy_to_host, device_zeros, is_device_array, pinned_empty
 from ..runtime import observe
-from ..runtime.base import byte_span
+from ..runtime.base import byte_span, shares_memory, spans_overlap
 from ..runtime.ops import OpKind
 from ..sanitizer import RaceError
 from ..solver import timing_only
@@ -260,17 +260,10 @@ def _check_launch(u, v, feed, u_next, v_next, gs):
                              f"{tuple(a.shape)}")
     for out in ("u_next", "v_next"):
         for other, a in arrays.items():
-            if other != out and _same(arrays[out], a):
+            if other != out and shares_memory(arrays[out], a):
                 raise ValueError(f"{out} shares memory with {other}: the kernel reads its neighbours' old values "
                                  "while it writes, so it needs fields of its own to write (the other pair of a "
                                  "ping-pong)")
-
-
-def _same(a, b):
-    """Whether two device arrays share memory (the C-contiguous arrays of a launch: by address)."""
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return bool(np.shares_memory(a, b))
-    return a.data.ptr < b.data.ptr + b.nbytes and b.data.ptr < a.data.ptr + a.nbytes
 
 
 # --------------------------------------------------------------------------
@@ -381,10 +374,10 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
             raise CapstoneError(f"your loop ran no {copied[direction]} at the balanced point: every block reads its "
                                 "feed frame from gs.frames (gs.frames.copy_to_device_async) and every snapshot "
                                 "goes to snapshots[i] (ch.copy_to_host_async)")
-    short = [d for d, h in hidden.items() if h.fraction < HIDDEN_NEEDED]
+    short = [d for d, h in hidden.items() if h.copy_fraction < HIDDEN_NEEDED]
     not_counted = (f", not counting your {set_up} set-up upload{'s' if set_up > 1 else ''} before the first "
                    "kernel" if set_up else "")
-    measured = "; ".join(f"{copied[d]}: busy {h.copy_ms:.2f} ms, {h.fraction:.0%} of it under the kernels"
+    measured = "; ".join(f"{copied[d]}: busy {h.copy_ms:.2f} ms, {h.copy_fraction:.0%} of it under the kernels"
                          + (not_counted if d == OpKind.H2D else "") for d, h in hidden.items())
     if short:
         whys = " ".join(f"The {copied[d].split(' ')[0]}: {_why(program, d)}." for d in short)
@@ -521,11 +514,6 @@ def _run_reusing(run):
         gs = GrayScott(n=longer.n, steps=steps, feed_every=longer.feed_every, save_every=longer.save_every)
 
 
-def _overlap(a, b):
-    """Whether two byte spans (:func:`byte_span`, None for an empty array) overlap."""
-    return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
-
-
 def _ring_uses(program, gs) -> tuple[Counter, Counter]:
     """The loop's two rings, as the copies used them: how often each device buffer received an
     upload from ``gs.frames`` (the feed ring), and how often each was read by a copy into the
@@ -533,9 +521,9 @@ def _ring_uses(program, gs) -> tuple[Counter, Counter]:
     frames, stack = byte_span(gs.frames.frames), byte_span(program.snapshots)
     feed, out = Counter(), Counter()
     for op, *_ in program.queued:
-        if op.kind == OpKind.H2D and op.writes and any(_overlap(byte_span(a), frames) for a in op.reads):
+        if op.kind == OpKind.H2D and op.writes and any(spans_overlap(byte_span(a), frames) for a in op.reads):
             feed[byte_span(op.writes[0])] += 1
-        elif op.kind == OpKind.D2H and op.reads and any(_overlap(byte_span(a), stack) for a in op.writes):
+        elif op.kind == OpKind.D2H and op.reads and any(spans_overlap(byte_span(a), stack) for a in op.writes):
             out[byte_span(op.reads[0])] += 1
     return feed, out
 
@@ -613,7 +601,7 @@ def _labels(program, gs):
     for op, *_ in program.queued:
         if op.kind == OpKind.D2H and op.level is not None:
             for i in range(gs.nsnapshots):
-                if any(_overlap(byte_span(a), byte_span(stack[i])) for a in op.writes):
+                if any(shares_memory(a, stack[i]) for a in op.writes):
                     found[i] = int(op.level)
     return found
 
@@ -628,7 +616,7 @@ class _SetUp:
     def op_queued(self, op: Op) -> None:
         if op.kind == "kernel":
             self.kernels += 1
-        elif op.kind == OpKind.H2D and not self.kernels and not any(_overlap(byte_span(a), self.frames)
+        elif op.kind == OpKind.H2D and not self.kernels and not any(spans_overlap(byte_span(a), self.frames)
                                                                      for a in op.reads):
             self.count += 1
 

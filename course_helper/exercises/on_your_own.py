@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import checks, runtime
 from ..memory import is_device_array, to_host, was_measured
-from ..runtime.base import byte_span
+from ..runtime.base import byte_span, shares_memory
 from ..runtime.ops import OpKind
 from ..solver import prepare, solve, timing_only
 from ..streams import create_streams, synchronize
@@ -226,8 +226,8 @@ def check_ring_depth(nscratch: int | None, problem: WaveProblem, every: int, goa
     (:func:`~course_helper.solver.timing_only`); ``baseline`` (a result of the same problem,
     e.g. sequential-pinned) is what the time is compared with."""
     if nscratch is None:
-        return Verdict(f"not answered yet: set nscratch to the fewest buffers that hide at least {goal:.0%} of "
-                       "the copies", False)
+        return Verdict(f"not answered yet: set nscratch to the fewest buffers with which the kernels and the copies "
+                       f"run at once for at least {goal:.0%} of the shorter of their busy times", False)
     try:
         nscratch = checks.positive_int("nscratch", nscratch, minimum=4,
                                        hint="a ring needs at least four buffers (notebook 6.1)")
@@ -250,17 +250,18 @@ def check_ring_depth(nscratch: int | None, problem: WaveProblem, every: int, goa
     if baseline is not None:
         took += f", {mine.elapsed_ms / baseline.elapsed_ms:.2f}x the {baseline.strategy} loop"
     # hidden_fraction is the share of the *shorter* busy time (kernels' or copies') that ran under the
-    # other: at the balanced point the two are close, but the words must not say "of the copies".
+    # other: at the balanced point the two are close, but the words must not say "of the copies"
+    # (copy_fraction is that one), here as in the layer cake's check.
     share = "of the shorter of their busy times"
     if hid < goal:
-        return Verdict(f"nscratch={nscratch} does not hide the copies yet: the kernels and the copies ran at once for "
+        return Verdict(f"nscratch={nscratch} is not deep enough yet: the kernels and the copies ran at once for "
                        f"{hid:.0%} {share} (the goal: at least {goal:.0%}). {took}; {memory}.", False)
     if fewer is not None and fewer >= goal:
-        return Verdict(f"nscratch={nscratch}: the kernels and the copies ran at once for {hid:.0%} {share}, but one "
-                       f"buffer fewer hides {fewer:.0%}: both reach {goal:.0%}, so {nscratch} is not the fewest. Try "
+        return Verdict(f"nscratch={nscratch}: the kernels and the copies ran at once for {hid:.0%} {share}, but with "
+                       f"one buffer fewer for {fewer:.0%}: both reach {goal:.0%}, so {nscratch} is not the fewest. Try "
                        "fewer buffers.", False)
-    below = "" if fewer is None else f", and one buffer fewer hides only {fewer:.0%}"
-    return Verdict(f"nscratch={nscratch} hides the copies: the kernels and the copies ran at once for {hid:.0%} "
+    below = "" if fewer is None else f", and with one buffer fewer for only {fewer:.0%}"
+    return Verdict(f"nscratch={nscratch} is deep enough: the kernels and the copies ran at once for {hid:.0%} "
                    f"{share} (the goal: at least {goal:.0%}){below}. {took}; {memory}.", True)
 
 
@@ -351,7 +352,7 @@ def _hidden(loop: Callable[[Any], None], problem: WaveProblem, nscratch: int) ->
     trace = handle.trace
     hidden = hidden_by_direction(trace, (OpKind.D2H,))[str(OpKind.D2H)]
     return (f"Run again and traced (timed by the {trace.clock}), the copies took {hidden.copy_ms:.3f} ms, and "
-            f"{hidden.fraction:.0%} of that time ran under a kernel.")
+            f"{hidden.copy_fraction:.0%} of that time ran under a kernel.")
 
 
 def _touches(a: Op, b: Op) -> bool:
@@ -359,8 +360,7 @@ def _touches(a: Op, b: Op) -> bool:
     def overlap(xs, ys):
         for x in xs:
             for y in ys:
-                sx, sy = byte_span(x), byte_span(y)
-                if sx and sy and sx[0] == sy[0] and sx[1] < sy[2] and sy[1] < sx[2]:
+                if shares_memory(x, y):
                     return True
         return False
     return overlap(b.writes, (*a.reads, *a.writes)) or overlap(b.reads, a.writes)

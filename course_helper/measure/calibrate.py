@@ -15,13 +15,13 @@ from __future__ import annotations
 import datetime
 import platform
 import tempfile
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import disk
-from ..runtime.backend import backend_name, device_report
+from .. import runtime
+from ..runtime.backend import device_report
 from ..runtime.ops import COPY_KINDS, OpKind
 from ..exercises.layer_cake import bake_layer
 from ..graphs import capture_graph
@@ -30,7 +30,7 @@ from ..memory import (copy_on_device_async, copy_to_host, copy_to_host_async, de
 from ..solver import solve
 from ..streams import create_events, create_streams, elapsed_ms, synchronize
 from ..timelines.stopwatch import Stopwatch
-from ..timing import benchmark
+from ..timing import benchmark, host_times
 from ..wave import WaveProblem, launch_wave2d
 
 if TYPE_CHECKING:
@@ -83,18 +83,18 @@ def _pageable(bench, kind, sizes, overhead_us, count=8):
         dev = device_zeros(n)
         stack = np.empty((count, n), np.float32)
         stack.fill(np.nan)                            # touched once, like solve()'s output stack
-        times = []
-        for i in range(count):
-            synchronize()
-            t = time.perf_counter()
+        rows = iter(stack)
+
+        def copy(rows=rows, dev=dev):
+            row = next(rows)
             if kind == OpKind.D2H:
-                copy_to_host(stack[i], dev, bench.s)
+                copy_to_host(row, dev, bench.s)
             else:
-                queue_copy(OpKind.H2D, dev, stack[i], bench.s, None, pageable=True)
+                queue_copy(OpKind.H2D, dev, row, bench.s, None, pageable=True)
                 bench.s.synchronize()
-            times.append(time.perf_counter() - t)
-        pts.append((size, float(np.median(times[1:])) * 1e6 - overhead_us))
-        del stack, dev
+        times = host_times(copy, count, before=synchronize)
+        pts.append((size, float(np.median(times[1:])) * 1e3 - overhead_us))
+        del stack, dev, rows, copy                    # free this size before the next is allocated
     lat, slope = fit_line(*zip(*pts))
     return {"gbps": round(1e-3 / slope, 2), "latency_us": round(max(lat, 0.0), 3),
             "points_us": [[b, round(t, 3)] for b, t in pts]}
@@ -237,7 +237,7 @@ HOST_ROUNDS = 5
 
 def calibrate(progress: Callable[[str], object] = print) -> dict:
     """Measure the active GPU and return a profile dict (see :mod:`course_helper.runtime.profiles`)."""
-    if backend_name() != "gpu":
+    if runtime.get().predicts_times:
         raise RuntimeError("calibration measures a real GPU: run it on the GPU backend "
                            "(the CPU backend models a GPU from such a profile)")
     rep = device_report()

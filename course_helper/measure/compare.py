@@ -120,7 +120,7 @@ class Comparison:
     traced run (:meth:`~course_helper.timelines.timeline.Trace.overlap`): ``compute_busy_ms``,
     ``copy_busy_ms`` (device-to-host copies), ``overlap_ms`` (both at once),
     ``hidden_fraction`` (overlap / the shorter of the two) and ``overlap_timing`` (the
-    clock that timed that run), and ``overlap`` (the share of all host-copy time a
+    clock that timed that run), and ``copy_fraction`` (the share of all host-copy time a
     kernel ran too, :meth:`~course_helper.timelines.timeline.Trace.summary`). ``results`` keeps the
     last Result of each strategy (with its trace).
     """
@@ -235,5 +235,5 @@ def compare_strategies(problem: WaveProblem | None = None,
         rows.append({"strategy": name, "median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
                      "speedup": t["speedup"],
                      "max_diff": results[name].max_difference(results["sequential"]) if compared else None,
-                     "overlap": trace.summary()["overlap_fraction"], **trace.overlap().as_dict()})
+                     "copy_fraction": trace.summary()["copy_fraction"], **trace.overlap().as_dict()})
     return Comparison(rows, results, problem, every)

@@ -51,9 +51,9 @@ def disk_bandwidth(where: str | os.PathLike, mib: float, chunk_mib: float) -> fl
     """The disk's sustained write bandwidth in GB/s under ``where``, as a streamed run uses it
     (``mib`` MiB in files of ``chunk_mib``, :data:`DEFAULT_WRITERS` threads, fsync'ed);
     on the CPU backend the modelled disk's."""
-    rt = runtime.get()
-    if rt.modelled:
-        return rt.profile["disk"]["gbps"]
+    modelled = runtime.get().predicted_disk_gbps()
+    if modelled is not None:
+        return modelled
     _settle()
     return measure_disk_bandwidth(where, mib=mib, chunk_mib=chunk_mib, writers=DEFAULT_WRITERS)
 

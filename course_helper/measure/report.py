@@ -27,9 +27,9 @@ def machine_info() -> dict:
                                 "numpy", "python", "cpu", "cores")}
     info["platform"] = platform.platform()
     rt = runtime.get()
-    if rt.modelled:
+    if rt.predicts_times:
         info["clock"] = rt.device_label              # the times are modelled, on this profile
-        info["profile"] = rt.profile["provenance"]
+        info["profile"] = rt.provenance
         info["computed"] = rt.computes_data
     return info
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import checks, raw_cupy, runtime
-from ..runtime.backend import backend_name
 from ..solver import STRATEGIES, available_strategies, plan_memory, solve, suggest_nscratch
 from ..wave import WaveProblem, saved_levels
 from .compare import baseline_first, nscratch_for, time_strategies
@@ -41,7 +40,7 @@ QUICK_POINTS = [(64, 80, 1), (128, 80, 4)]
 RAW_ROW = "raw-cupy-events"
 
 
-def _fits(output_bytes, strategies):
+def _host_shortfall(output_bytes, strategies):
     """None when the point fits in host memory, else the reason it does not."""
     # the sequential answer is kept for comparison while each other strategy runs
     need = output_bytes * (2 if len(strategies) > 1 else 1)
@@ -92,7 +91,8 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
     output_bytes = _check_point(n, nt, every, order, nscratch)      # refuses bad input before measuring
     point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
              "output_bytes": output_bytes, "nscratch": nscratch}
-    reason = _fits(output_bytes, order) if runtime.get().computes_data else None   # times only: no stacks held
+    # Times only: no stacks held.
+    reason = _host_shortfall(output_bytes, order) if runtime.get().computes_data else None
     if reason is not None:
         point["skipped"] = reason
         return point
@@ -100,7 +100,7 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
     # On a GPU the events loop in plain CuPy is the reference row: it runs right after the
     # helper's events loop in every round (the helper's overhead is the gap), before any traced
     # (CUPTI) run.
-    raw = backend_name() == "gpu" and "events" in order
+    raw = runtime.get().runs_cuda and "events" in order
     # The same ring as the helper's events loop: the depth given, or the one solve chooses by default.
     ring = {"nscratch": nscratch if nscratch is not None else suggest_nscratch(problem, every, "events")[0]}
     also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every, **ring)} if raw else None
@@ -182,7 +182,9 @@ def run_bench(points: Iterable[tuple[int, int, int]] | None = None, strategies: 
     ``progress(point, stage)`` is called after each point of each pass, ``stage`` being
     ``"untraced"`` or ``"traced"``."""
     if points is None:
-        points = DEFAULT_POINTS if backend_name() == "gpu" else QUICK_POINTS
+        # The quick sweep where a model computes every wavefield in NumPy (not where it predicts times only).
+        rt = runtime.get()
+        points = QUICK_POINTS if rt.predicts_times and rt.computes_data else DEFAULT_POINTS
     strategies = baseline_first(available_strategies() if strategies is None else strategies)
     repeats = checks.positive_int("repeats", repeats)
     depths = [None] if nscratch is None else [checks.positive_int("nscratch", k) for k in nscratch]

@@ -33,7 +33,8 @@ ENV_VAR = "COURSE_HELPER_BACKEND"
 CHOICES = ("auto", "gpu", "cpu")
 
 __all__ = ["BackendUnavailable", "backend_name", "set_backend", "gpu_available", "profile_name",
-           "device_report", "print_device_report"]
+           "device_report", "print_device_report", "CHOICES", "request", "requested", "may_use_gpu",
+           "reason", "environment_for"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -46,6 +47,7 @@ class _State:
     announced = False
     probe = None         # (ok: bool, why: str), cached
     profile = None       # the CPU backend's device profile (name or path); None: env or default
+    requested = None     # a backend asked for in code (request) before the choice; None: the environment's
     generation = 0       # incremented by every set_backend (lets callers cache what depends on the choice)
     lock = threading.RLock()
 
@@ -137,13 +139,68 @@ def _announce():
 def backend_name() -> str:
     """The active backend, ``"gpu"`` or ``"cpu"``; chooses it on first call.
 
-    The first call prints one line saying which backend is active and why.
+    The first call prints one line saying which backend is active and why. The name is for
+    display: to decide what to do, ask the runtime what it can do
+    (:attr:`~course_helper.runtime.base.Runtime.predicts_times`, ``runs_cuda``...).
     """
     with _state.lock:
         if _state.name is None:
-            _state.name, _state.reason = _choose(os.environ.get(ENV_VAR))
+            if _state.requested is not None:
+                _state.name, _state.reason = _choose(_state.requested, from_env=False)
+            else:
+                _state.name, _state.reason = _choose(os.environ.get(ENV_VAR))
         _announce()
         return _state.name
+
+
+def requested() -> str:
+    """The backend asked for, one of :data:`CHOICES`, without choosing one (nothing is probed):
+    the active one once chosen, else what :func:`request` asked for, else
+    ``$COURSE_HELPER_BACKEND``, else ``"auto"``. What a command passes on when it switches the
+    profile only (``set_backend(requested(), profile=...)``)."""
+    with _state.lock:
+        if _state.name is not None:
+            return _state.name
+        if _state.requested is not None:
+            return _state.requested
+        return (os.environ.get(ENV_VAR) or "auto").strip().lower()
+
+
+def request(name: str) -> None:
+    """Ask for the backend ``name`` (one of :data:`CHOICES`) without choosing it yet: the choice
+    is made on first use, as for ``$COURSE_HELPER_BACKEND``, which the request overrides. For a
+    process that must pick its GPU before any CUDA call (an MPI rank: see
+    :class:`course_helper.distributed.link.Team`); once a backend is chosen this switches it,
+    as :func:`set_backend` does."""
+    if not isinstance(name, str) or name.strip().lower() not in CHOICES:
+        raise ValueError(f"{name!r} is not a backend; use one of {', '.join(CHOICES)}")
+    with _state.lock:
+        if _state.name is not None:
+            set_backend(name)
+        else:
+            _state.requested = name.strip().lower()
+
+
+def may_use_gpu() -> bool:
+    """Whether the backend asked for can turn out to be the GPU, answered without choosing it (the
+    choice runs a probe kernel on the current device): False once the CPU is chosen or asked for
+    (:func:`set_backend`, :func:`request`, ``$COURSE_HELPER_BACKEND=cpu``)."""
+    return requested() != "cpu"
+
+
+def reason() -> str:
+    """Why the active backend was chosen, in words (e.g. ``"asked for the CPU"``); chooses it on
+    first call."""
+    backend_name()
+    return _state.reason
+
+
+def environment_for(name: str) -> dict[str, str]:
+    """The environment variables that make a process started from this one choose the backend
+    ``name`` (one of :data:`CHOICES`)."""
+    if name not in CHOICES:
+        raise ValueError(f"{name!r} is not a backend; use one of {', '.join(CHOICES)}")
+    return {ENV_VAR: name}
 
 
 def set_backend(name: str, profile: str | None = None) -> str:

@@ -11,7 +11,8 @@ import numpy as np
 
 from .ops import Cost, OpKind
 
-__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span", "plain_view"]
+__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span", "spans_overlap",
+           "shares_memory", "plain_view"]
 
 
 class CpuDeviceArray(np.ndarray):
@@ -65,6 +66,23 @@ def byte_span(a: Any) -> tuple[str, int, int] | None:
     return space, lo, hi + a.itemsize
 
 
+def spans_overlap(a: tuple[str, int, int] | None, b: tuple[str, int, int] | None) -> bool:
+    """Whether two byte spans (:func:`byte_span`; None for an empty array) overlap: the same
+    address space, and ranges that meet."""
+    return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def shares_memory(a: Any, b: Any) -> bool:
+    """Whether the arrays ``a`` and ``b`` share any memory (a view of a buffer counts): the one
+    test the helper uses, on both backends.
+
+    Host and device memory never share (separate address spaces). Within a space the arrays'
+    byte spans are compared: exact for C-contiguous arrays, conservative for strided views (two
+    interleaved views of one buffer count as sharing, as a GPU's addresses cannot tell them apart).
+    """
+    return spans_overlap(byte_span(a), byte_span(b))
+
+
 class GraphsUnsupported(RuntimeError):
     """CUDA graphs cannot be used with the active backend."""
 
@@ -80,8 +98,7 @@ class Runtime(ABC):
     does it its own way.
     """
 
-    name = ""            #: "gpu" or "cpu"
-    modelled = False     #: True when times are modelled, not measured
+    name = ""            #: "gpu" or "cpu": for display only; ask the capabilities below instead
     device_label = ""    #: the device the times belong to, e.g. "NVIDIA H200" or "modelled H200"
     computes_data = True  #: False where a model predicts times only and skips the arithmetic (its times_only)
     needs_op = True      #: False when work can be queued without an ``op`` (see :meth:`launch`, :meth:`copy_async`)
@@ -95,6 +112,22 @@ class Runtime(ABC):
     #: What keeps the times where the device does not measure them, as printed beside them
     #: (``"modelled H200"``); ``""`` where they are measured.
     clock_label = ""
+    #: True where the work runs on a CUDA device through CuPy, so that code calling CuPy or
+    #: CUDA itself (the raw CuPy loops, CUPTI, NCCL) can run beside the helper's work.
+    runs_cuda = False
+    #: Where a model's figures come from (its profile's ``provenance``: device, date, versions);
+    #: None where times are measured.
+    provenance: dict | None = None
+
+    @property
+    def modelled(self) -> bool:
+        """The same as :attr:`predicts_times` (the name the notebooks read)."""
+        return self.predicts_times
+
+    def predicted_disk_gbps(self) -> float | None:
+        """The disk's sustained write bandwidth in GB/s as the model predicts it; None where the
+        disk is measured (time a write instead: :func:`course_helper.disk.measure_disk_bandwidth`)."""
+        return None
 
     def predicted_ms(self, cost: Cost) -> float | None:
         """How long the operation ``cost`` takes the device alone, in ms, predicted without
@@ -265,6 +298,23 @@ class Runtime(ABC):
     def device_free_bytes(self) -> int | None:
         """Free device memory in bytes (None when the runtime has no limit to report)."""
         return None
+
+    # -- the modelled disk and compression engine (a runtime that predicts times only) --------
+    def disk_write(self, lane: str, after: Any, encode: Callable[[], Any]) -> Any:
+        """Queue one chunk's write to the modelled disk on the writer lane ``lane`` after
+        ``after`` (an event, or a compressed chunk); ``encode()`` makes the chunk's bytes. Only a
+        runtime that :attr:`predicts_times` models the disk; elsewhere writers time it themselves."""
+        raise NotImplementedError(f"the {self.name} runtime does not model the disk (predicts_times)")
+
+    def compress_chunk(self, codec: str, after: Any, nbytes: int, work: Callable[[], Any]) -> Any:
+        """Queue one chunk's compression with ``codec`` on the modelled compression engine after
+        the event ``after`` (a runtime that :attr:`predicts_times` only)."""
+        raise NotImplementedError(f"the {self.name} runtime does not model compression (predicts_times)")
+
+    def disk_wait(self, write: Any) -> None:
+        """The host waits until the modelled ``write`` is on the disk (a runtime that
+        :attr:`predicts_times` only)."""
+        raise NotImplementedError(f"the {self.name} runtime does not model the disk (predicts_times)")
 
     # -- timing marks for the timeline recorder ----------------------------------
     @abstractmethod

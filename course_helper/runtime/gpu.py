@@ -78,7 +78,7 @@ class GpuRuntime(Runtime):
     """CuPy on a CUDA device."""
 
     name = "gpu"
-    modelled = False
+    runs_cuda = True
     needs_op = False     # CuPy queues from the cuda function, the cost or launch()/copy_async() alone
     device_array_type = cupy.ndarray
 

@@ -125,7 +125,6 @@ class ModelRuntime(Runtime):
     calls, each charged to the modelled host, on a :class:`~.scheduler.Scheduler`."""
 
     name = "cpu"
-    modelled = True
     predicts_times = True
     device_array_type = CpuDeviceArray
 
@@ -134,6 +133,7 @@ class ModelRuntime(Runtime):
         self.device_label = f"modelled {profile['device']['short_name']}" \
             if "short_name" in profile["device"] else f"modelled {profile['device']['name']}"
         self.clock_label = self.device_label
+        self.provenance = profile["provenance"]
         # True where the calling context predicts times only (see times_only): a context
         # variable, so that it belongs to the thread (and the block) that set it.
         self._times_only = contextvars.ContextVar(f"times only on {self.device_label}", default=False)
@@ -351,6 +351,10 @@ class ModelRuntime(Runtime):
         self.host.catch_up()
 
     # -- the disk ----------------------------------------------------------------
+    def predicted_disk_gbps(self) -> float:
+        """The modelled disk's write bandwidth, from the profile (its ``disk`` figures)."""
+        return self.profile["disk"]["gbps"]
+
     @_serialised
     def disk_write(self, lane: str, after: ModelEvent | CompressedChunk, encode: Callable[[], Any]) -> DiskWrite:
         """Queue one chunk's write to the modelled disk on the writer lane ``lane``, after the event

@@ -21,19 +21,16 @@ import os
 from typing import TYPE_CHECKING
 
 from . import observe
-from .ops import OpKind
+from .ops import COLOURS
 
 if TYPE_CHECKING:
     from types import ModuleType
 
     from .observe import Op
 
-__all__ = ["DOMAIN", "COLOURS", "wanted", "NvtxRanges", "start", "active", "stop"]
+__all__ = ["DOMAIN", "wanted", "NvtxRanges", "start", "active", "stop"]
 
 DOMAIN = "course_helper"
-#: Colours of the ranges, as on the course's timelines (kernels blue, copies to the host orange...).
-COLOURS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c", OpKind.D2D: "#9467bd",
-           OpKind.MEMSET: "#8c564b"}
 
 _active = None          # the observer once started
 

@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Union
 
-__all__ = ["OpKind", "COPY_KINDS", "D2H", "H2D", "D2D",
+__all__ = ["OpKind", "COPY_KINDS", "D2H", "H2D", "D2D", "COLOURS",
            "KernelCost", "CopyCost", "FillCost", "LinkCost", "Cost", "label"]
 
 # The costs are plain (not frozen) slotted dataclasses: one is built per queued operation, and
@@ -45,6 +45,14 @@ COPY_KINDS = (OpKind.D2H, OpKind.H2D, OpKind.D2D)
 # Python 3.11 reading a member through its class (``OpKind.D2H``) costs about 0.1 µs, a global
 # about a tenth of that.
 D2H, H2D, D2D = COPY_KINDS
+
+#: The colour each kind is drawn in, the one table of them: the course's timelines
+#: (:data:`course_helper.timelines.timeline.KINDS`, in this order) and the NVTX ranges Nsight
+#: Systems shows (:mod:`.nvtx_ranges`). "host wait", "disk write" and "compress" (a chunk's
+#: compression on the device) are a timeline's entries that are no queued work.
+COLOURS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c", OpKind.D2D: "#9467bd",
+           OpKind.MEMSET: "#8c564b", "host wait": "#7f7f7f", OpKind.HALO: "#d62728", "disk write": "#17becf",
+           "compress": "#e377c2"}
 
 
 @dataclass(slots=True)

@@ -41,11 +41,17 @@ class Hidden:
     """How much of one copy direction ran under the kernels, in ms of one timeline.
 
     ``copy_ms``: time at least one copy of the direction ran; ``under_kernels_ms``: of that,
-    the time a kernel ran too; ``fraction``: their ratio (0.0 when nothing was copied)."""
+    the time a kernel ran too; ``copy_fraction``: their ratio (0.0 when nothing was copied),
+    :attr:`~course_helper.timelines.timeline.Overlap.copy_fraction` of the direction."""
     direction: str
     copy_ms: float
     under_kernels_ms: float
-    fraction: float
+    copy_fraction: float
+
+    @property
+    def fraction(self) -> float:
+        """The same as :attr:`copy_fraction` (the name notebook 13 reads)."""
+        return self.copy_fraction
 
 
 def hidden_by_direction(trace: Trace, directions: tuple[str, ...] = (OpKind.H2D, OpKind.D2H)) -> dict[str, Hidden]:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from ..runtime import observe
 from .. import runtime
-from ..runtime.backend import backend_name, cupy_module
+from ..runtime.backend import cupy_module
 from ..runtime.ops import OpKind
 from .timeline import TraceEvent
 
@@ -79,7 +79,7 @@ def warm_up() -> None:
     A CUPTI recording calls this right after it starts: the first kernel launch under a new
     CUPTI session sets up CUPTI's kernel tracing, which would otherwise land inside the
     recorded loop and count as tracing overhead."""
-    if backend_name() != "gpu":
+    if not runtime.get().runs_cuda:
         raise RuntimeError("warm_up launches a CUDA kernel itself, so it needs the GPU backend; "
                            "the CPU backend has no CUPTI to warm up")
     cupy = cupy_module()
@@ -93,7 +93,7 @@ def warm_up() -> None:
 
 def available() -> tuple[bool, str]:
     """``(True, "")`` when CUPTI can time traces here, else ``(False, reason)``."""
-    if backend_name() != "gpu":
+    if not runtime.get().runs_cuda:
         return False, "CUPTI needs the GPU backend"
     if getattr(cupy_module().cuda.runtime, "is_hip", False):
         return False, "CUPTI is NVIDIA's; this CuPy is built for ROCm"

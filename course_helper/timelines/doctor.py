@@ -363,7 +363,8 @@ class Diagnosis:
         ``where`` (the learner's "file:line"), ``cost_ms`` and ``numbers``.
     hidden : float
         The share of the copy time (to and from the host) during which a kernel ran too
-        (:func:`~.analysis.hidden_by_direction`'s rule, both directions together); 0.0 without copies.
+        (:func:`~.analysis.hidden_by_direction`'s rule, both directions together): the trace's
+        :attr:`~.timeline.Overlap.copy_fraction`; 0.0 without copies.
     by_direction : dict of str to Hidden
         The same per direction.
     trace : Trace

@@ -1,13 +1,12 @@
 """A stopwatch for work on a GPU: device time of queued work and host time of a call."""
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..streams import create_streams, synchronize
-from ..timing import benchmark
+from ..timing import benchmark, host_times
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,10 +52,6 @@ class Stopwatch:
         synchronize()
         if busy:
             self.hold(ms=20.0)
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
+        times = host_times(call, n)
         synchronize()
-        return float(np.median(times)) * 1e6
+        return float(np.median(times)) * 1e3

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import files
-from ..runtime.ops import COPY_KINDS, OpKind
+from ..runtime.ops import COLOURS, COPY_KINDS, OpKind
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -23,10 +23,10 @@ __all__ = ["Trace", "TraceEvent", "Overlap", "KINDS", "COMPRESS", "LANES", "MAX_
 
 #: The kind of a chunk's compression on the device (nvCOMP's kernels, or the modelled engine's work).
 COMPRESS = "compress"
-#: Kinds of timeline entry and the colour each is drawn in: each its own, so the legend tells them apart.
-KINDS = {OpKind.KERNEL: "#1f77b4", OpKind.D2H: "#ff7f0e", OpKind.H2D: "#2ca02c", OpKind.D2D: "#9467bd",
-         OpKind.MEMSET: "#8c564b", "host wait": "#7f7f7f", OpKind.HALO: "#d62728", "disk write": "#17becf",
-         COMPRESS: "#e377c2"}
+#: Kinds of timeline entry and the colour each is drawn in, each its own so that the legend tells
+#: them apart (the table of :mod:`course_helper.runtime.ops`, which Nsight Systems' NVTX ranges take
+#: their colours from too).
+KINDS = COLOURS
 # Colours for kinds outside KINDS, handed out in turn, so that unknown kinds do not share one.
 _SPARE_COLOURS = ("#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 #: The most lanes one panel draws: more would be too thin to read. A trace with more tracks draws
@@ -68,6 +68,10 @@ class Overlap:
     time both ran at once; ``hidden_fraction``: overlap / the shorter of the two busy times
     (1.0: the shorter stage ran entirely under the longer one; 0.0: never at once, or one of
     them did not run); ``timing``: the clock that timed the trace.
+
+    The two ratios go by these two names everywhere: ``hidden_fraction``, of the *shorter* busy
+    time (words: "of the shorter of their busy times"), and :attr:`copy_fraction`, of the copy
+    time (words: "of the copy time", "of the copying").
     """
     compute_ms: float
     copy_ms: float
@@ -276,8 +280,8 @@ class Trace:
         Returns a dict: ``compute_ms`` (time at least one kernel ran),
         ``copy_ms`` (time at least one copy ran), ``overlap_ms`` (both at
         once), ``host_wait_ms``, ``total_ms`` (first start to last end) and
-        ``overlap_fraction`` = overlap / copy time (how much of the copying
-        was hidden behind compute; 0 when nothing was copied), and ``timing``:
+        ``copy_fraction`` = overlap / copy time (how much of the copying
+        was hidden behind compute; 0 when nothing was copied: :attr:`Overlap.copy_fraction`), and ``timing``:
         what timed the device work ("CUPTI", "CUDA events", or the modelled GPU, e.g.
         "modelled H200").
         """
@@ -286,7 +290,7 @@ class Trace:
         total = (max(e.end_ms for e in self.events) - min(e.start_ms for e in self.events)) if self.events else 0.0
         return {"compute_ms": both.compute_ms, "copy_ms": both.copy_ms, "overlap_ms": both.overlap_ms,
                 "host_wait_ms": covered_length(host), "total_ms": total,
-                "overlap_fraction": both.copy_fraction, "timing": self.timing}
+                "copy_fraction": both.copy_fraction, "timing": self.timing}
 
     def overlap(self, copies: tuple[str, ...] = (OpKind.D2H,)) -> Overlap:
         """Compute busy, copy busy (the copies of the kinds ``copies``: by default those to the
@@ -370,7 +374,7 @@ class Trace:
         clock = f" ({self.meta['clock']})" if self.meta.get("clock") else ""
         return (f"{len(self.kernels)} kernels and {moved} in {s['total_ms']:.2f} ms{clock}: "
                 f"compute busy {s['compute_ms']:.2f} ms, copies busy {s['copy_ms']:.2f} ms, "
-                f"{100 * s['overlap_fraction']:.0f}% of copy time overlapped a kernel, "
+                f"{100 * s['copy_fraction']:.0f}% of copy time overlapped a kernel, "
                 f"host waited {s['host_wait_ms']:.2f} ms (timing: {s['timing']})")
 
     # -- export -----------------------------------------------------------

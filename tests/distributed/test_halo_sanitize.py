@@ -18,7 +18,6 @@ import pytest
 import course_helper as ch
 from course_helper import distributed, runtime
 from course_helper.distributed.launch import ranks_env
-from course_helper.distributed.loops import REGISTRY
 from course_helper.distributed.rank import RankRun
 
 RANKS = (2, 3)
@@ -99,9 +98,9 @@ def _mutants(fn):
 
 def _patch(monkeypatch, where, fn):
     if where in STEPS:                                  # every strategy that runs this step
-        for name, entry in REGISTRY.items():
+        for name, entry in distributed.STRATEGIES.items():
             if entry.step is ORDERED[where]:
-                monkeypatch.setitem(REGISTRY, name, dataclasses.replace(entry, step=fn))
+                monkeypatch.setitem(distributed.STRATEGIES, name, dataclasses.replace(entry, step=fn))
     else:
         owner = RankRun if ORDERED[where].__qualname__.startswith("RankRun.") else distributed.HaloLink
         monkeypatch.setattr(owner, where, fn)
@@ -110,8 +109,8 @@ def _patch(monkeypatch, where, fn):
 #: (strategy, what is patched, description, mutant): each strategy with every mutant that concerns it.
 MUTANTS = [(strategy, where, what, fn)
            for where, original in ORDERED.items() for what, fn in _mutants(original)
-           for strategy in distributed.STRATEGIES if where not in STEPS or REGISTRY[strategy].step is original
-           if (REGISTRY[strategy].step.__name__.removesuffix("_step"), what) not in UNREACHED]
+           for strategy, entry in distributed.STRATEGIES.items() if where not in STEPS or entry.step is original
+           if (entry.step.__name__.removesuffix("_step"), what) not in UNREACHED]
 
 
 def test_every_ordering_call_of_the_halo_loops_has_a_mutant():

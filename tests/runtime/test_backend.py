@@ -79,3 +79,46 @@ def test_device_report_fields(backend, capsys):
     ch.device_report(print_it=True)
     out = capsys.readouterr().out
     assert "async_engine_count" in out and rep["device"] in out
+
+
+# --------------------------------------------------------------------------
+# What the runtime can do, asked instead of its backend's name
+# --------------------------------------------------------------------------
+def test_the_runtime_says_what_it_can_do(backend):
+    rt = ch.runtime.get()
+    if backend == "cpu":
+        assert rt.predicts_times and rt.modelled and not rt.runs_cuda
+        assert rt.provenance == rt.profile["provenance"]
+        assert rt.predicted_disk_gbps() == rt.profile["disk"]["gbps"]
+    else:
+        assert rt.runs_cuda and not rt.predicts_times and not rt.modelled
+        assert rt.provenance is None and rt.predicted_disk_gbps() is None
+        with pytest.raises(NotImplementedError, match="does not model the disk"):
+            rt.disk_wait(None)
+
+
+def test_a_request_waits_for_first_use_and_set_backend_rules_the_gpu_out():
+    code = ("from course_helper.runtime import backend as b\n"
+            "print(b.may_use_gpu(), b.requested())\n"
+            "b.request('cpu')\n"
+            "print(b.may_use_gpu(), b.requested(), b._state.name)\n"
+            "print(b.backend_name(), b.reason())\n")
+    p = _run(code, "auto")
+    assert p.returncode == 0, p.stderr
+    first, second, third = [x for x in p.stdout.splitlines() if not x.startswith("course_helper:")]
+    assert first == "True auto"
+    assert second == "False cpu None"              # asked for, not chosen: nothing probed yet
+    assert third == "cpu asked for the CPU"
+    p = _run("import course_helper as ch\nch.set_backend('cpu')\n"
+             "print(ch.runtime.backend.may_use_gpu())\n", "gpu")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == "False"    # the code's choice, not the environment's
+
+
+def test_a_request_for_no_backend_is_refused():
+    from course_helper.runtime import backend as b
+    with pytest.raises(ValueError, match="is not a backend"):
+        b.request("quantum")
+    with pytest.raises(ValueError, match="is not a backend"):
+        b.environment_for("tpu")
+    assert b.environment_for("cpu") == {b.ENV_VAR: "cpu"}

@@ -30,14 +30,14 @@ def test_summary_arithmetic():
     assert s["overlap_ms"] == pytest.approx(3.0)       # [2,4] and [6,7]
     assert s["host_wait_ms"] == pytest.approx(1.5)
     assert s["total_ms"] == pytest.approx(12.0)
-    assert s["overlap_fraction"] == pytest.approx(0.5)
+    assert s["copy_fraction"] == pytest.approx(0.5)
 
 
 def test_summary_of_empty_and_copy_free_traces():
-    assert Trace([], []).summary()["overlap_fraction"] == 0.0
+    assert Trace([], []).summary()["copy_fraction"] == 0.0
     t = Trace([TraceEvent("compute", "kernel", "k", 0, 1)], ["compute"])
     assert t.summary() == {"compute_ms": 1, "copy_ms": 0, "overlap_ms": 0, "host_wait_ms": 0,
-                           "total_ms": 1, "overlap_fraction": 0.0, "timing": "not recorded"}
+                           "total_ms": 1, "copy_fraction": 0.0, "timing": "not recorded"}
 
 
 def validate_chrome(doc):
