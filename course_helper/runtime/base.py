@@ -11,7 +11,8 @@ import numpy as np
 
 from .ops import Cost, OpKind
 
-__all__ = ["Runtime", "GraphsUnsupported", "HostWaitInCapture", "refuse_host_wait_in_capture", "CpuDeviceArray", "PinnedArray", "byte_span", "plain_view"]
+__all__ = ["Runtime", "GraphsUnsupported", "HostWaitInCapture", "refuse_host_wait_in_capture",
+           "CpuDeviceArray", "PinnedArray", "byte_span", "plain_view"]
 
 
 class CpuDeviceArray(np.ndarray):

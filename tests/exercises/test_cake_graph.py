@@ -100,9 +100,11 @@ def waits_on_the_host(stack, compute, io, buffers, baked, copied):
     (the_capture_not_its_graph, "should return the captured graph (cap.graph), not _Capture"),
     (never_joined, "Not yet: capturing raised RuntimeError: cudaErrorStreamCaptureUnjoined"),
     (ran_before_capturing, "planes were copied before the graph was launched"),
-    (half_the_planes, f"after a replay {PLANES - PLANES // 2} planes are wrong or missing, the first is plane {PLANES // 2}"),
+    (half_the_planes, f"after a replay {PLANES - PLANES // 2} planes are wrong or missing, "
+                      f"the first is plane {PLANES // 2}"),
     (slow_replay, "every plane is right, but the replay took more than half"),
-    (waits_on_the_host, "Not yet: capturing raised HostWaitInCapture: synchronising stream 'io 0' during a graph capture"),
+    (waits_on_the_host, "Not yet: capturing raised HostWaitInCapture: synchronising stream 'io 0' during a "
+                        "graph capture"),
 ])
 def test_a_wrong_capture_is_refused_with_its_reason(capture, words):
     verdict = check_cake_graph(capture, nplanes=PLANES)
