@@ -13,7 +13,8 @@ it. It passes when a call of it passed (the solutions call a check again with wr
 what it refuses); its line quotes the check's own sentence: the passing one, else the last refusal.
 A notebook named like a course notebook (``08_...``) is also expected to call the checks that the
 course notebook calls: one it no longer calls fails as missing. A check the notebook defines itself
-(notebook 10's ``check_cake_graph``) is read from what its cell prints: "Well done" passes.
+(a ``check_*`` function of its own; the course's notebooks have none) is read from what its cell
+prints: "Well done" passes.
 
 A notebook is contained: it has ``timeout`` seconds in all (kernel start included), a cell that
 raises is recorded and the next cells still run, a cell's output beyond ``max_output`` bytes is
@@ -45,7 +46,7 @@ DEFAULT_TIMEOUT = 600
 DEFAULT_MAX_OUTPUT = 1_000_000
 #: Characters of a check's message kept in the report.
 MESSAGE_CHARS = 4000
-#: The words with which a notebook's own check says it passed (notebook 10's ``check_cake_graph``).
+#: The words with which a notebook's own check says it passed (a ``check_*`` it defines itself).
 OWN_CHECK_PASSED = "Well done"
 
 __all__ = ["DEFAULT_TIMEOUT", "DEFAULT_MAX_OUTPUT", "Exercise", "NotebookGrade", "course_checks",

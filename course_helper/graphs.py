@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from . import checks, runtime, streams
 from .runtime import observe
-from .runtime.base import GraphsUnsupported
+from .runtime.base import GraphsUnsupported, HostWaitInCapture
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
     from .streams import Stream
 
-__all__ = ["GraphsUnsupported", "Graph", "capture_graph", "capture_with_one_io_stream", "graphs_supported"]
+__all__ = ["GraphsUnsupported", "HostWaitInCapture", "Graph", "capture_graph", "capture_with_one_io_stream",
+           "graphs_supported"]
 
 
 def graphs_supported() -> tuple[bool, str]:
@@ -65,8 +66,9 @@ def capture_graph(stream: Stream) -> Iterator[_Capture]:
 
     Other streams join the capture by waiting on an event recorded on a
     captured stream (a *fork*), and must be joined back before the block ends
-    (``stream.wait_stream(other)``). Nothing runs during capture; host-side
-    waits are not allowed in it.
+    (``stream.wait_stream(other)``). Nothing runs during capture, so a host
+    wait inside the block (synchronising a stream, an event or the device)
+    raises :class:`HostWaitInCapture` on both backends.
 
     Examples
     --------

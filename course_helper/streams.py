@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from . import checks, runtime
 from .runtime import observe
 from .runtime.backend import backend_name
+from .runtime.base import refuse_host_wait_in_capture
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,6 +59,9 @@ class host_wait:
 def _host_wait(rt, name, target, sync, raw):
     """Make the host wait (``sync(raw)``: ``rt``'s sync_stream or sync_event), then tell the
     observers how long it took (``host_waited``) and for what (``host_synced``)."""
+    if rt.capturing():               # both backends refuse it alike (CUDA's default capture mode)
+        refuse_host_wait_in_capture(f"synchronising stream {target.name!r}" if isinstance(target, Stream)
+                                    else "synchronising an event")
     if not (observe.hears("host_waited") or observe.hears("host_synced")):
         sync(raw)                    # nobody to tell: no clock readings
         return
@@ -78,7 +82,10 @@ def synchronize() -> None:
     stays with its stream until the thread that queued the work has been told (by
     a synchronise of its own), so that thread never misses it.
     """
-    runtime.get().sync_device()
+    rt = runtime.get()
+    if rt.capturing():
+        refuse_host_wait_in_capture("synchronising the device")
+    rt.sync_device()
     observe.notify("host_synced", None)
 
 
@@ -115,6 +122,8 @@ class Stream:
         here, with its original traceback.
         """
         if not (observe.hears("host_waited") or observe.hears("host_synced")):
+            if self.runtime.capturing():
+                refuse_host_wait_in_capture(f"synchronising stream {self.name!r}")
             self.runtime.sync_stream(self.raw)    # nobody times the wait: no label, no clock readings
             return
         self.wait_for_host(f"wait for {self.name}")

@@ -36,3 +36,21 @@ def test_a_capture_with_one_io_stream_chains_every_copy_and_joins_what_the_loop_
 
     with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureUnjoined"):
         capture_with_one_io_stream(compute, io, lambda chain: queue(chain)[:0])   # a fork left unjoined
+
+
+def test_a_loop_whose_host_waits_is_refused_by_a_capture_and_its_events_twin_is_captured(backend, small):
+    """Both backends refuse a host wait inside a capture with the helper's one message (nothing
+    runs during a capture, so the wait could never end); the events loop's waits are on the
+    device and capture. Notebook 10 prints this refusal beside the events loop's graph."""
+    ok, why = ch.graphs_supported()
+    if not ok:
+        pytest.skip(why)
+    with pytest.raises(ch.graphs.HostWaitInCapture, match="synchronising stream 'io 0' during a graph capture"):
+        ch.strategies.capture_loop(ch.strategies.with_streams, ch.prepare(small, "streams"))
+    compute = ch.create_streams(1, name="compute")[0]
+    for wait in (compute.synchronize, compute.record().synchronize, ch.synchronize):
+        with pytest.raises(ch.graphs.HostWaitInCapture), ch.graphs.capture_graph(compute):
+            wait()
+    compute.synchronize()                                  # after a refused capture the host may wait again
+    graph = ch.strategies.capture_loop(ch.strategies.with_events, ch.prepare(small, "events"))
+    assert isinstance(graph, ch.graphs.Graph)

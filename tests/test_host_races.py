@@ -406,7 +406,7 @@ def test_the_sanitizer_keeps_no_buffer_alive(world):
 # Notebook 9's races from the field
 # --------------------------------------------------------------------------
 RIGHT = {"read_too_early": "1", "overwrite_the_source": "2", "let_go_too_early": "4",
-         "write_later": "0 1 2 3 4 5"}
+         "write_later": "0 | 1 | 2 | 3 | 4 | 5"}
 CAUGHT = {"read_too_early": r"race on snap \(host memory\)(.|\n)*the host \(.*\) reads snap",
           "overwrite_the_source": r"race on src \(host memory\)(.|\n)*the host \(.*\) writes src",
           "let_go_too_early": r"is let go \(its last reference went: the memory pool of `default`",

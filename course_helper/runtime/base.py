@@ -11,8 +11,8 @@ import numpy as np
 
 from .ops import Cost, OpKind
 
-__all__ = ["Runtime", "GraphsUnsupported", "CpuDeviceArray", "PinnedArray", "byte_span", "spans_overlap",
-           "shares_memory", "plain_view"]
+__all__ = ["Runtime", "GraphsUnsupported", "HostWaitInCapture", "refuse_host_wait_in_capture",
+           "CpuDeviceArray", "PinnedArray", "byte_span", "spans_overlap", "shares_memory", "plain_view"]
 
 
 class CpuDeviceArray(np.ndarray):
@@ -85,6 +85,20 @@ def shares_memory(a: Any, b: Any) -> bool:
 
 class GraphsUnsupported(RuntimeError):
     """CUDA graphs cannot be used with the active backend."""
+
+
+class HostWaitInCapture(RuntimeError):
+    """The host tried to wait (synchronise a stream, an event or the device) while a graph was
+    being captured. Nothing runs during a capture, so such a wait could never end: a loop whose
+    host waits (the streams loop) cannot be captured; one whose waits are events can."""
+
+
+def refuse_host_wait_in_capture(what: str) -> None:
+    """Raise :class:`HostWaitInCapture` for the host wait ``what`` ("synchronising stream 'io 0'"):
+    the one message both runtimes give, as CUDA refuses the wait in its default capture mode."""
+    raise HostWaitInCapture(f"{what} during a graph capture: nothing runs while a graph is "
+                            "captured, so the host cannot wait for it. Wait after the capture "
+                            "block, or order the work with events (wait_event) instead of a host wait")
 
 
 class Runtime(ABC):
@@ -249,6 +263,10 @@ class Runtime(ABC):
     @abstractmethod
     def graphs_supported(self) -> tuple[bool, str]:
         """``(True, "")`` when CUDA graphs work here, else ``(False, reason)``."""
+
+    def capturing(self) -> bool:
+        """Whether a graph capture is in progress on this runtime (the host may not wait then)."""
+        return False
 
     @abstractmethod
     def begin_capture(self, stream: Any) -> None:

@@ -183,6 +183,9 @@ class GpuRuntime(Runtime):
             return False, "this CuPy is built for ROCm, where the course does not use graphs; use 'staged' or 'events'"
         return True, ""
 
+    def capturing(self) -> bool:
+        return self._capturing > 0
+
     def begin_capture(self, stream: Any) -> None:
         stream.begin_capture()
         self._capturing += 1

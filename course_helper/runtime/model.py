@@ -75,7 +75,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import interrupts
-from .base import CpuDeviceArray, Runtime, plain_view
+from .base import CpuDeviceArray, Runtime, plain_view, refuse_host_wait_in_capture
 from .capture import Call, CapturedCall, ModelGraph
 from .compress_lane import CompressedChunk, ModelCompressor, compress_spec
 from .costs import alone_ms, kernel_us, link_ms, timing
@@ -148,6 +148,7 @@ class ModelRuntime(Runtime):
         self.compressor = ModelCompressor(self.scheduler)
         self._blocking = weakref.WeakSet()
         self._all = weakref.WeakSet()
+        self._captures = 0        # captures in progress: the host may not wait (refuse_host_wait_in_capture)
         self._default = None
         self._replaying = None            # the graph being replayed (its calls cost the host nothing)
         self._lock = threading.RLock()
@@ -273,10 +274,7 @@ class ModelRuntime(Runtime):
         self._call("query")
         return raw.task is None or raw.task.done
 
-    @staticmethod
-    def _no_wait_in_capture(what):
-        raise RuntimeError(f"{what} during a graph capture: nothing runs while a graph is "
-                           "captured, so the host cannot wait for it; wait after the capture block")
+    _no_wait_in_capture = staticmethod(refuse_host_wait_in_capture)
 
     @_serialised
     def sync_stream(self, raw: ModelStream) -> None:
@@ -388,16 +386,22 @@ class ModelRuntime(Runtime):
         if stream.capture is not None:
             raise RuntimeError(f"stream {stream.name!r} is already being captured")
         stream.capture = ModelGraph(stream)
+        self._captures += 1
+
+    def capturing(self) -> bool:
+        return self._captures > 0
 
     @_serialised
     def end_capture(self, stream: ModelStream) -> ModelGraph:
         graph = stream.capture
+        self._captures -= 1             # over either way: end() raises on an unjoined fork
         graph.end()
         return graph
 
     @_serialised
     def abort_capture(self, stream: ModelStream) -> None:
         if stream.capture is not None:
+            self._captures -= 1
             stream.capture.release()
 
     @_serialised
