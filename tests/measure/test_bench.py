@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import pathlib
 import re
@@ -67,8 +68,7 @@ def test_tracing_cost_is_taken_in_rounds_of_one_untraced_and_one_traced_run(back
         r = real_solve(*args, **kwargs)
         made.append(kwargs["trace"])
         # untraced 2, 6, 10 ms and traced 3, 5, 20 ms: the host's speed changes from round to round
-        r.elapsed_ms = {1: 2.0, 2: 3.0, 3: 6.0, 4: 5.0, 5: 10.0, 6: 20.0}[len(made)]
-        return r
+        return dataclasses.replace(r, elapsed_ms={1: 2.0, 2: 3.0, 3: 6.0, 4: 5.0, 5: 10.0, 6: 20.0}[len(made)])
 
     monkeypatch.setattr(sweep, "solve", solve)
     cost = bench.measure_trace_cost(ch.WaveProblem(24, 24, nt=12), "events", 1, repeats=3)
