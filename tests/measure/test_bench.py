@@ -284,3 +284,23 @@ def test_compare_table_shows_busy_times_overlap_and_hidden_fraction(cpu):
                                      f"{100 * o.hidden_fraction:.0f}%"]
     assert c.rows[1]["hidden_fraction"] > 0 and "timing: modelled H200" in lines[-1]
     assert "modelled H200" in c.plot().get_title()
+
+
+def test_the_bench_checks_each_strategy_once_per_point_and_passes_the_plans_down(cpu, monkeypatch):
+    checked, real = [], ch.solver._validate
+
+    def validate(*args, **kwargs):
+        checked.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ch.solver, "_validate", validate)
+    bench.bench_point(48, 20, 2, ["events", "staged"], repeats=1)
+    assert checked == ["sequential", "events", "staged"]      # timing, the limit B and the traces reuse them
+    checked.clear()
+    bench.run_bench([(48, 20, 2)], ["events"], repeats=1, nscratch=[6])
+    assert checked == ["sequential", "events"]
+
+
+def test_the_bench_refuses_an_unsafe_ring_in_the_solver_s_words_and_says_it_has_no_unsafe(cpu):
+    with pytest.raises(ValueError, match=r"nscratch=3 is unsafe .* race.* takes no unsafe=True"):
+        bench.bench_point(48, 20, 1, ["events"], repeats=1, nscratch=3)
