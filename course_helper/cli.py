@@ -47,6 +47,8 @@ from . import grading, preflight
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .runtime.observe import Op
+
 
 #: What each strategy does (the loops are in course_helper/strategies.py).
 STRATEGY_HELP = {
@@ -211,7 +213,7 @@ def run_main(args: argparse.Namespace) -> int:
     class Progress:                # counts the saved levels copied off the scratch buffers
         seen = set()
 
-        def op_issued(self, op):
+        def op_issued(self, op: Op) -> None:
             # Copies to the host, a staging buffer or a device slot.
             if op.kind in (OpKind.D2H, OpKind.D2D) and op.level is not None:
                 levels = set(range(op.level, op.level + op.nbytes // problem.nbytes_level * args.every, args.every))

@@ -493,28 +493,28 @@ class Sanitizer:
             self._access(_Access(_HOST, clock, None, where, shape, span, "w" in mode), self.host)
 
     @_serialised
-    def host_func_queued(self, stream: Stream, function: Any) -> None:
+    def host_func_queued(self, stream: Stream, token: object) -> None:
         if self.failed:
             return
         vc = self._enqueue(stream)
         clock = vc[stream] = vc.get(stream, 0) + 1
-        name = getattr(function, "__name__", "host function")
-        self.functions[id(function)] = (function, (stream, clock, dict(vc), _OpInfo("host func", name, stream, None)))
+        name = getattr(token, "__name__", "host function")
+        self.functions[id(token)] = (token, (stream, clock, dict(vc), _OpInfo("host func", name, stream, None)))
 
-    def host_func_started(self, function: Any) -> None:
+    def host_func_started(self, token: object) -> None:
         with self.lock:
-            known = self.functions.get(id(function))
-        self.running.function = known[1] if known is not None and known[0] is function else None
+            known = self.functions.get(id(token))
+        self.running.function = known[1] if known is not None and known[0] is token else None
 
-    def host_func_ended(self, function: Any) -> None:
+    def host_func_ended(self, token: object) -> None:
         self.running.function = None
         with self.lock:
-            known = self.functions.get(id(function))
-            if known is not None and known[0] is function:
-                del self.functions[id(function)]
+            known = self.functions.get(id(token))
+            if known is not None and known[0] is token:
+                del self.functions[id(token)]
 
     @_serialised
-    def device_allocated(self, array: Any, stream: Stream) -> None:
+    def device_allocated(self, array: object, stream: Stream) -> None:
         if self.failed:
             return
         owner = _owner(array)                # the memory's owner: what _let_go hears of

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ..runtime.observe import Op
+    from ..streams import Event, Stream
 
 __all__ = ["GrayScott", "launch_gray_scott", "reference_snapshots", "sequential_snapshots", "check_capstone",
            "check_depths", "check_problem", "CapstoneError", "BALANCED_POINT", "CHECK_POINT", "HIDDEN_NEEDED",
@@ -458,7 +459,7 @@ class _LastWait:
     def op_queued(self, op: Op) -> None:
         self.device_idle = False
 
-    def host_synced(self, target: Any) -> None:
+    def host_synced(self, target: Stream | Event | None) -> None:
         if target is not None:
             return
         frame = sys._getframe(1)
