@@ -627,7 +627,7 @@ class _SetUp:
         self.frames, self.kernels, self.count = byte_span(frames), 0, 0
 
     def op_queued(self, op: Op) -> None:
-        if op.kind == "kernel":
+        if op.kind == OpKind.KERNEL:
             self.kernels += 1
         elif op.kind == OpKind.H2D and not self.kernels and not any(_overlap(byte_span(a), self.frames)
                                                                      for a in op.reads):
@@ -683,6 +683,6 @@ def _why(program: LoopProgram, direction: str) -> str:
 
 
 def _name(op: Op) -> str:
-    if op.kind == "kernel":
+    if op.kind == OpKind.KERNEL:
         return f"the kernel `{op.name}`"
     return f"the {op.kind} copy" + (f" of level {op.level}" if op.level is not None else "")

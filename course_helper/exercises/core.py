@@ -32,6 +32,7 @@ import numpy as np
 from .. import streams
 from ..memory import is_device_array
 from ..runtime import observe
+from ..runtime.ops import OpKind
 from ..sanitizer import RaceError, Sanitizer
 from ..streams import synchronize
 from ..timelines import analysis
@@ -299,7 +300,7 @@ class LoopProgram(Sanitizer):
         """Why no copy (an operation for which ``is_copy`` is true) could run during a kernel:
         a :class:`Serial`, or None when some could (all copies but one, at least, are ordered
         neither before nor after some kernel)."""
-        kernels = [q for q in self.queued if q[0].kind == "kernel"]
+        kernels = [q for q in self.queued if q[0].kind == OpKind.KERNEL]
         copies = [q for q in self.queued if is_copy(q[0])]
 
         def before(a, b):            # a is ordered before b

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
     from ..graphs import Graph
     from ..streams import Event, Stream
+    from .ops import OpKind
 
 __all__ = ["Op", "Observer", "Notification", "add", "remove", "active", "notify", "hears", "watching", "wants_ops",
            "open_journal", "close_journal", "journaling", "note_op", "NOTIFICATIONS"]
@@ -113,7 +114,7 @@ class Op:
     reads and writes, so an observer can tell which operations touch
     overlapping memory.
     """
-    kind: str                      # an OpKind: "kernel", "D2H", "H2D", "D2D", "memset", "halo", "host func"
+    kind: OpKind                   # what it is: a kernel, a copy (D2H, H2D, D2D), a fill, a halo exchange
     name: str                      # label on timelines, e.g. "wave2d_4o level 12"
     stream: object                 # the course_helper Stream it was queued on
     level: int | None = None       # time level (or layer) it belongs to, if any
@@ -290,7 +291,7 @@ def journaling() -> bool:
     return _local.journal is not None
 
 
-def note_op(kind: str, name: str, stream: object, level: int | None, nbytes: int) -> None:
+def note_op(kind: OpKind, name: str, stream: object, level: int | None, nbytes: int) -> None:
     """Append a queued operation to the calling thread's op journal, where it keeps one."""
     journal = _local.journal
     if journal is not None:
