@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from .timelines.timeline import Trace
 
-__all__ = ["plan", "Plan", "prepare", "solve", "timing_only", "Result", "STRATEGIES", "plan_memory",
+__all__ = ["plan", "Plan", "UnsafeRing", "prepare", "solve", "timing_only", "Result", "STRATEGIES", "plan_memory",
            "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch", "not_computed"]
 
 #: Most buffers one ring may have: each gets its own IO stream and events (a ring needs
@@ -420,13 +420,24 @@ def _scratch(problem, strategy, every, nscratch, unsafe, held):
         raise ValueError(f"the {strategy} strategy uses at most {entry.max_nscratch} scratch wavefields, "
                          f"got nscratch={nscratch}")
     if nscratch < entry.min_nscratch and not unsafe:
-        raise ValueError(
-            f"nscratch={nscratch} is unsafe for the {strategy!r} strategy: the kernel touches three "
-            f"levels, so with fewer than {entry.min_nscratch} buffers the level being copied shares a buffer "
-            "with the level being computed and the copy reads overwritten data (a race). Use nscratch >= "
-            f"{entry.min_nscratch} (or leave nscratch=None: solve picks a ring deep enough), or pass unsafe=True "
-            "to watch the race happen.")
+        raise UnsafeRing(strategy, nscratch, entry.min_nscratch,
+                         advice=f"Use nscratch >= {entry.min_nscratch} (or leave nscratch=None: solve picks a ring "
+                                "deep enough), or pass unsafe=True to watch the race happen.")
     return nscratch, f"{nscratch}, as given"
+
+
+class UnsafeRing(ValueError):
+    """A ring of scratch wavefields too shallow for its strategy, refused. ``rule`` says why
+    it races (the one wording of that rule), ``minimum`` is the least safe depth; the message is
+    the rule and ``advice``, the caller's fix (the benchmark, which takes no ``unsafe=True``,
+    words its own)."""
+
+    def __init__(self, strategy: str, nscratch: int, minimum: int, advice: str):
+        self.strategy, self.nscratch, self.minimum = strategy, nscratch, minimum
+        self.rule = (f"nscratch={nscratch} is unsafe for the {strategy!r} strategy: the kernel touches three "
+                     f"levels, so with fewer than {minimum} buffers the level being copied shares a buffer "
+                     "with the level being computed and the copy reads overwritten data (a race)")
+        super().__init__(f"{self.rule}. {advice}")
 
 
 def prepare(problem: WaveProblem | None = None, strategy: str = "events", every: int = 1,

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import checks, raw_cupy, runtime
 from ..runtime.backend import backend_name
-from ..solver import Plan, available_strategies, plan, solve
+from ..solver import Plan, UnsafeRing, available_strategies, plan, solve
 from ..wave import WaveProblem, saved_levels
 from .compare import baseline_first, nscratch_for, time_plans
 from .limit import peak_d2h_gbps, physical_limit
@@ -77,11 +77,9 @@ def _check_point(n, nt, every, strategies, nscratch):
     for name in strategies:
         try:
             plans[name] = plan(problem, name, every, nscratch_for(name, nscratch))
-        except ValueError as err:
-            if nscratch is None:
-                raise
-            raise ValueError(f"{err} (The benchmark times safe runs only and takes no unsafe=True: give it ring "
-                             "depths that every strategy measured accepts.)") from None
+        except UnsafeRing as err:           # the solver's rule, and the benchmark's fix (it has no unsafe=True)
+            raise ValueError(f"{err.rule}; the benchmark times safe runs only: use ring depths of at least "
+                             f"{err.minimum}") from None
     return plans
 
 

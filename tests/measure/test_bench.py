@@ -301,6 +301,9 @@ def test_the_bench_checks_each_strategy_once_per_point_and_passes_the_plans_down
     assert checked == ["sequential", "events"]
 
 
-def test_the_bench_refuses_an_unsafe_ring_in_the_solver_s_words_and_says_it_has_no_unsafe(cpu):
-    with pytest.raises(ValueError, match=r"nscratch=3 is unsafe .* race.* takes no unsafe=True"):
+def test_the_bench_refuses_an_unsafe_ring_in_the_solver_s_words_with_its_own_fix(cpu):
+    with pytest.raises(ValueError, match=r"nscratch=3 is unsafe .*\(a race\); .*at least 4") as refused:
         bench.bench_point(48, 20, 1, ["events"], repeats=1, nscratch=3)
+    with pytest.raises(ch.solver.UnsafeRing) as solver_said:
+        ch.plan(ch.WaveProblem(48, 48, nt=20), "events", nscratch=3)
+    assert str(refused.value).startswith(solver_said.value.rule) and "unsafe=True" not in str(refused.value)
