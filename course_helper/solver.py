@@ -229,7 +229,7 @@ def _default_nscratch(problem, every, name, entry, held=True):
     kernel_ms, copy_ms, source = level_times(problem)
     want = ring_depth(kernel_ms, copy_ms)
     n = top = min(max(want, entry.nscratch), MAX_RING)
-    while n > entry.nscratch and not _fits(problem, every, n, held):
+    while n > entry.nscratch and not _fits(Plan(problem, name, every, n, 0, 1, "", held)):
         n -= 1
     why = (f"{n}, chosen: COPY_LAG {COPY_LAG} + floor(copy {copy_ms:.3g} ms / kernel {kernel_ms:.3g} ms) + 1 "
            f"= {want} ({source})")
@@ -245,10 +245,10 @@ def _default_nscratch(problem, every, name, entry, held=True):
     return n, why
 
 
-def _fits(problem, every, nscratch, held=True):
-    """Whether a ring of ``nscratch`` passes :func:`_check_memory`, the check ``prepare`` makes."""
+def _fits(plan):
+    """Whether ``plan`` (a ring being sized) passes :func:`_check_memory`, the check ``prepare`` makes."""
     try:
-        _check_memory(problem, every, _bytes_needed(problem, every, nscratch, 0, 1), host=held)
+        _check_memory(plan)
     except MemoryError:
         return False
     return True
@@ -277,11 +277,12 @@ def _fewer_levels(problem, avail):
     return f"{thinner}use a smaller grid, or stream the levels to disk with store=PATH"
 
 
-def _check_memory(problem, every, need, host=True):
-    """Refuse a plan that does not fit, before anything is allocated. ``host=False``: the
-    output stack is not kept in host memory (it is streamed to a store)."""
-    nsaved = len(saved_levels(problem.nt, every))
-    if host:
+def _check_memory(plan):
+    """Refuse a plan that does not fit, before anything is allocated (without ``plan.held``
+    the output stack is not kept in host memory: it is streamed to a store, or not computed)."""
+    problem, need = plan.problem, plan.need
+    nsaved = len(saved_levels(problem.nt, plan.every))
+    if plan.held:
         checks.host_memory(
             need["host"], "the output stack",
             detail=f"{nsaved} levels x {problem.nbytes_level / 2**20:,.1f} MiB",
@@ -474,7 +475,7 @@ def _build(plan: Plan) -> Run:
     """Refuse a plan that does not fit, then allocate what its loop receives: the :class:`Run`
     of :func:`prepare` (with no host output stack where ``plan.held`` is False)."""
     problem, entry = plan.problem, plan.entry
-    _check_memory(problem, plan.every, plan.need, host=plan.held)
+    _check_memory(plan)
     # Allocation (outside any timed loop).
     images = None
     if plan.held:
