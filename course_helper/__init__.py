@@ -11,7 +11,7 @@ The names a learner uses (``__all__``)::
     device_empty, device_zeros, to_device, to_host          device arrays
     pinned_empty, is_pinned, copy_to_host_async, copy_to_device_async, measure_bandwidth
     WaveProblem, launch_wave2d, reference_solution, kernel_source   the running example
-    solve, prepare, STRATEGIES, compare_strategies, graphs_supported   the IO strategies
+    plan, solve, prepare, STRATEGIES, compare_strategies, graphs_supported   the IO strategies
     timing_only                                              sweeps of modelled times, fast
     tracing                                                  timelines of your own loops
     doctor                                                   why your own code does (not) overlap
@@ -40,7 +40,7 @@ from .memory import (copy_to_device_async, copy_to_host_async, device_empty, dev
                      measure_bandwidth, pinned_empty, to_device, to_host)
 from .runtime import backend_name, device_report, set_backend
 from .sanitizer import RaceError, sanitize
-from .solver import STRATEGIES, prepare, solve, timing_only
+from .solver import STRATEGIES, plan, prepare, solve, timing_only
 from .streams import create_events, create_streams, default_stream, elapsed_ms, synchronize
 from .timelines import doctor, tracing
 from .viewer import animate, compare_slices, plot_slices, show_code
@@ -54,7 +54,7 @@ __all__ = [
     "device_empty", "device_zeros", "to_device", "to_host",
     "pinned_empty", "is_pinned", "copy_to_host_async", "copy_to_device_async", "measure_bandwidth",
     "WaveProblem", "launch_wave2d", "reference_solution", "kernel_source",
-    "solve", "prepare", "STRATEGIES", "compare_strategies", "graphs_supported", "timing_only",
+    "plan", "solve", "prepare", "STRATEGIES", "compare_strategies", "graphs_supported", "timing_only",
     "tracing", "doctor",
     "plot_slices", "compare_slices", "animate", "show_code",
     "bake_layer", "check_layer_cake", "LayerCakeError",

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from .runtime.observe import Op
+
 
 #: What ``compare`` runs by default: the ladder of notebooks 5 to 7, one change per row.
 LADDER = ("sequential", "sequential-pinned", "streams", "events")
@@ -200,7 +202,7 @@ def run_main(args: argparse.Namespace) -> int:
     class Progress:                # counts the saved levels copied off the scratch buffers
         seen = set()
 
-        def op_issued(self, op):
+        def op_issued(self, op: Op) -> None:
             # Copies to the host, a staging buffer or a device slot.
             if op.kind in (OpKind.D2H, OpKind.D2D) and op.level is not None:
                 levels = set(range(op.level, op.level + op.nbytes // problem.nbytes_level * args.every, args.every))

@@ -86,7 +86,7 @@ import numpy as np
 from . import host_watch
 from .runtime import observe
 from .runtime.base import byte_span
-from .runtime.ops import COPY_KINDS
+from .runtime.ops import COPY_KINDS, OpKind
 from .streams import Event, Stream, default_stream, synchronize
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class _Names:
 # --------------------------------------------------------------------------
 class _OpInfo(NamedTuple):
     """What messages need of an operation (an Op would keep its arrays, and so their memory, alive)."""
-    kind: str
+    kind: OpKind
     name: str
     stream: Any
     level: int | None
@@ -493,28 +493,28 @@ class Sanitizer:
             self._access(_Access(_HOST, clock, None, where, shape, span, "w" in mode), self.host)
 
     @_serialised
-    def host_func_queued(self, stream: Stream, function: Any) -> None:
+    def host_func_queued(self, stream: Stream, token: object) -> None:
         if self.failed:
             return
         vc = self._enqueue(stream)
         clock = vc[stream] = vc.get(stream, 0) + 1
-        name = getattr(function, "__name__", "host function")
-        self.functions[id(function)] = (function, (stream, clock, dict(vc), _OpInfo("host func", name, stream, None)))
+        name = getattr(token, "__name__", "host function")
+        self.functions[id(token)] = (token, (stream, clock, dict(vc), _OpInfo(OpKind.HOST_FUNC, name, stream, None)))
 
-    def host_func_started(self, function: Any) -> None:
+    def host_func_started(self, token: object) -> None:
         with self.lock:
-            known = self.functions.get(id(function))
-        self.running.function = known[1] if known is not None and known[0] is function else None
+            known = self.functions.get(id(token))
+        self.running.function = known[1] if known is not None and known[0] is token else None
 
-    def host_func_ended(self, function: Any) -> None:
+    def host_func_ended(self, token: object) -> None:
         self.running.function = None
         with self.lock:
-            known = self.functions.get(id(function))
-            if known is not None and known[0] is function:
-                del self.functions[id(function)]
+            known = self.functions.get(id(token))
+            if known is not None and known[0] is token:
+                del self.functions[id(token)]
 
     @_serialised
-    def device_allocated(self, array: Any, stream: Stream) -> None:
+    def device_allocated(self, array: object, stream: Stream) -> None:
         if self.failed:
             return
         owner = _owner(array)                # the memory's owner: what _let_go hears of
@@ -547,7 +547,8 @@ class Sanitizer:
                 if span[0] == "device":
                     pool = pool or default_stream()   # allocated before the sanitizer: CuPy's default
                     vc = self._enqueue(pool)
-                    gone = _Access(pool, vc.get(pool, 0), _OpInfo("let go", "", pool, None), None, shape, span, True)
+                    gone = _Access(pool, vc.get(pool, 0), _OpInfo(OpKind.LET_GO, "", pool, None), None, shape, span,
+                                   True)
                 else:
                     vc = self.host
                     gone = _Access(_HOST, self.host.get(_HOST, 0), None, _LET_GO, shape, span, True)
@@ -655,7 +656,7 @@ class Sanitizer:
                     "may give it to the next pinned allocation)"), buffer
         if acc.op is None:
             return f"the host ({acc.where}) {verb} {buffer}", buffer
-        if acc.op.kind == "let go":
+        if acc.op.kind == OpKind.LET_GO:
             name = self.stream_name(acc.op.stream)
             return (f"{buffer} is let go (its last reference went: the memory pool of `{name}`, the stream it "
                     f"was allocated on, may give it to the next allocation there, and later work on `{name}` "
@@ -683,7 +684,7 @@ class Sanitizer:
                    f"{second.where} touches {buffer}")
             return _error(headline, what1, what2, consequence, fix)
         s2 = self.stream_name(second.thread)
-        if second.op is not None and second.op.kind == "let go":
+        if second.op is not None and second.op.kind == OpKind.LET_GO:
             fix = (f"keep a reference to {buffer} until `{s1}` is done with it: make `{s2}` wait for an event "
                    f"recorded after {op1} on `{s1}` (with `record` and `wait_event`), or synchronise `{s1}`, "
                    "before its last reference goes")
@@ -720,11 +721,11 @@ def _describe(op):
     level = None if op.level is None else int(op.level)
     if op.kind in COPY_KINDS:
         return f"the {op.kind} copy" + (f" of level {level}" if level is not None else "")
-    if op.kind == "kernel":
+    if op.kind == OpKind.KERNEL:
         return f"the kernel `{op.name}`"
-    if op.kind == "memset":
+    if op.kind == OpKind.MEMSET:
         return "the fill"
-    if op.kind == "host func":
+    if op.kind == OpKind.HOST_FUNC:
         return f"the host function `{op.name}`"
     return f"the {op.kind} `{op.name}`"
 

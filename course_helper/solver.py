@@ -9,6 +9,7 @@ timed, and a :class:`Result`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import warnings
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
     from .timelines.timeline import Trace
 
-__all__ = ["prepare", "solve", "timing_only", "Result", "STRATEGIES", "plan_memory",
+__all__ = ["plan", "Plan", "UnsafeRing", "prepare", "solve", "timing_only", "Result", "STRATEGIES", "plan_memory",
            "available_strategies", "default_batch", "chunk_levels", "suggest_nscratch", "not_computed"]
 
 #: Most buffers one ring may have: each gets its own IO stream and events (a ring needs
@@ -52,72 +53,110 @@ def available_strategies() -> list[str]:
     return [name for name, entry in STRATEGIES.items() if entry.available()[0]]
 
 
+@dataclass(frozen=True, eq=False, repr=False)
 class Result:
-    """What :func:`solve` returns.
+    """What :func:`solve` returns: the run's :class:`Plan` and what the run measured. Frozen:
+    a Result says what happened, and nothing changes it afterwards.
 
     Attributes
     ----------
+    plan : Plan
+        The checked settings the run ran with (:func:`plan`); ``problem``, ``strategy``,
+        ``every``, ``nscratch``, ``nscratch_reason``, ``nstaging`` and ``batch`` read from it.
     images : numpy.ndarray or StoredImages
         Host array (nsaved, n0, n1): one slice per saved level (with
         ``store``: the store's array, read lazily). A run inside :func:`timing_only` on the
         CPU backend computed no levels: a read-only array of NaN that takes no memory.
-    computed : bool
-        False for such a run (its images were not computed).
     levels : numpy.ndarray
         The time level of each slice.
-    times_ms : numpy.ndarray
-        Simulated time of each slice in ms.
     elapsed_ms : float
         Host wall time of the loop, device synchronised at the end (for the
         graph strategies: of the replay; the capture is in ``capture_ms``).
         On the CPU backend: the *modelled* time on the profiled GPU
         (``time_label`` says which, e.g. "modelled H200").
-    strategy, backend : str
-    every, nscratch : int
-    nscratch_reason : str
-        Why ``nscratch`` has its value: given, fixed by the strategy, or the ring depth
-        the default chose from one level's kernel and copy times (:func:`suggest_nscratch`).
-    problem : WaveProblem
+    backend : str
+        The backend the run ran on.
+    timeline : Trace or None
+        The recorded timeline (None without ``trace=True``); read it as ``trace``, which says
+        how to get one when there is none.
+    capture_ms : float or None
+        Graph strategies: the one-off capture, not in ``elapsed_ms``.
+    store : str or path or None
+        Path of the Zarr store the levels were streamed to, if any.
+    time_label : str
+        "" on a GPU, e.g. "modelled H200" on the CPU backend.
+    computed : bool
+        False for a run inside :func:`timing_only` on the CPU backend (its images were not computed).
     compression : dict or None
         With ``store``: where its chunks were compressed and how fast
         (:meth:`course_helper.disk.DiskSink.compression_summary`).
     """
 
-    def __init__(self, images: np.ndarray | zarr.Array, levels: np.ndarray, elapsed_ms: float, strategy: str,
-                 problem: WaveProblem, every: int, nscratch: int, backend: str, trace: Trace | None,
-                 nstaging: int = 0, batch: int = 1, capture_ms: float | None = None,
-                 store: str | os.PathLike | None = None, time_label: str = "", nscratch_reason: str = "",
-                 computed: bool = True, compression: dict | None = None):
-        self.images = images
-        self.computed = computed
-        self.levels = levels
-        self.times_ms = levels * problem.dt * 1e3
-        self.elapsed_ms = elapsed_ms
-        self.strategy = strategy
-        self.problem = problem
-        self.every = every
-        self.nscratch = nscratch
-        self.nscratch_reason = nscratch_reason
-        self.backend = backend
-        self.nstaging = nstaging
-        self.batch = batch
-        self.capture_ms = capture_ms     # graph strategies: the one-off capture, not in elapsed_ms
-        self.store = store               # path of the Zarr store the levels were streamed to, if any
-        self.time_label = time_label     # "" on a GPU, e.g. "modelled H200" on the CPU backend
-        self.compression = compression
-        self._trace = trace
+    plan: Plan
+    images: np.ndarray | zarr.Array
+    levels: np.ndarray
+    elapsed_ms: float
+    backend: str
+    timeline: Trace | None = None
+    capture_ms: float | None = None
+    store: str | os.PathLike | None = None
+    time_label: str = ""
+    computed: bool = True
+    compression: dict | None = None
+
+    @property
+    def problem(self) -> WaveProblem:
+        """The problem solved (the plan's)."""
+        return self.plan.problem
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's name (the plan's)."""
+        return self.plan.strategy
+
+    @property
+    def every(self) -> int:
+        """Every how many levels one was saved (the plan's)."""
+        return self.plan.every
+
+    @property
+    def nscratch(self) -> int:
+        """Scratch wavefields the run used (the plan's)."""
+        return self.plan.nscratch
+
+    @property
+    def nscratch_reason(self) -> str:
+        """Why ``nscratch`` has its value: given, fixed by the strategy, or the ring depth the
+        default chose from one level's kernel and copy times (:func:`suggest_nscratch`)."""
+        return self.plan.nscratch_reason
+
+    @property
+    def nstaging(self) -> int:
+        """Staging buffers of a staged strategy, else 0 (the plan's)."""
+        return self.plan.nstaging
+
+    @property
+    def batch(self) -> int:
+        """Saved levels per staging buffer, 1 for a strategy without one (the plan's)."""
+        return self.plan.batch
+
+    @property
+    def times_ms(self) -> np.ndarray:
+        """Simulated time of each slice in ms."""
+        return self.levels * self.problem.dt * 1e3
 
     @property
     def trace(self) -> Trace:
         """The run's :class:`~course_helper.timelines.timeline.Trace` (only if it was recorded)."""
-        if self._trace is None:
+        if self.timeline is None:
             raise ValueError(f"this {self.strategy!r} run did not record a trace; "
                              "run solve(..., trace=True) to get one")
-        return self._trace
+        return self.timeline
 
     @property
     def has_trace(self) -> bool:
-        return self._trace is not None
+        """Whether the run recorded a timeline (``trace`` then holds it)."""
+        return self.timeline is not None
 
     def max_difference(self, other: Result | ArrayLike) -> float:
         """Largest absolute difference from another Result (or image stack)."""
@@ -191,7 +230,7 @@ def _default_nscratch(problem, every, name, entry, held=True):
     kernel_ms, copy_ms, source = level_times(problem)
     want = ring_depth(kernel_ms, copy_ms)
     n = top = min(max(want, entry.nscratch), MAX_RING)
-    while n > entry.nscratch and not _fits(problem, every, n, held):
+    while n > entry.nscratch and not _fits(Plan(problem, name, every, n, 0, 1, "", held)):
         n -= 1
     why = (f"{n}, chosen: COPY_LAG {COPY_LAG} + floor(copy {copy_ms:.3g} ms / kernel {kernel_ms:.3g} ms) + 1 "
            f"= {want} ({source})")
@@ -207,10 +246,10 @@ def _default_nscratch(problem, every, name, entry, held=True):
     return n, why
 
 
-def _fits(problem, every, nscratch, held=True):
-    """Whether a ring of ``nscratch`` passes :func:`_check_memory`, the check ``prepare`` makes."""
+def _fits(plan):
+    """Whether ``plan`` (a ring being sized) passes :func:`_check_memory`, the check ``prepare`` makes."""
     try:
-        _check_memory(problem, every, _bytes_needed(problem, every, nscratch, 0, 1), host=held)
+        _check_memory(plan)
     except MemoryError:
         return False
     return True
@@ -239,11 +278,12 @@ def _fewer_levels(problem, avail):
     return f"{thinner}use a smaller grid, or stream the levels to disk with store=PATH"
 
 
-def _check_memory(problem, every, need, host=True):
-    """Refuse a plan that does not fit, before anything is allocated. ``host=False``: the
-    output stack is not kept in host memory (it is streamed to a store)."""
-    nsaved = len(saved_levels(problem.nt, every))
-    if host:
+def _check_memory(plan):
+    """Refuse a plan that does not fit, before anything is allocated (without ``plan.held``
+    the output stack is not kept in host memory: it is streamed to a store, or not computed)."""
+    problem, need = plan.problem, plan.need
+    nsaved = len(saved_levels(problem.nt, plan.every))
+    if plan.held:
         checks.host_memory(
             need["host"], "the output stack",
             detail=f"{nsaved} levels x {problem.nbytes_level / 2**20:,.1f} MiB",
@@ -275,19 +315,21 @@ def _ring_size(name, value, minimum, default, hint):
 
 @dataclass(frozen=True)
 class Plan:
-    """A run's settings, checked once (by :func:`_validate`): what the memory check, the
-    allocation of :func:`prepare` and a store's sink are given.
+    """A run's settings, checked once: what :func:`plan` returns and :func:`solve`,
+    :func:`prepare`, the memory checks and the benchmark are given.
 
-    ``held``: the output stack is kept in host memory (not for a run streamed to a store or
-    timed only); ``nscratch_reason``: why ``nscratch`` has its value.
+    Build one with :func:`plan` (it refuses bad settings, and fills in the defaults, such as
+    the ring depth); a Plan is frozen, so what was checked stays what runs.
     """
-    problem: WaveProblem
-    strategy: str
-    every: int
-    nscratch: int
-    nstaging: int
-    batch: int
-    nscratch_reason: str
+    problem: WaveProblem   #: the problem to solve
+    strategy: str          #: a name in :data:`STRATEGIES`
+    every: int             #: save every ``every``-th level (1: all of them)
+    nscratch: int          #: scratch wavefields (given, fixed by the strategy, or chosen)
+    nstaging: int          #: staging buffers of a staged strategy, else 0
+    batch: int             #: saved levels per staging buffer (1 without a staging ring)
+    nscratch_reason: str   #: why ``nscratch`` has its value (see :func:`suggest_nscratch`)
+    #: the output stack is kept in host memory (False for a run streamed to a store, or one
+    #: inside :func:`timing_only` on the CPU backend, which computes no levels)
     held: bool = True
 
     @property
@@ -299,6 +341,30 @@ class Plan:
     def need(self) -> dict[str, int]:
         """Bytes the run needs: ``{"device": ..., "host": ...}`` (see :func:`plan_memory`)."""
         return _bytes_needed(self.problem, self.every, self.nscratch, self.nstaging, self.batch)
+
+
+def plan(problem: WaveProblem | None = None, strategy: str = "events", every: int = 1,
+         nscratch: int | None = None, *, unsafe: bool = False, nstaging: int | None = None,
+         batch: int | None = None, output: bool | None = None) -> Plan:
+    """Check a run's settings once and return its :class:`Plan`, to be run by :func:`solve`
+    (``solve(plan)``), as often as wanted, without checking them again.
+
+    Takes the arguments of :func:`solve` that say what runs (``problem``, ``strategy``,
+    ``every``, ``nscratch``, ``unsafe``, ``nstaging``, ``batch``) and refuses the same
+    mistakes, before anything is allocated; the defaults are filled in (``plan.nscratch``
+    and ``plan.nscratch_reason`` say which ring depth, and why). ``output``: whether the run
+    keeps its output stack in host memory, which the default ring depth must leave room for;
+    None (the default): as ``solve`` runs here, yes except inside :func:`timing_only` on the
+    CPU backend; ``False`` for a run streamed to a store. ``solve`` runs the plan's settings
+    either way, and its memory check counts the output stack as that run keeps it.
+
+    >>> p = plan(WaveProblem(n0=64, n1=64, nt=40), "streams")             # doctest: +SKIP
+    >>> solve(p).nscratch == p.nscratch                                    # doctest: +SKIP
+    True
+    """
+    problem = WaveProblem() if problem is None else problem
+    held = runtime.get().computes_data if output is None else checks.flag("output", output)
+    return _validate(problem, strategy, every, nscratch, unsafe, nstaging, batch, held=held)
 
 
 def _validate(problem, strategy, every, nscratch, unsafe, nstaging=None, batch=None, held=True):
@@ -356,13 +422,24 @@ def _scratch(problem, strategy, every, nscratch, unsafe, held):
         raise ValueError(f"the {strategy} strategy uses at most {entry.max_nscratch} scratch wavefields, "
                          f"got nscratch={nscratch}")
     if nscratch < entry.min_nscratch and not unsafe:
-        raise ValueError(
-            f"nscratch={nscratch} is unsafe for the {strategy!r} strategy: the kernel touches three "
-            f"levels, so with fewer than {entry.min_nscratch} buffers the level being copied shares a buffer "
-            "with the level being computed and the copy reads overwritten data (a race). Use nscratch >= "
-            f"{entry.min_nscratch} (or leave nscratch=None: solve picks a ring deep enough), or pass unsafe=True "
-            "to watch the race happen.")
+        raise UnsafeRing(strategy, nscratch, entry.min_nscratch,
+                         advice=f"Use nscratch >= {entry.min_nscratch} (or leave nscratch=None: solve picks a ring "
+                                "deep enough), or pass unsafe=True to watch the race happen.")
     return nscratch, f"{nscratch}, as given"
+
+
+class UnsafeRing(ValueError):
+    """A ring of scratch wavefields too shallow for its strategy, refused. ``rule`` says why
+    it races (the one wording of that rule), ``minimum`` is the least safe depth; the message is
+    the rule and ``advice``, the caller's fix (the benchmark, which takes no ``unsafe=True``,
+    words its own)."""
+
+    def __init__(self, strategy: str, nscratch: int, minimum: int, advice: str):
+        self.strategy, self.nscratch, self.minimum = strategy, nscratch, minimum
+        self.rule = (f"nscratch={nscratch} is unsafe for the {strategy!r} strategy: the kernel touches three "
+                     f"levels, so with fewer than {minimum} buffers the level being copied shares a buffer "
+                     "with the level being computed and the copy reads overwritten data (a race)")
+        super().__init__(f"{self.rule}. {advice}")
 
 
 def prepare(problem: WaveProblem | None = None, strategy: str = "events", every: int = 1,
@@ -399,7 +476,7 @@ def _build(plan: Plan) -> Run:
     """Refuse a plan that does not fit, then allocate what its loop receives: the :class:`Run`
     of :func:`prepare` (with no host output stack where ``plan.held`` is False)."""
     problem, entry = plan.problem, plan.entry
-    _check_memory(problem, plan.every, plan.need, host=plan.held)
+    _check_memory(plan)
     # Allocation (outside any timed loop).
     images = None
     if plan.held:
@@ -439,18 +516,25 @@ def _watch_for_races(run):
     return observe.add(sanitizer.Sanitizer(buffers), every_thread=True)
 
 
-def solve(problem: WaveProblem | None = None, strategy: str = "events", every: int = 1, nscratch: int | None = None,
-          trace: bool = True, unsafe: bool = False, nstaging: int | None = None, batch: int | None = None,
-          sanitize: bool = False, store: str | os.PathLike | None = None, compress: str | None = None) -> Result:
+def solve(problem: WaveProblem | Plan | None = None, strategy: str = "events", every: int = 1,
+          nscratch: int | None = None, trace: bool = True, unsafe: bool = False, nstaging: int | None = None,
+          batch: int | None = None, sanitize: bool = False, store: str | os.PathLike | None = None,
+          compress: str | None = None) -> Result:
     """Solve the wave problem with one IO strategy and return a :class:`Result`.
 
     ``solve`` is :func:`prepare`, then the strategy's loop run and timed (for a
     graph strategy: captured once, then one replay timed), then a Result.
 
+    Give either the settings (``problem``, ``strategy``, ``every``, ``nscratch``, ``unsafe``,
+    ``nstaging``, ``batch``), which ``solve`` checks, or a :class:`Plan` made by :func:`plan`
+    in their place: ``solve(plan(problem, "events"), trace=False)`` runs what was checked
+    once, however often it is solved.
+
     Parameters
     ----------
-    problem : WaveProblem, optional
-        Default: ``WaveProblem()``, the lesson's 256 x 256 x 640 problem.
+    problem : WaveProblem or Plan, optional
+        Default: ``WaveProblem()``, the lesson's 256 x 256 x 640 problem. A :class:`Plan`
+        carries the settings below up to ``batch`` (give none of them with it).
     strategy : str
         A name in :data:`STRATEGIES`: ``"sequential"``, ``"sequential-pinned"``, ``"streams"``,
         ``"events"``, ``"staged"``, ``"graph"`` or ``"graph-staged"``. The
@@ -494,11 +578,20 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
     (40, 64, 64)
     """
     trace, sanitize = checks.flag("trace", trace), checks.flag("sanitize", sanitize)
+    computes = runtime.get().computes_data
+    held = store is None and computes
+    if isinstance(problem, Plan):
+        _check_planned(problem, strategy, every, nscratch, unsafe, nstaging, batch)
+        strategy = problem.strategy
     checks.one_of("strategy", strategy, tuple(STRATEGIES))
     _check_options(strategy, trace, store, compress)
-    computes = runtime.get().computes_data
-    plan = _validate(WaveProblem() if problem is None else problem, strategy, every, nscratch, unsafe, nstaging,
-                     batch, held=store is None and computes)
+    if isinstance(problem, Plan):
+        # The plan's settings run as checked; whether the output stack is held is this run's
+        # (a store, timing_only()), and the memory check of prepare counts it so.
+        plan = problem if problem.held == held else dataclasses.replace(problem, held=held)
+    else:
+        plan = _validate(WaveProblem() if problem is None else problem, strategy, every, nscratch, unsafe, nstaging,
+                         batch, held=held)
     if store is not None:          # path, free space and codec, before anything is allocated
         disk.check_target(store, plan.need["host"], compress)
     run = _build(plan)
@@ -523,10 +616,20 @@ def solve(problem: WaveProblem | None = None, strategy: str = "events", every: i
         images = sink.open_result()
     else:
         images = run.images if computes else not_computed(run.images.shape)   # timing_only(): say so
-    return Result(images, np.asarray(run.levels), elapsed, strategy, run.problem, run.every, run.nscratch,
-                  backend_name(), timeline, nstaging=run.nstaging, batch=run.batch, capture_ms=capture_ms,
-                  store=store, time_label=runtime.time_label(), nscratch_reason=run.nscratch_reason,
-                  computed=computes, compression=sink.compression_summary() if sink is not None else None)
+    return Result(plan, images, np.asarray(run.levels), elapsed, backend_name(), timeline, capture_ms=capture_ms,
+                  store=store, time_label=runtime.time_label(), computed=computes,
+                  compression=sink.compression_summary() if sink is not None else None)
+
+
+def _check_planned(plan, strategy, every, nscratch, unsafe, nstaging, batch):
+    """Refuse settings given beside a :class:`Plan`: it carries them all."""
+    given = [name for name, value, default in (("strategy", strategy, "events"), ("every", every, 1),
+                                               ("nscratch", nscratch, None), ("unsafe", unsafe, False),
+                                               ("nstaging", nstaging, None), ("batch", batch, None))
+             if value != default and not (name == "strategy" and value == plan.strategy)]
+    if given:
+        raise ValueError(f"solve(plan, ...) runs the plan's settings; leave out {', '.join(given)} "
+                         "(or make a new plan with them: ch.plan(problem, strategy, ...))")
 
 
 def _check_options(strategy, trace, store, compress):

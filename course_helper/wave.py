@@ -18,7 +18,7 @@ import numpy as np
 from . import checks, kernels, runtime, streams
 from .runtime import observe
 from .runtime.base import shares_memory
-from .runtime.ops import KernelCost
+from .runtime.ops import KernelCost, OpKind
 from .memory import is_device_array
 
 __all__ = ["PreparedLaunch", "WaveProblem", "launch_wave2d", "reference_solution", "ricker", "kernel_source",
@@ -29,6 +29,7 @@ STENCIL = np.array([-1 / 12, 4 / 3, -5 / 2, 4 / 3, -1 / 12], dtype=np.float32)
 PAD = 2           # untouched cells on each side: the reflecting walls
 _F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)  # normal range
 _BLOCK = (32, 8)  # threads per block along (dimension 1, dimension 0)
+_KERNEL = OpKind.KERNEL   # read on every launch: a global costs a tenth of a class attribute (see runtime/ops.py)
 
 
 def ricker(t: float, fm: float) -> float:
@@ -412,7 +413,7 @@ def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: in
                                                                  (U0, U1, U2, V, *scalars, amplitude))
         packed(raw, amplitude)
         if observe.journaling():
-            observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
+            observe.note_op(_KERNEL, f"wave2d_4o level {n + 2}", stream, n + 2, 0)
         return
     args = (U0, U1, U2, V, *scalars, amplitude)
 
@@ -426,7 +427,7 @@ def launch_wave2d(U0: Any, U1: Any, U2: Any, V: Any, problem: WaveProblem, n: in
 
     # What it writes: the rows between the two padding rows at each end (a window of a slab shares
     # those context rows with its neighbouring window, which writes them itself).
-    op = observe.Op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0, (U0, U1, V), (U2[PAD:-PAD],))
+    op = observe.Op(_KERNEL, f"wave2d_4o level {n + 2}", stream, n + 2, 0, (U0, U1, V), (U2[PAD:-PAD],))
     runtime.submit(stream, op, cuda=cuda, numpy=numpy, cost=cost)
 
 
@@ -468,7 +469,7 @@ class PreparedLaunch:
                 amplitude = self._amplitudes[n] = self._args[4].source_amplitude(n)
             packed(stream.raw, amplitude)
             if observe.journaling():
-                observe.note_op("kernel", f"wave2d_4o level {n + 2}", stream, n + 2, 0)
+                observe.note_op(_KERNEL, f"wave2d_4o level {n + 2}", stream, n + 2, 0)
             return
         launch_wave2d(*self._args, n, stream)
         if not runtime.wants_op(stream):                   # that launch packed the arguments

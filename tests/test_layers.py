@@ -367,3 +367,52 @@ def test_the_check_finds_a_question_of_backend_identity(source, here):
 ])
 def test_the_check_allows_asking_the_runtime(source, here):
     assert not backend_identity(source, here)
+
+
+# Op kinds are OpKind members, never strings
+# --------------------------------------------------------------------------
+def op_kinds_as_strings(source, filename="<module>"):
+    """The lines of ``source`` that compare an operation's ``.kind`` with a string that is an op
+    kind (``op.kind == "kernel"``, ``op.kind in ("memset", ...)``), or build an operation
+    (``Op``, ``note_op``, ``_OpInfo``) with one: ``runtime/ops.py``'s ``OpKind`` has a member for each."""
+    from course_helper.runtime.ops import OpKind
+    kinds = {str(k) for k in OpKind}
+
+    def strings(node):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [e.value for e in node.elts if isinstance(e, ast.Constant)]
+        return [node.value] if isinstance(node, ast.Constant) else []
+
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "kind" for s in sides):
+                found += [f"{filename}:{node.lineno}: {ast.unparse(node)}" for s in sides
+                          if set(strings(s)) & kinds][:1]
+        elif isinstance(node, ast.Call) and node.args:
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in ("Op", "note_op", "_OpInfo") and set(strings(node.args[0])) & kinds:
+                found.append(f"{filename}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p != PACKAGE / "runtime" / "ops.py"],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_names_op_kinds_by_their_members(path):
+    found = op_kinds_as_strings(path.read_text(), str(path.relative_to(PACKAGE.parent)))
+    assert not found, "spell them OpKind.KERNEL, ... (course_helper.runtime.ops):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "def f(op):\n    return op.kind == 'kernel'\n",
+    "def f(acc):\n    return acc.op.kind in ('let go', 'memset')\n",
+    "op = observe.Op('kernel', 'k', s, 0, 0, (), ())\n",
+    "observe.note_op('halo', 'h', s, 1, 8)\n",
+])
+def test_the_check_finds_an_op_kind_spelled_as_a_string(source):
+    assert op_kinds_as_strings(source)
+
+
+def test_the_check_lets_other_kinds_and_members_be():
+    assert not op_kinds_as_strings("def f(e, op):\n    return e.kind == 'disk write' or op.kind == OpKind.KERNEL\n")

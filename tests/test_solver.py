@@ -200,6 +200,52 @@ def test_result_without_trace_says_how_to_get_one(backend, small):
     np.testing.assert_allclose(r.times_ms, r.levels * small.dt * 1e3)
 
 
+@pytest.mark.parametrize("strategy", ["events", "staged", "sequential"])
+def test_a_plan_runs_what_it_checked_and_the_keyword_form_builds_the_same(backend, small, strategy):
+    plan = ch.plan(small, strategy, every=3)
+    assert plan == ch.plan(small, strategy, 3)                    # the defaults are filled in alike
+    planned, keyword = ch.solve(plan, trace=False), ch.solve(small, strategy, every=3, trace=False)
+    assert planned.plan == keyword.plan == plan
+    assert (planned.nscratch, planned.nscratch_reason, planned.every, planned.batch) == \
+        (plan.nscratch, plan.nscratch_reason, 3, plan.batch)
+    np.testing.assert_array_equal(planned.images, keyword.images)
+
+
+def test_a_plan_is_checked_when_it_is_made(backend, small):
+    with pytest.raises(ValueError, match="unsafe"):
+        ch.plan(small, "events", nscratch=3)
+    with pytest.raises(TypeError, match="WaveProblem"):
+        ch.plan("problem")
+    assert ch.plan(small, "events", nscratch=3, unsafe=True).nscratch == 3
+
+
+@pytest.mark.parametrize("kwargs", [{"every": 2}, {"nscratch": 6}, {"strategy": "streams"}, {"unsafe": True},
+                                    {"batch": 2}])
+def test_solve_refuses_settings_beside_a_plan(backend, small, kwargs):
+    with pytest.raises(ValueError, match=f"leave out {next(iter(kwargs))}"):
+        ch.solve(ch.plan(small, "events"), trace=False, **kwargs)
+
+
+def test_a_plan_runs_as_checked_wherever_its_output_goes(cpu, small, tmp_path):
+    stored = ch.solve(ch.plan(small, "events"), store=tmp_path / "run.zarr", trace=False)
+    assert stored.store is not None and not stored.plan.held       # streamed: no stack in host memory
+    with ch.timing_only():
+        timed_only = ch.plan(small, "events")
+        assert not timed_only.held
+    r = ch.solve(timed_only, trace=False)                          # outside the block: computed, and held
+    assert r.computed and r.plan.held and r.nscratch == timed_only.nscratch
+    np.testing.assert_array_equal(r.images, stored.images[:])
+
+
+def test_a_result_is_frozen(backend, small):
+    import dataclasses
+    r = ch.solve(small, "events", trace=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.elapsed_ms = 0.0
+    with pytest.raises(AttributeError):
+        r.nscratch = 9                               # read from the plan, which is frozen too
+
+
 def test_graph_strategies_refused_where_graphs_are_not(cpu, small, monkeypatch):
     """Where a runtime has no graphs (CuPy for ROCm), the graph strategies refuse, naming the alternative."""
     from course_helper import runtime

@@ -16,7 +16,7 @@ import numpy as np
 from .. import runtime
 from ..runtime import observe
 from ..runtime.backend import backend_name, cupy_module, gpu_name, may_use_gpu
-from ..runtime.ops import LinkCost
+from ..runtime.ops import LinkCost, OpKind
 from ..streams import create_events
 from .slabs import HALO
 
@@ -169,10 +169,10 @@ class HaloLink:
             # CuPy with nobody watching: straight to NCCL, as launch_wave2d goes straight to the kernel.
             self.nccl_swap(sends, recvs)
             if observe.journaling():
-                observe.note_op("halo", f"halo level {level}", self.stream, level, sum(a.nbytes for _, a in sends))
+                observe.note_op(OpKind.HALO, f"halo level {level}", self.stream, level, sum(a.nbytes for _, a in sends))
         elif sends:
             nbytes = sum(a.nbytes for _, a in sends)
-            op = observe.Op("halo", f"halo level {level}", self.stream, level, nbytes,
+            op = observe.Op(OpKind.HALO, f"halo level {level}", self.stream, level, nbytes,
                             tuple(a for _, a in sends), tuple(b for _, b in recvs))
             runtime.submit(self.stream, op, cuda=lambda raw: self.nccl_swap(sends, recvs),
                            numpy=lambda *rows: self.mpi_swap(sends, recvs, rows), cost=LinkCost("peer", nbytes))

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ..runtime.observe import Op
+    from ..streams import Event, Stream
 
 __all__ = ["GrayScott", "launch_gray_scott", "reference_snapshots", "sequential_snapshots", "check_capstone",
            "check_depths", "check_problem", "CapstoneError", "BALANCED_POINT", "CHECK_POINT", "HIDDEN_NEEDED",
@@ -451,7 +452,7 @@ class _LastWait:
     def op_queued(self, op: Op) -> None:
         self.device_idle = False
 
-    def host_synced(self, target: Any) -> None:
+    def host_synced(self, target: Stream | Event | None) -> None:
         if target is not None:
             return
         frame = sys._getframe(1)
@@ -614,7 +615,7 @@ class _SetUp:
         self.frames, self.kernels, self.count = byte_span(frames), 0, 0
 
     def op_queued(self, op: Op) -> None:
-        if op.kind == "kernel":
+        if op.kind == OpKind.KERNEL:
             self.kernels += 1
         elif op.kind == OpKind.H2D and not self.kernels and not any(spans_overlap(byte_span(a), self.frames)
                                                                      for a in op.reads):
@@ -670,6 +671,6 @@ def _why(program: LoopProgram, direction: str) -> str:
 
 
 def _name(op: Op) -> str:
-    if op.kind == "kernel":
+    if op.kind == OpKind.KERNEL:
         return f"the kernel `{op.name}`"
     return f"the {op.kind} copy" + (f" of level {op.level}" if op.level is not None else "")

@@ -32,6 +32,7 @@ import numpy as np
 from .. import streams
 from ..memory import is_device_array
 from ..runtime import observe
+from ..runtime.ops import OpKind
 from ..sanitizer import RaceError, Sanitizer
 from ..streams import synchronize
 from ..timelines import analysis
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ..runtime.observe import Op
+    from ..streams import Event, Stream
 
 __all__ = ["ExerciseError", "Verdict", "HostWaits", "LoopProgram", "Serial", "explain_serial", "learner_names",
            "run_checked",
@@ -88,7 +90,7 @@ class HostWaits:
         self.recorded_after = {}           # id(event) -> the operation its latest record follows
         self.lock = threading.Lock()
 
-    def host_synced(self, target: Any) -> None:
+    def host_synced(self, target: Stream | Event | None) -> None:
         is_stream = isinstance(target, streams.Stream)
         line = caller_line()
         if line is None:
@@ -111,12 +113,12 @@ class HostWaits:
             self.unjudged = []
             self.last_on[id(op.stream)] = op
 
-    def event_recorded(self, stream: Any, event: Any) -> None:
+    def event_recorded(self, stream: Stream, event: Event) -> None:
         with self.lock:
             self._more_work()
             self.recorded_after[id(event)] = self.last_on.get(id(stream))
 
-    def event_waited(self, stream: Any, event: Any) -> None:
+    def event_waited(self, stream: Stream, event: Event) -> None:
         with self.lock:
             self._more_work()
 
@@ -272,13 +274,13 @@ class LoopProgram(Sanitizer):
             self.queued.append((op, vc[op.stream], dict(vc), self.pending.pop(op.stream, [])))
             self.last_op[op.stream] = op
 
-    def event_recorded(self, stream: Any, event: Any) -> None:
+    def event_recorded(self, stream: Stream, event: Event) -> None:
         self._learn(stream, event)
         super().event_recorded(stream, event)
         with self.lock:
             self.after[id(event)] = (event, self.last_op.get(stream))
 
-    def event_waited(self, stream: Any, event: Any) -> None:
+    def event_waited(self, stream: Stream, event: Event) -> None:
         self._learn(stream, event)
         super().event_waited(stream, event)
         with self.lock:
@@ -298,7 +300,7 @@ class LoopProgram(Sanitizer):
         """Why no copy (an operation for which ``is_copy`` is true) could run during a kernel:
         a :class:`Serial`, or None when some could (all copies but one, at least, are ordered
         neither before nor after some kernel)."""
-        kernels = [q for q in self.queued if q[0].kind == "kernel"]
+        kernels = [q for q in self.queued if q[0].kind == OpKind.KERNEL]
         copies = [q for q in self.queued if is_copy(q[0])]
 
         def before(a, b):            # a is ordered before b

@@ -122,7 +122,7 @@ def bake_layer(plane: Any, k: int, stream: Stream | None = None, *, oven: bool =
     def numpy(out):
         np.copyto(out, layer_values(k, (n0, n1)))
 
-    op = observe.Op("kernel", f"bake layer {k}", stream, k, 0, (), (plane,))
+    op = observe.Op(OpKind.KERNEL, f"bake layer {k}", stream, k, 0, (), (plane,))
     runtime.submit(stream, op, cuda=cuda, numpy=numpy,
                    cost=KernelCost("bake", plane.nbytes, hold_us))
 
@@ -311,14 +311,14 @@ def _ordered_overlap(program: LoopProgram) -> float:
     only orders. Both durations grow with the plane's bytes, so the share is the one a run shows
     when its planes are big enough for the host to keep ahead of the device."""
     ends = {}                       # (id(stream), position on it) -> when that operation ended
-    engine_free = {"kernel": 0.0, OpKind.D2H: 0.0}
+    engine_free = {OpKind.KERNEL: 0.0, OpKind.D2H: 0.0}
     bakes, copies = [], []
     for op, position, clock, _ in program.queued:
         start = 0.0
         for stream, seen in clock.items():      # the last operation of each stream ordered before op
             last = seen - 1 if stream is op.stream else seen
             start = max(start, ends.get((id(stream), last), 0.0))
-        if op.kind == "kernel":
+        if op.kind == OpKind.KERNEL:
             took = oven_us(op.writes[0].nbytes) if op.writes else 0.0
         elif op.kind == OpKind.D2H:
             took = op.nbytes / (_COPY_GBPS * 1e3)
@@ -327,7 +327,7 @@ def _ordered_overlap(program: LoopProgram) -> float:
         if op.kind in engine_free:
             start = max(start, engine_free[op.kind])
             engine_free[op.kind] = start + took
-            (bakes if op.kind == "kernel" else copies).append((start, start + took))
+            (bakes if op.kind == OpKind.KERNEL else copies).append((start, start + took))
         ends[(id(op.stream), position)] = start + took
     baking, copying = merge_intervals(bakes), merge_intervals(copies)
     shorter = min(covered_length(baking), covered_length(copying))
@@ -358,7 +358,7 @@ def _copied_too_late(program: LoopProgram, stack: np.ndarray) -> dict[int, tuple
         if plane is None or not op.reads or copies[plane] > 1:
             continue
         source = byte_span(op.reads[0])
-        bakes = [q[0] for q in program.queued[:i] if q[0].kind == "kernel" and q[0].writes
+        bakes = [q[0] for q in program.queued[:i] if q[0].kind == OpKind.KERNEL and q[0].writes
                  and byte_span(q[0].writes[0]) == source and clock.get(q[0].stream, 0) >= q[1]]
         if len(bakes) > 1 and bakes[-1].level != plane and any(b.level == plane for b in bakes):
             found[plane] = (int(bakes[-1].level), program.names.of(op.reads[0], source))
@@ -371,12 +371,12 @@ def _why_serial(program: LoopProgram, stack: np.ndarray) -> str | None:
         plane = _plane(op, stack)
         if plane is not None:
             return f"the copy of plane {plane}"
-        return f"the bake of layer {op.level}" if op.kind == "kernel" else f"the {op.kind} `{op.name}`"
+        return f"the bake of layer {op.level}" if op.kind == OpKind.KERNEL else f"the {op.kind} `{op.name}`"
 
     serial = program.why_serial(lambda op: _plane(op, stack) is not None)
     if serial is None:
         return None
-    nbuf = len({byte_span(q[0].writes[0]) for q in program.queued if q[0].kind == "kernel" and q[0].writes})
+    nbuf = len({byte_span(q[0].writes[0]) for q in program.queued if q[0].kind == OpKind.KERNEL and q[0].writes})
     if nbuf > 1:
         refill = (f"A bake needs only the copy out of the buffer it refills, {nbuf} planes back, done long before "
                   "if each buffer has its own events")

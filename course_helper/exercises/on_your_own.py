@@ -72,7 +72,7 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
             return Verdict(f"Not yet: {err}", False)
         return Verdict(f"Not yet: nothing orders the copy after the kernels ({err.race.first}, then "
                        f"{err.race.second}). Make io wait for an event recorded on compute after them.", False)
-    kernels = [q[0] for q in program.queued if q[0].kind == "kernel"]
+    kernels = [q[0] for q in program.queued if q[0].kind == OpKind.KERNEL]
     copies = [q[0] for q in program.queued if q[0].kind == OpKind.D2H]
     if not kernels or not copies:
         return Verdict("Not yet: copy_after_kernels should still queue the 20 steps and the copy; put them back.",
@@ -329,7 +329,7 @@ def _why_serial(program: LoopProgram) -> str:
     def name_op(op):
         if op.kind == OpKind.D2H and op.writes:
             return f"the copy into {program.names.of(op.writes[0], byte_span(op.writes[0]))}"
-        return f"the kernel `{op.name}`" if op.kind == "kernel" else f"the {op.kind} `{op.name}`"
+        return f"the kernel `{op.name}`" if op.kind == OpKind.KERNEL else f"the {op.kind} `{op.name}`"
 
     serial = program.why_serial(lambda op: op.kind == OpKind.D2H)
     if serial is None:
@@ -374,7 +374,7 @@ def _over_synchronised(judged: list[tuple[str, Any, Op]]) -> str:
             device.append(line)
         elif covered is None:
             continue                             # nothing of the loop's was pending there: it cost nothing
-        elif covered.kind == "kernel":
+        elif covered.kind == OpKind.KERNEL:
             kernels.append(line)
         elif not _touches(covered, next_op):
             early.append(line)

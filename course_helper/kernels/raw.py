@@ -15,7 +15,7 @@ import numpy as np
 from .. import checks, runtime, streams
 from ..memory import is_device_array
 from ..runtime import observe
-from ..runtime.ops import KernelCost
+from ..runtime.ops import KernelCost, OpKind
 from ..runtime.base import CpuDeviceArray
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class RawKernel:
         if not runtime.wants_op(stream):          # CuPy on a GPU, nobody watching
             stream.runtime.launch(stream.raw, self._for_stream, grid, block, args)
             if observe.journaling():
-                observe.note_op("kernel", label, stream, level, 0)
+                observe.note_op(OpKind.KERNEL, label, stream, level, 0)
             return
         reads = tuple(a for a in arrays if not any(a is w for w in writes))
 
@@ -162,7 +162,7 @@ class RawKernel:
             out_of = {id(w): o for w, o in zip(writes, outs)}
             self.numpy(*(out_of.get(id(a), a.view(np.ndarray)) if is_device_array(a) else a for a in args))
 
-        op = observe.Op("kernel", label, stream, level, 0, reads, tuple(writes))
+        op = observe.Op(OpKind.KERNEL, label, stream, level, 0, reads, tuple(writes))
         runtime.submit(stream, op, cuda=cuda, numpy=numpy,
                        cost=KernelCost(MODEL_SHAPE, sum(a.nbytes for a in arrays)))
 

@@ -10,17 +10,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import checks, runtime
-from ..solver import STRATEGIES, solve, stack_difference
+from ..solver import STRATEGIES, Plan, plan, solve, stack_difference
 from ..wave import WaveProblem
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
     import matplotlib.axes
 
     from ..solver import Result
 
-__all__ = ["compare_strategies", "Comparison", "time_strategies", "baseline_first"]
+__all__ = ["compare_strategies", "Comparison", "time_strategies", "time_plans", "baseline_first"]
 
 
 def baseline_first(strategies: str | Iterable[str]) -> list[str]:
@@ -44,18 +44,29 @@ def time_strategies(problem: WaveProblem, strategies: str | Iterable[str], repea
                     nscratch: int | None = None, progress: Callable[[str, int], object] | None = None,
                     also: dict[str, Callable[[], tuple[np.ndarray, float]]] | None = None,
                     also_after: str | None = None) -> dict[str, dict]:
-    """Time each strategy on ``problem``: one untimed warm-up solve each (kernel loading,
-    pinned pool), then ``repeats`` rounds of timed solves, untraced.
+    """Time each strategy on ``problem``: :func:`time_plans` of their plans (:func:`~course_helper.solver.plan`),
+    the sequential strategy (the baseline) first. ``nscratch`` goes to the strategies that can
+    use a chosen number of scratch buffers."""
+    checks.instance("problem", problem, WaveProblem, "a WaveProblem")
+    plans = [plan(problem, name, every, nscratch_for(name, nscratch)) for name in baseline_first(strategies)]
+    return time_plans(plans, repeats, progress, also, also_after)
 
-    The strategies take turns: every round runs each of them once, the sequential
-    strategy (the baseline) first. A host whose speed drifts during the measurement
-    (clock ramps, other work on the machine) then slows them alike, instead of the
-    strategies that happened to run during a slow spell. ``nscratch`` goes to the
-    strategies that can use a chosen number of scratch buffers. ``also`` maps more row
-    names to functions returning ``(images, elapsed_ms)`` (the benchmark's plain-CuPy
-    loop), timed in the same turns and compared with the same reference: at the end of each
-    round, or right after the strategy ``also_after`` (so that a row and the strategy it is
-    held against run back to back, on the host as it is at that moment).
+
+def time_plans(plans: Sequence[Plan], repeats: int, progress: Callable[[str, int], object] | None = None,
+               also: dict[str, Callable[[], tuple[np.ndarray, float]]] | None = None,
+               also_after: str | None = None) -> dict[str, dict]:
+    """Time each plan (one per strategy, the sequential one first: the baseline): one untimed
+    warm-up solve each (kernel loading, pinned pool), then ``repeats`` rounds of timed solves,
+    untraced.
+
+    The strategies take turns: every round runs each of them once, the baseline first. A host
+    whose speed drifts during the measurement (clock ramps, other work on the machine) then
+    slows them alike, instead of the strategies that happened to run during a slow spell.
+    ``also`` maps more row names to functions returning ``(images, elapsed_ms)`` (the
+    benchmark's plain-CuPy loop), timed in the same turns and compared with the same
+    reference: at the end of each round, or right after the strategy ``also_after`` (so that a
+    row and the strategy it is held against run back to back, on the host as it is at that
+    moment).
 
     Returns ``{name: {"times_ms", "median_ms", "min_ms", "max_ms", "speedup",
     "max_diff"}}``: ``speedup`` is the sequential median over this median,
@@ -63,14 +74,19 @@ def time_strategies(problem: WaveProblem, strategies: str | Iterable[str], repea
     sequential ones (0.0: identical; None where a modelled GPU predicted the
     times only and computed no images).
     """
-    order = baseline_first(strategies)
+    for p in plans:
+        checks.instance("each plan", p, Plan, "a Plan (ch.plan(problem, strategy, ...))")
+    order = [p.strategy for p in plans]
+    if order[:1] != ["sequential"] or len(set(order)) != len(order):
+        raise ValueError(f"time_plans needs one plan per strategy, the sequential one first (the baseline); "
+                         f"got {order}")
     repeats = checks.positive_int("repeats", repeats)
     if also_after is not None and also_after not in order:
         raise ValueError(f"also_after={also_after!r} is not one of the strategies timed: {order}")
     runs = {}
-    for name in order:
-        runs[name] = _solver(problem, name, every, nscratch_for(name, nscratch))
-        if name == also_after:
+    for p in plans:
+        runs[p.strategy] = _solver(p)
+        if p.strategy == also_after:
             runs.update(also or {})
     if also_after is None:
         runs.update(also or {})                     # at the end of the round
@@ -102,10 +118,10 @@ def time_strategies(problem: WaveProblem, strategies: str | Iterable[str], repea
     return {name: rows[name] for name in runs}
 
 
-def _solver(problem, name, every, nscratch):
-    """A function solving ``problem`` untraced with strategy ``name``: ``(images, elapsed_ms)``."""
+def _solver(plan):
+    """A function solving ``plan`` untraced: ``(images, elapsed_ms)``."""
     def run():
-        r = solve(problem, name, every=every, nscratch=nscratch, trace=False)
+        r = solve(plan, trace=False)
         return r.images, r.elapsed_ms
     return run
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .. import checks, runtime
 from ..graphs import capture_graph, graphs_supported
 from ..memory import copy_to_host_async, device_zeros, pinned_empty, to_device
-from ..solver import plan_memory
+from ..solver import Plan, plan
 from ..streams import create_streams, synchronize
 from ..timing import benchmark
 from ..wave import WaveProblem, launch_wave2d
@@ -58,17 +58,25 @@ def compute_only_ms(problem: WaveProblem, repeats: int = 5) -> float:
     return best
 
 
-def physical_limit(problem: WaveProblem | None = None, every: int = 1, peak_gbps: float | None = None,
+def physical_limit(problem: WaveProblem | Plan | None = None, every: int = 1, peak_gbps: float | None = None,
                    repeats: int = 5) -> dict[str, float | str]:
     """The fastest any overlap strategy could run ``problem`` saving every ``every``-th level.
+
+    ``problem`` may be a run's :class:`~course_helper.solver.Plan` instead (the benchmark
+    passes the plans it checked): its problem and ``every`` are then used.
 
     Returns a dict: ``peak_d2h_gbps`` (measured here unless given),
     ``compute_only_ms`` (the kernels alone, no copies), ``copy_floor_ms``
     (the output bytes at the peak bandwidth), ``bound_ms`` = B, the larger of
     the two, and ``bound_by`` ("compute" or "copies").
     """
-    problem = WaveProblem() if problem is None else problem
-    output_bytes = plan_memory(problem, "sequential", every)["host"]     # also checks the arguments
+    if isinstance(problem, Plan):
+        if every not in (1, problem.every):
+            raise ValueError(f"the plan saves every {problem.every}-th level; leave out every={every}")
+        checked = problem
+    else:
+        checked = plan(WaveProblem() if problem is None else problem, "sequential", every)   # checks the arguments
+    problem, output_bytes = checked.problem, checked.need["host"]
     peak = peak_d2h_gbps() if peak_gbps is None else checks.positive_float("peak_gbps", peak_gbps)
     compute = compute_only_ms(problem, repeats)
     copies = output_bytes / (peak * 1e9) * 1e3

@@ -8,14 +8,15 @@ CPU; :meth:`Trace.overlap`).
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import checks, raw_cupy, runtime
-from ..solver import STRATEGIES, available_strategies, plan_memory, solve, suggest_nscratch
+from ..solver import Plan, UnsafeRing, available_strategies, plan, solve
 from ..wave import WaveProblem, saved_levels
-from .compare import baseline_first, nscratch_for, time_strategies
+from .compare import baseline_first, nscratch_for, time_plans
 from .limit import peak_d2h_gbps, physical_limit
 from .report import machine_info
 
@@ -68,17 +69,17 @@ def parse_nscratch(text: str) -> list[int]:
 
 
 def _check_point(n, nt, every, strategies, nscratch):
-    """Refuse a point that a strategy cannot run (at this ring depth), before anything is measured;
-    returns the output bytes."""
+    """The checked plan of each strategy at this point and ring depth (``{name: Plan}``, the
+    baseline first): a point that a strategy cannot run is refused before anything is measured."""
     problem = WaveProblem(n0=n, n1=n, nt=nt)
+    plans = {}
     for name in strategies:
-        depth, least = nscratch_for(name, nscratch), STRATEGIES[name].min_nscratch
-        if depth is not None and depth < least:        # the benchmark times safe runs only
-            raise ValueError(f"nscratch={depth} is unsafe for the {name!r} strategy (it races: "
-                             f"the level being copied shares a buffer with the one being computed); the "
-                             f"benchmark times safe runs only: use ring depths of at least {least}")
-        plan_memory(problem, name, every, depth)
-    return plan_memory(problem, "sequential", every)["host"]
+        try:
+            plans[name] = plan(problem, name, every, nscratch_for(name, nscratch))
+        except UnsafeRing as err:           # the solver's rule, and the benchmark's fix (it has no unsafe=True)
+            raise ValueError(f"{err.rule}; the benchmark times safe runs only: use ring depths of at least "
+                             f"{err.minimum}") from None
+    return plans
 
 
 def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats: int = 5,
@@ -86,26 +87,28 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
     """Measure one (n, nt, every) point: B's two parts and each strategy's times (and, with
     ``trace_cost``, what tracing costs and how much overlapped: see :func:`add_trace_cost`).
     ``nscratch`` is the ring depth of the strategies that take one (None: their defaults)."""
-    problem = WaveProblem(n0=n, n1=n, nt=nt)
-    order = baseline_first(strategies)
-    output_bytes = _check_point(n, nt, every, order, nscratch)      # refuses bad input before measuring
-    point = {"n": n, "nt": nt, "every": every, "saved_levels": len(saved_levels(nt, every)),
+    plans = _check_point(n, nt, every, baseline_first(strategies), nscratch)   # refuses bad input before measuring
+    return _measure_point(plans, repeats, peak_gbps, trace_cost, nscratch)
+
+
+def _measure_point(plans, repeats, peak_gbps, trace_cost, nscratch):
+    """:func:`bench_point` of the checked ``plans`` of one point (see :func:`_check_point`)."""
+    base = plans["sequential"]
+    problem, every, output_bytes = base.problem, base.every, base.need["host"]
+    point = {"n": problem.n0, "nt": problem.nt, "every": every, "saved_levels": len(saved_levels(problem.nt, every)),
              "output_bytes": output_bytes, "nscratch": nscratch}
-    # Times only: no stacks held.
-    reason = _host_shortfall(output_bytes, order) if runtime.get().computes_data else None
+    reason = _host_shortfall(output_bytes, plans) if runtime.get().computes_data else None  # times only: no stacks
     if reason is not None:
         point["skipped"] = reason
         return point
-    point.update(physical_limit(problem, every, peak_gbps, repeats))
+    point.update(physical_limit(base, peak_gbps=peak_gbps, repeats=repeats))
     # On a GPU the events loop in plain CuPy is the reference row: it runs right after the
     # helper's events loop in every round (the helper's overhead is the gap), before any traced
     # (CUPTI) run.
     raw = runtime.get().runs_cuda and "events" in order
     # The same ring as the helper's events loop: the depth given, or the one solve chooses by default.
-    ring = {"nscratch": nscratch if nscratch is not None else suggest_nscratch(problem, every, "events")[0]}
-    also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every, **ring)} if raw else None
-    timed = time_strategies(problem, order, repeats, every, nscratch=nscratch, also=also,
-                            also_after="events" if raw else None)
+    also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every, nscratch=plans["events"].nscratch)} if raw else None
+    timed = time_plans(list(plans.values()), repeats, also=also, also_after="events" if raw else None)
     point["strategies"] = {
         name: {"times_ms": t["times_ms"], "median_ms": t["median_ms"], "min_ms": t["min_ms"],
                "max_ms": t["max_ms"], "efficiency": point["bound_ms"] / t["median_ms"],
@@ -116,25 +119,26 @@ def bench_point(n: int, nt: int, every: int, strategies: Iterable[str], repeats:
         point["strategies"][RAW_ROW]["events_over_raw"] = paired_ratio(timed["events"]["times_ms"],
                                                                         timed[RAW_ROW]["times_ms"])
     if trace_cost:
-        add_trace_cost(point, order, repeats)
+        add_trace_cost(point, plans, repeats)
     return point
 
 
-def add_trace_cost(point: dict, strategies: Iterable[str], repeats: int = 5) -> dict:
+def add_trace_cost(point: dict, strategies: Iterable[str] | Mapping[str, Plan], repeats: int = 5) -> dict:
     """Add to each strategy of a measured ``point`` what recording its timeline costs
     (``trace_overhead``: traced over untraced, in rounds of one of each, see :func:`measure_trace_cost`),
     the clock that timed the traces, and how much of the work overlapped in them
     (``compute_busy_ms``, ``copy_busy_ms``, ``overlap_ms``, ``hidden_fraction``); returns ``point``.
+    ``strategies``: their names, or ``{name: Plan}``, the plans the point was measured with.
 
     Run it after every untraced measurement of the process: a CUPTI recording leaves the rest
     of the process slower, plain CuPy and the helper alike (docs/tracing.md), and the untraced
     times must not pay for it."""
     if "strategies" not in point:
         return point
-    problem = WaveProblem(n0=point["n"], n1=point["n"], nt=point["nt"])
-    for name in strategies:
-        row = point["strategies"][name]
-        row.update(measure_trace_cost(problem, name, point["every"], repeats, point.get("nscratch")))
+    if not isinstance(strategies, Mapping):
+        strategies = _check_point(point["n"], point["nt"], point["every"], strategies, point.get("nscratch"))
+    for name, checked in strategies.items():
+        point["strategies"][name].update(_trace_cost(checked, repeats))
     return point
 
 
@@ -147,12 +151,16 @@ def measure_trace_cost(problem: WaveProblem, name: str, every: int, repeats: int
     over the traces of :meth:`Trace.overlap`'s numbers (``compute_busy_ms``, ``copy_busy_ms``,
     ``overlap_ms``, ``hidden_fraction``; ``overlap_timing`` is ``trace_timing``) and the ring
     depth the runs used (``nscratch``; ``nscratch`` asks for one where the strategy takes it)."""
+    return _trace_cost(plan(problem, name, every, nscratch_for(name, nscratch)), repeats)
+
+
+def _trace_cost(checked, repeats):
+    """:func:`measure_trace_cost` of one checked plan."""
     repeats = checks.positive_int("repeats", repeats)
     untraced, traced, overlaps = [], [], []
-    nscratch = nscratch_for(name, nscratch)
     for _ in range(repeats):
-        untraced.append(solve(problem, name, every=every, nscratch=nscratch, trace=False).elapsed_ms)
-        r = solve(problem, name, every=every, nscratch=nscratch, trace=True)
+        untraced.append(solve(checked, trace=False).elapsed_ms)
+        r = solve(checked, trace=True)
         traced.append(r.elapsed_ms)
         overlaps.append(r.trace.overlap().as_dict())
     timing = overlaps[-1]["overlap_timing"]
@@ -190,9 +198,8 @@ def run_bench(points: Iterable[tuple[int, int, int]] | None = None, strategies: 
     depths = [None] if nscratch is None else [checks.positive_int("nscratch", k) for k in nscratch]
     if not depths:
         raise ValueError("nscratch: give at least one ring depth, or None for the strategies' defaults")
-    runs = [(n, nt, every, k) for n, nt, every in points for k in depths]
-    for n, nt, every, k in runs:                 # every point and depth checked before any is measured
-        _check_point(n, nt, every, strategies, k)
+    # every point and depth checked before any is measured; each measured with the plans checked here
+    runs = [(k, _check_point(n, nt, every, strategies, k)) for n, nt, every in points for k in depths]
     peak = peak_d2h_gbps()
     doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine_info(), "repeats": repeats, "peak_d2h_gbps": peak,
@@ -200,13 +207,12 @@ def run_bench(points: Iterable[tuple[int, int, int]] | None = None, strategies: 
                          "efficiency = B / median time", "points": []}
     # Every untraced run of the sweep first, then the traced ones: a CUPTI recording leaves the
     # process slower (see add_trace_cost).
-    for n, nt, every, k in runs:
-        doc["points"].append(bench_point(n, nt, every, strategies, repeats, peak_gbps=peak, trace_cost=False,
-                                         nscratch=k))
+    for k, plans in runs:
+        doc["points"].append(_measure_point(plans, repeats, peak, False, k))
         if progress is not None:
             progress(doc["points"][-1], "untraced")
-    for point in doc["points"]:
-        add_trace_cost(point, strategies, repeats)
+    for point, (_, plans) in zip(doc["points"], runs):
+        add_trace_cost(point, plans, repeats)
         if progress is not None:
             progress(point, "traced")
     return doc

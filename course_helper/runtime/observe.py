@@ -10,41 +10,10 @@ Observers belong to the thread that added them, so a trace opened in one
 thread never sees work queued by another; an observer added with
 ``every_thread=True`` (the race sanitizer) hears every thread's work instead.
 
-An observer is any object; it receives the calls below for which it has a
-method of the same name (all are optional):
-
-``op_queued(op)``
-    an :class:`Op` is being queued on ``op.stream`` (announced just before
-    the runtime queues it).
-``op_issued(op)``
-    the runtime has queued ``op`` (the timeline recorder brackets it with
-    ``op_queued``).
-``event_recorded(stream, event)``
-    ``event`` was recorded at the current end of ``stream``.
-``event_waited(stream, event)``
-    later work on ``stream`` waits for ``event``'s latest record.
-``host_synced(target)``
-    the host waited for ``target``: a Stream, an Event, or None (the device).
-``host_waited(name, t_start_ms, t_end_ms)``
-    a host wait on a stream or an event (``name`` labels it on timelines)
-    lasted from ``t_start_ms`` to ``t_end_ms`` of the runtime's host clock
-    (modelled on the CPU backend).
-``host_access(array, mode, where)``
-    the host reads (``mode="r"``) or writes (``"w"``) the host array ``array``:
-    the helper's own host code, or (while a race sanitizer watches) any code
-    touching a pinned array (:mod:`course_helper.host_watch`); ``where`` names
-    the caller (for messages).
-``host_func_queued(stream, token)`` / ``host_func_started(token)`` / ``host_func_ended(token)``
-    a host function was queued on ``stream`` / began / ended running (``token``
-    tells one queued function from another): what it touches belongs to that
-    point of its stream, not to the host's.
-``device_allocated(array, stream)``
-    a new device array, from the memory pool of ``stream`` (the current
-    stream at allocation, as in CuPy's pool).
-``capture_started(stream)`` / ``capture_ended(stream, graph)``
-    a CUDA graph capture on ``stream`` began / ended.
-``graph_launched(graph, stream)``
-    a captured graph was replayed on ``stream``.
+An observer is any object; it receives the notifications of :class:`Observer`, the one list
+of them with their signatures, for which it has a method of the same name (all are
+optional). Each observer method in the package is written with the signature declared there
+(``tests/runtime/test_observe.py`` compares them), and each :func:`notify` names one of them.
 
 The op journal
 --------------
@@ -61,14 +30,80 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
 
-__all__ = ["Op", "add", "remove", "active", "notify", "hears", "watching", "wants_ops",
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..graphs import Graph
+    from ..streams import Event, Stream
+    from .ops import OpKind
+
+__all__ = ["Op", "Observer", "Notification", "add", "remove", "active", "notify", "hears", "watching", "wants_ops",
            "open_journal", "close_journal", "journaling", "note_op", "NOTIFICATIONS"]
 
-#: Every notification an observer may have a method for (see the module text).
-NOTIFICATIONS = ("op_queued", "op_issued", "event_recorded", "event_waited", "host_synced",
-                 "host_waited", "host_access", "host_func_queued", "host_func_started", "host_func_ended",
-                 "device_allocated", "capture_started", "capture_ended", "graph_launched")
+
+class Observer(Protocol):
+    """Every notification an observer may hear, with what it is given: the one place they are
+    listed. An observer defines the methods it wants, with these signatures, and leaves out the
+    rest (the bus calls only what an observer has); the helper announces each with
+    :func:`notify`, naming it."""
+
+    def op_queued(self, op: Op) -> None:
+        """An :class:`Op` is being queued on ``op.stream`` (announced just before the runtime queues it)."""
+
+    def op_issued(self, op: Op) -> None:
+        """The runtime has queued ``op`` (the timeline recorder brackets it with ``op_queued``)."""
+
+    def event_recorded(self, stream: Stream, event: Event) -> None:
+        """``event`` was recorded at the current end of ``stream``."""
+
+    def event_waited(self, stream: Stream, event: Event) -> None:
+        """Later work on ``stream`` waits for ``event``'s latest record."""
+
+    def host_synced(self, target: Stream | Event | None) -> None:
+        """The host waited for ``target``: a Stream, an Event, or None (the whole device)."""
+
+    def host_waited(self, name: str, t_start_ms: float, t_end_ms: float) -> None:
+        """A host wait on a stream or an event (``name`` labels it on timelines) lasted from
+        ``t_start_ms`` to ``t_end_ms`` of the runtime's host clock (modelled on the CPU backend)."""
+
+    def host_access(self, array: np.ndarray, mode: str, where: str) -> None:
+        """The host reads (``mode="r"``) or writes (``"w"``) the host array ``array``: the helper's
+        own host code, or (while a race sanitizer watches) any code touching a pinned array
+        (:mod:`course_helper.host_watch`); ``where`` names the caller (for messages)."""
+
+    def host_func_queued(self, stream: Stream, token: object) -> None:
+        """A host function was queued on ``stream``; ``token`` tells it from other queued ones. What
+        it touches belongs to that point of its stream, not to the host's."""
+
+    def host_func_started(self, token: object) -> None:
+        """The host function ``token`` began running."""
+
+    def host_func_ended(self, token: object) -> None:
+        """The host function ``token`` ended."""
+
+    def device_allocated(self, array: object, stream: Stream) -> None:
+        """A new device array, from the memory pool of ``stream`` (the current stream at
+        allocation, as in CuPy's pool)."""
+
+    def capture_started(self, stream: Stream) -> None:
+        """A CUDA graph capture on ``stream`` began."""
+
+    def capture_ended(self, stream: Stream, graph: Graph | None) -> None:
+        """The capture on ``stream`` ended, with its ``graph`` (None when it failed)."""
+
+    def graph_launched(self, graph: Graph, stream: Stream) -> None:
+        """A captured ``graph`` was replayed on ``stream``."""
+
+
+#: Every notification an observer may have a method for: the methods of :class:`Observer`.
+NOTIFICATIONS = tuple(name for name in vars(Observer) if not name.startswith("_"))
+#: The name of a notification, as :func:`notify` and :func:`hears` take it (a type checker
+#: refuses a name that is not one; kept equal to :data:`NOTIFICATIONS` by the tests).
+Notification = Literal["op_queued", "op_issued", "event_recorded", "event_waited", "host_synced", "host_waited",
+                       "host_access", "host_func_queued", "host_func_started", "host_func_ended",
+                       "device_allocated", "capture_started", "capture_ended", "graph_launched"]
 
 
 @dataclass(eq=False, slots=True)
@@ -79,7 +114,7 @@ class Op:
     reads and writes, so an observer can tell which operations touch
     overlapping memory.
     """
-    kind: str                      # an OpKind: "kernel", "D2H", "H2D", "D2D", "memset", "halo", "host func"
+    kind: OpKind                   # what it is: a kernel, a copy (D2H, H2D, D2D), a fill, a halo exchange
     name: str                      # label on timelines, e.g. "wave2d_4o level 12"
     stream: object                 # the course_helper Stream it was queued on
     level: int | None = None       # time level (or layer) it belongs to, if any
@@ -192,7 +227,7 @@ def watching() -> bool:
     return _observer_count != 0 and (bool(_local.observers) or bool(_everywhere_observers))
 
 
-def hears(what: str) -> bool:
+def hears(what: Notification) -> bool:
     """True when some observer, of any thread, has a method for the notification ``what``: the
     helper asks before it reads a clock or builds what only an observer would read."""
     return _listening[what] != 0
@@ -220,9 +255,9 @@ def _methods(what):
     return called
 
 
-def notify(what: str, *args: object) -> None:
+def notify(what: Notification, *args: object) -> None:
     """Call ``observer.<what>(*args)`` on every observer of this thread, then on every observer
-    of all threads, that has it."""
+    of all threads, that has it; ``args`` are those of :class:`Observer`'s method ``what``."""
     if not _listening[what]:       # the common case: no observer anywhere has it, nothing to do
         return
     for method in _methods(what):  # a tuple: an observer may remove itself while being called
@@ -256,7 +291,7 @@ def journaling() -> bool:
     return _local.journal is not None
 
 
-def note_op(kind: str, name: str, stream: object, level: int | None, nbytes: int) -> None:
+def note_op(kind: OpKind, name: str, stream: object, level: int | None, nbytes: int) -> None:
     """Append a queued operation to the calling thread's op journal, where it keeps one."""
     journal = _local.journal
     if journal is not None:

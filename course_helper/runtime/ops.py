@@ -32,7 +32,8 @@ class OpKind(enum.StrEnum):
     D2D = "D2D"            #: a copy on the device
     MEMSET = "memset"      #: a fill (zeros)
     HALO = "halo"          #: an exchange of rows with another device
-    HOST_FUNC = "host func"
+    HOST_FUNC = "host func"  #: a host function queued on a stream
+    LET_GO = "let go"      #: memory handed back to its pool (the race sanitizer notes it as a write)
 
     def __repr__(self) -> str:
         # Shown as its plain name in the reprs of what holds one (an Op, a timeline's event).

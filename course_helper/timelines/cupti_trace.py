@@ -462,7 +462,7 @@ def _match_stream(ops, recs):
     Work the helper did not queue (plain CuPy calls inside the block) also
     leaves records; where kernels are in excess, keep those named like the op."""
     kind, name = (ops[0][0], ops[0][1]) if ops else (None, "")
-    if len(recs) > len(ops) and kind == "kernel":
+    if len(recs) > len(ops) and kind == OpKind.KERNEL:
         recs = [r for r in recs if name.split()[0] in r["name"]] or recs
     return [(op, [recs[i]] if i < len(recs) else []) for i, op in enumerate(ops)]
 

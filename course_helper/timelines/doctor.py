@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import FrameType
 
+    from ..runtime.observe import Op
+    from ..streams import Event, Stream
     from .timeline import Trace
 
 __all__ = ["doctor", "Diagnosis", "learner_line", "diagnose_records"]
@@ -264,11 +266,11 @@ class _Watch:
         self._open, self._pending = {}, None
         self._last = rt.host_ms()
 
-    def op_queued(self, op):
+    def op_queued(self, op: Op) -> None:
         if op.stream.runtime is self.runtime and op.kind in _KINDS:
             self._open[id(op)] = (self.runtime.host_ms(), self.line(sys._getframe(1)))
 
-    def op_issued(self, op):
+    def op_issued(self, op: Op) -> None:
         opened = self._open.pop(id(op), None)
         if opened is None:
             return
@@ -281,13 +283,13 @@ class _Watch:
         self.ops.append((op.kind, op.stream, host, opened[1]))
         self._last = t1
 
-    def host_waited(self, name, t_start, t_end):
-        self.recorder.add_interval(_SYNCS, "host sync", str(len(self.syncs)), t_start, t_end)
+    def host_waited(self, name: str, t_start_ms: float, t_end_ms: float) -> None:
+        self.recorder.add_interval(_SYNCS, "host sync", str(len(self.syncs)), t_start_ms, t_end_ms)
         self.syncs.append([name, None, self.line(sys._getframe(1))])
         self._pending = len(self.syncs) - 1
-        self._last = t_end
+        self._last = t_end_ms
 
-    def host_synced(self, target):
+    def host_synced(self, target: Stream | Event | None) -> None:
         if self._pending is None:          # a wait for the whole device: timed since the last call
             now = self.runtime.host_ms()
             self.recorder.add_interval(_SYNCS, "host sync", str(len(self.syncs)), self._last, now)

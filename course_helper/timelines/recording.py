@@ -43,6 +43,8 @@ from .timeline import Trace, TraceEvent
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from ..runtime.observe import Op
+
 _local = threading.local()
 
 
@@ -112,9 +114,9 @@ class Recorder:
             self.cupti.stop()
 
     # -- what the runtime announces -------------------------------------------
-    def host_waited(self, name: str, t_start: float, t_end: float) -> None:
-        """The host waited (``name``) from ``t_start`` to ``t_end``, ms on the runtime's host clock."""
-        self.hosts.append((name, t_start, t_end))
+    def host_waited(self, name: str, t_start_ms: float, t_end_ms: float) -> None:
+        """The host waited (``name``) from ``t_start_ms`` to ``t_end_ms`` of the runtime's host clock."""
+        self.hosts.append((name, t_start_ms, t_end_ms))
 
     def add_interval(self, track: str, kind: str, name: str, t_start: float, t_end: float, nbytes: int = 0,
                      level: int | None = None) -> None:
@@ -173,11 +175,11 @@ class _MarkTimer:
         self.runtime, self.origin, self.items, self.tracks = rt, origin, items, tracks
         self._open = {}
 
-    def op_queued(self, op):
+    def op_queued(self, op: Op) -> None:
         if op.stream.runtime is self.runtime:
             self._open[id(op)] = self.runtime.trace_start(op.stream.raw, self.origin)
 
-    def op_issued(self, op):
+    def op_issued(self, op: Op) -> None:
         if id(op) not in self._open:      # queued on another runtime's stream
             return
         start = self._open.pop(id(op))

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import pathlib
 import re
@@ -67,8 +68,7 @@ def test_tracing_cost_is_taken_in_rounds_of_one_untraced_and_one_traced_run(back
         r = real_solve(*args, **kwargs)
         made.append(kwargs["trace"])
         # untraced 2, 6, 10 ms and traced 3, 5, 20 ms: the host's speed changes from round to round
-        r.elapsed_ms = {1: 2.0, 2: 3.0, 3: 6.0, 4: 5.0, 5: 10.0, 6: 20.0}[len(made)]
-        return r
+        return dataclasses.replace(r, elapsed_ms={1: 2.0, 2: 3.0, 3: 6.0, 4: 5.0, 5: 10.0, 6: 20.0}[len(made)])
 
     monkeypatch.setattr(sweep, "solve", solve)
     cost = bench.measure_trace_cost(ch.WaveProblem(24, 24, nt=12), "events", 1, repeats=3)
@@ -294,3 +294,26 @@ def test_compare_plot_puts_each_speedup_above_its_error_bar(cpu):
     for r in c.rows:
         assert labels[f"{r['speedup']:.2f}x"] >= r["max_ms"]     # the label clears the bar's cap
     assert ax.get_ylim()[1] > max(r["max_ms"] for r in c.rows)
+
+
+def test_the_bench_checks_each_strategy_once_per_point_and_passes_the_plans_down(cpu, monkeypatch):
+    checked, real = [], ch.solver._validate
+
+    def validate(*args, **kwargs):
+        checked.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ch.solver, "_validate", validate)
+    bench.bench_point(48, 20, 2, ["events", "staged"], repeats=1)
+    assert checked == ["sequential", "events", "staged"]      # timing, the limit B and the traces reuse them
+    checked.clear()
+    bench.run_bench([(48, 20, 2)], ["events"], repeats=1, nscratch=[6])
+    assert checked == ["sequential", "events"]
+
+
+def test_the_bench_refuses_an_unsafe_ring_in_the_solver_s_words_with_its_own_fix(cpu):
+    with pytest.raises(ValueError, match=r"nscratch=3 is unsafe .*\(a race\); .*at least 4") as refused:
+        bench.bench_point(48, 20, 1, ["events"], repeats=1, nscratch=3)
+    with pytest.raises(ch.solver.UnsafeRing) as solver_said:
+        ch.plan(ch.WaveProblem(48, 48, nt=20), "events", nscratch=3)
+    assert str(refused.value).startswith(solver_said.value.rule) and "unsafe=True" not in str(refused.value)

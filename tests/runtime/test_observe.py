@@ -1,5 +1,8 @@
 """The observer hook: who hears what, on which thread, and what it costs when nobody listens."""
+import ast
+import pathlib
 import threading
+import typing
 
 import numpy as np
 import pytest
@@ -329,3 +332,63 @@ def test_a_prepared_launch_queues_the_packed_launch_unwatched_and_launch_wave2d_
     assert len(direct.packs) == 3 and len(direct.launches) == 8 + p.nt - 2
     with pytest.raises(ValueError, match="step number"):
         prepared[0](-1)                                        # outside the table: launch_wave2d's checks
+
+
+# -- the Observer protocol: one list of notifications, and every callback and call true to it ----------
+PACKAGE = pathlib.Path(observe.__file__).resolve().parent.parent
+
+
+def _signature(fn):
+    """``(parameters but self, each with its annotation as written; the return annotation)`` of a def."""
+    args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+    return ([(a.arg, a.annotation and ast.unparse(a.annotation)) for a in args[1:]],
+            fn.returns and ast.unparse(fn.returns))
+
+
+def _protocol():
+    tree = ast.parse(pathlib.Path(observe.__file__).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Observer")
+    return {f.name: _signature(f) for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+
+def _package_trees():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(PACKAGE.parent), ast.parse(path.read_text())
+
+
+def test_the_protocol_is_the_one_list_of_notifications():
+    assert tuple(_protocol()) == observe.NOTIFICATIONS
+    assert typing.get_args(observe.Notification) == observe.NOTIFICATIONS
+    for name in observe.NOTIFICATIONS:
+        assert getattr(observe.Observer, name).__doc__, f"Observer.{name} has no docstring"
+
+
+def test_every_observer_method_of_the_package_has_the_protocol_s_signature():
+    declared, found = _protocol(), []
+    for path, tree in _package_trees():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name != "Observer"):
+            for fn in cls.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name in declared and _signature(fn) != declared[fn.name]:
+                    found.append(f"{path}:{fn.lineno} {cls.name}.{fn.name}{_signature(fn)}, "
+                                 f"declared {declared[fn.name]}")
+    assert not found, "\n".join(found)
+
+
+def test_every_notification_sent_is_declared_with_as_many_arguments():
+    declared, found, sent = _protocol(), [], set()
+    for path, tree in _package_trees():
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            func = call.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name not in ("notify", "hears") or not call.args:
+                continue
+            what = call.args[0]
+            if not (isinstance(what, ast.Constant) and what.value in declared):
+                found.append(f"{path}:{call.lineno} {ast.unparse(call)}: not a notification of observe.Observer")
+            elif name == "notify":
+                sent.add(what.value)
+                if len(call.args) - 1 != len(declared[what.value][0]):
+                    found.append(f"{path}:{call.lineno} {ast.unparse(call)}: Observer.{what.value} takes "
+                                 f"{[p for p, _ in declared[what.value][0]]}")
+    assert not found, "\n".join(found)
+    assert sent == set(declared), f"declared but never sent: {set(declared) - sent}"
