@@ -105,7 +105,7 @@ def _measure_point(plans, repeats, peak_gbps, trace_cost, nscratch):
     # On a GPU the events loop in plain CuPy is the reference row: it runs right after the
     # helper's events loop in every round (the helper's overhead is the gap), before any traced
     # (CUPTI) run.
-    raw = runtime.get().runs_cuda and "events" in order
+    raw = runtime.get().runs_cuda and "events" in plans
     # The same ring as the helper's events loop: the depth given, or the one solve chooses by default.
     also = {RAW_ROW: lambda: raw_cupy.events_loop(problem, every, nscratch=plans["events"].nscratch)} if raw else None
     timed = time_plans(list(plans.values()), repeats, also=also, also_after="events" if raw else None)
