@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from . import checks, runtime, streams
 from .runtime import observe
-from .runtime.base import GraphsUnsupported, HostWaitInCapture
+from .runtime.base import GraphsUnsupported, HostWaitInCapture, UncapturedDependency
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
     from .streams import Stream
 
-__all__ = ["GraphsUnsupported", "HostWaitInCapture", "Graph", "capture_graph", "capture_with_one_io_stream",
+__all__ = ["GraphsUnsupported", "HostWaitInCapture", "UncapturedDependency", "Graph", "capture_graph",
+           "capture_with_one_io_stream",
            "graphs_supported"]
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from . import checks, runtime
 from .runtime import observe
 from .runtime.backend import backend_name
-from .runtime.base import refuse_host_wait_in_capture
+from .runtime.base import UncapturedDependency, refuse_host_wait_in_capture
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -139,6 +139,12 @@ class Stream:
             checks.instance("event", event, Event, "an Event from create_events()")
             _same_backend(self, event)
         if event.recorded:  # as in CUDA, a never-recorded event counts as complete: nothing to wait for
+            if (not event.recorded_in_capture and self.runtime.capturing()
+                    and self.runtime.stream_capturing(self.raw)):
+                raise UncapturedDependency(
+                    f"stream {self.name!r} waits, during a graph capture, on an event recorded before the "
+                    "capture began: a graph can only wait on work it captured itself. Use events recorded "
+                    "inside the capture block (fresh ones, or ones the loop records before it waits)")
             self.runtime.wait_event(self.raw, event.raw)
         if observe.hears("event_waited"):   # heard even so: a wait queued before the record it meant
             observe.notify("event_waited", self, event)
@@ -210,6 +216,7 @@ class Event:
         self.runtime = rt
         self.backend = rt.name
         self.recorded = False
+        self.recorded_in_capture = False   # its latest record was captured into a graph, not run
 
     def record(self, stream: Stream | None = None) -> Event:
         """Mark the current end of ``stream`` (the current stream if None); returns the event."""
@@ -220,6 +227,7 @@ class Event:
             _same_backend(stream, self)
         self.runtime.record(self.raw, stream.raw)
         self.recorded = True
+        self.recorded_in_capture = self.runtime.capturing() and self.runtime.stream_capturing(stream.raw)
         if observe.hears("event_recorded"):
             observe.notify("event_recorded", stream, self)
         return self

@@ -54,3 +54,28 @@ def test_a_loop_whose_host_waits_is_refused_by_a_capture_and_its_events_twin_is_
     compute.synchronize()                                  # after a refused capture the host may wait again
     graph = ch.strategies.capture_loop(ch.strategies.with_events, ch.prepare(small, "events"))
     assert isinstance(graph, ch.graphs.Graph)
+
+
+def test_a_capture_that_waits_on_an_event_recorded_before_it_is_refused_alike(backend):
+    """A graph can only wait on work it captured: both backends refuse a wait, inside a capture,
+    on an event recorded before the capture began (CUDA: cudaErrorStreamCaptureIsolation), and
+    take the same wait on an event recorded inside the capture, or one never recorded."""
+    ok, why = ch.graphs_supported()
+    if not ok:
+        pytest.skip(why)
+    compute, io = ch.create_streams(2)
+    before, inside, never = ch.create_events(3)
+    src, dst = ch.device_zeros(1024), ch.device_zeros(1024)
+    before.record(io)
+    ch.synchronize()
+    with pytest.raises(ch.graphs.UncapturedDependency, match="recorded before the capture began"):
+        with ch.graphs.capture_graph(compute):
+            compute.wait_event(before)
+    ch.synchronize()
+    with ch.graphs.capture_graph(compute) as cap:
+        compute.wait_event(never)                      # never recorded: nothing to wait for
+        ch.memory.copy_on_device_async(dst, src, compute)
+        inside.record(compute)
+        compute.wait_event(inside)
+    cap.graph.launch()
+    ch.synchronize()

@@ -11,7 +11,7 @@ import numpy as np
 
 from .ops import Cost, OpKind
 
-__all__ = ["Runtime", "GraphsUnsupported", "HostWaitInCapture", "refuse_host_wait_in_capture",
+__all__ = ["Runtime", "GraphsUnsupported", "HostWaitInCapture", "refuse_host_wait_in_capture", "UncapturedDependency",
            "CpuDeviceArray", "PinnedArray", "byte_span", "spans_overlap", "shares_memory", "plain_view"]
 
 
@@ -99,6 +99,12 @@ def refuse_host_wait_in_capture(what: str) -> None:
     raise HostWaitInCapture(f"{what} during a graph capture: nothing runs while a graph is "
                             "captured, so the host cannot wait for it. Wait after the capture "
                             "block, or order the work with events (wait_event) instead of a host wait")
+
+
+class UncapturedDependency(RuntimeError):
+    """A stream being captured was made to wait on an event recorded before the capture began. A
+    graph can only wait on work it captured itself (CUDA refuses it as
+    ``cudaErrorStreamCaptureIsolation``); both runtimes raise this instead."""
 
 
 class Runtime(ABC):
@@ -266,6 +272,10 @@ class Runtime(ABC):
 
     def capturing(self) -> bool:
         """Whether a graph capture is in progress on this runtime (the host may not wait then)."""
+        return False
+
+    def stream_capturing(self, stream: Any) -> bool:
+        """Whether the raw ``stream`` is part of a graph capture in progress."""
         return False
 
     @abstractmethod

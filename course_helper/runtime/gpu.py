@@ -186,6 +186,9 @@ class GpuRuntime(Runtime):
     def capturing(self) -> bool:
         return self._capturing > 0
 
+    def stream_capturing(self, stream: Any) -> bool:
+        return self._capturing > 0 and stream.is_capturing()
+
     def begin_capture(self, stream: Any) -> None:
         stream.begin_capture()
         self._capturing += 1

@@ -391,6 +391,9 @@ class ModelRuntime(Runtime):
     def capturing(self) -> bool:
         return self._captures > 0
 
+    def stream_capturing(self, stream: ModelStream) -> bool:
+        return stream.capture is not None and self._replaying is None
+
     @_serialised
     def end_capture(self, stream: ModelStream) -> ModelGraph:
         graph = stream.capture

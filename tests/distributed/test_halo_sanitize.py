@@ -49,14 +49,16 @@ class _Team:
 
 
 def _run_every_rank(size, strategy, every=1):
-    """Run each rank of a ``size``-rank team under a sanitizer of its own; the RaceErrors raised."""
+    """Run each rank of a ``size``-rank team under a sanitizer of its own; the errors that caught a
+    missing order: the RaceErrors raised, and, in a captured step, the capture's refusal of a wait on
+    an event recorded outside it (what a missing wait turns the next wait into, as CUDA refuses it)."""
     races = []
     for rank in range(size):
         with runtime.get().times_only():
             try:
                 with ch.sanitize():
                     distributed.run_rank(_Team(rank, size), ch.WaveProblem(**PROBLEM), strategy, every=every)
-            except ch.RaceError as err:
+            except (ch.RaceError, ch.graphs.UncapturedDependency) as err:
                 races.append(err)
     return races
 

@@ -99,7 +99,8 @@ def waits_on_the_host(stack, compute, io, buffers, baked, copied):
     (unanswered, "Not answered yet: unanswered returns None"),
     (the_capture_not_its_graph, "should return the captured graph (cap.graph), not _Capture"),
     (never_joined, "Not yet: capturing raised RuntimeError: cudaErrorStreamCaptureUnjoined"),
-    (ran_before_capturing, "planes were copied before the graph was launched"),
+    (ran_before_capturing, "Not yet: capturing raised UncapturedDependency: stream 'compute' waits, during a "
+                           "graph capture, on an event recorded before the capture began"),
     (half_the_planes, f"after a replay {PLANES - PLANES // 2} planes are wrong or missing, "
                       f"the first is plane {PLANES // 2}"),
     (slow_replay, "every plane is right, but the replay took more than half"),
