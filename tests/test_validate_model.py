@@ -58,3 +58,21 @@ def test_the_fit_finds_the_link_that_made_the_times(tmp_path, restore_backend):
     _, again = vm.predict(doc, str(start))
     for point, row in zip(doc["points"], again):
         assert row["modelled_ms"] == pytest.approx(point["strategies"]["sequential"]["median_ms"], rel=0.01)
+
+
+def test_the_shipped_model_is_within_a_tenth_of_the_committed_h200_sweep(restore_backend):
+    """benchmarks/model_validation.json holds the shipped H200 profile's model against the committed
+    sweep (benchmarks/bench.json): every point and strategy within 10%, and its host-bound point
+    (256², where the host costs fitted to the sweep decide) predicted again here gives its rows."""
+    vm = _validate_model()
+    doc = json.loads((ROOT / "benchmarks" / "model_validation.json").read_text())
+    sweep = json.loads((ROOT / "benchmarks" / "bench.json").read_text())
+    assert doc["measured"]["created"] == sweep["created"]
+    worst = max(doc["rows"], key=lambda r: abs(r["ratio"] - 1))
+    assert abs(worst["ratio"] - 1) <= 0.10, worst
+    point = next(p for p in sweep["points"] if p["n"] == 256)
+    _, rows = vm.predict({"points": [point]}, "h200")
+    stored = {r["strategy"]: r for r in doc["rows"] if r["n"] == 256}
+    for row in rows:
+        assert row["measured_ms"] == stored[row["strategy"]]["measured_ms"]
+        assert row["modelled_ms"] == pytest.approx(stored[row["strategy"]]["modelled_ms"], rel=1e-6)
