@@ -56,6 +56,15 @@ def predict(gpu_doc, profile):
     return rt, rows
 
 
+def _save_noted(profile, profile_path, note):
+    """Write ``profile`` to ``profile_path``, its provenance's method saying once what was fitted."""
+    method = profile.setdefault("provenance", {}).get("method", "")
+    if note not in method:
+        profile["provenance"]["method"] = method + note
+    with open(profile_path, "w") as f:
+        json.dump(profile, f, indent=1)
+
+
 def fit_pageable(gpu_doc, profile_path):
     """Fit the pageable device-to-host link of the profile file ``profile_path`` to the sequential
     loop's medians in ``gpu_doc``; rewrite the file and return the largest relative error.
@@ -106,14 +115,9 @@ def fit_pageable(gpu_doc, profile_path):
                       f"the best straight line, kept for the reader (largest error {100 * line_worst:.1f}%) "
                       "(benchmarks/validate_model.py --fit-pageable)"),
         "direct_measurement": direct}
-    note = (" Exception: the device-to-host pageable link is fitted to the sequential loop of the bench "
-            "sweep (links.D2H_pageable.fitted_to); its direct measurement is kept beside it, in "
-            "links.D2H_pageable.direct_measurement.")
-    method = profile.setdefault("provenance", {}).get("method", "")
-    if note not in method:
-        profile["provenance"]["method"] = method + note
-    with open(profile_path, "w") as f:
-        json.dump(profile, f, indent=1)
+    _save_noted(profile, profile_path, " Exception: the device-to-host pageable link is fitted to the sequential "
+                "loop of the bench sweep (links.D2H_pageable.fitted_to); its direct measurement is kept beside "
+                "it, in links.D2H_pageable.direct_measurement.")
     print(f"pageable D2H link fitted to the sequential loop: {len(fitted)} level sizes, largest error "
           f"{100 * worst:.1f}% (the best straight line, {best_lat:.1f} us + {best_gbps:.2f} GB/s, "
           f"{100 * line_worst:.1f}%; directly measured {direct['latency_us']:.1f} us, {direct['gbps']:.2f} GB/s)")
@@ -159,13 +163,8 @@ def fit_host(gpu_doc, profile_path):
         "fitted_to": (f"the bench sweep's host-bound points ({where}), every strategy but the pageable "
                       f"sequential one: the pair with the smallest largest relative error ({100 * worst:.1f}%) "
                       "on a grid (benchmarks/validate_model.py --fit-host)")}
-    note = (" Exception: host_us.loop_turn and host_us.wake are fitted to the host-bound points of the bench "
-            "sweep (host_us_fitted, with the calibrated values).")
-    method = profile.setdefault("provenance", {}).get("method", "")
-    if note not in method:
-        profile["provenance"]["method"] = method + note
-    with open(profile_path, "w") as f:
-        json.dump(profile, f, indent=1)
+    _save_noted(profile, profile_path, " Exception: host_us.loop_turn and host_us.wake are fitted to the host-bound "
+                "points of the bench sweep (host_us_fitted, with the calibrated values).")
     print(f"host costs fitted to the sweep's host-bound points ({where}): loop_turn {turn} us, wake {wake} us "
           f"(largest error {100 * worst:.1f}%; calibrated {calibrated['loop_turn']} and {calibrated['wake']} us)")
     return worst
