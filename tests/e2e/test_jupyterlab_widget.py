@@ -185,9 +185,10 @@ def _image_links(name):
     return re.findall(r"!\[[^\]]*\]\(([^)\s]+)", text) + re.findall(r'<img[^>]+src="([^"]+)"', text)
 
 
-@pytest.mark.parametrize("name", [n for n in COURSE_NOTEBOOKS if _image_links(n)])
-def test_every_image_in_the_notebook_loads(lab, page, name):
-    _open(page, lab, name)
+def _broken_images(page, lab, name):
+    """The images of the open notebook ``name`` that did not load (none when it links no image)."""
+    if not _image_links(name):
+        return []
     images = page.locator(".jp-Notebook .jp-RenderedMarkdown img")
     images.first.wait_for(timeout=60_000)
     # JupyterLab renders a long notebook's cells as they come into view: bring each one there.
@@ -213,7 +214,7 @@ def test_every_image_in_the_notebook_loads(lab, page, name):
             broken.append(image.get_attribute("src"))
     if broken:
         page.screenshot(path=str(ARTIFACTS / f"broken_images_{name.replace('/', '_')}.png"))
-    assert not broken, f"{name}: images that did not load with {shlex.join(lab['command'])}: {broken}"
+    return broken
 
 
 def _cell_calling(nb, call):
@@ -307,7 +308,8 @@ def _wait_until(page, condition, timeout, what):
 
 
 @pytest.mark.parametrize("name", COURSE_NOTEBOOKS)
-def test_opening_a_notebook_asks_nothing_and_changes_nothing(lab, page, name):
+def test_opening_a_notebook_asks_nothing_changes_nothing_and_loads_every_image(lab, page, name):
+    # One opening per notebook checks both (each opening starts a kernel: the suite's slowest step).
     # The stored notebook as it is: it names no Python, and the course's settings fill in this one.
     path = lab["root"] / "notebooks" / name
     before = path.read_bytes()
@@ -321,6 +323,7 @@ def test_opening_a_notebook_asks_nothing_and_changes_nothing(lab, page, name):
     dirty = page.locator(".lm-TabBar-tab.jp-mod-dirty").count()
     if popup or dirty:
         page.screenshot(path=str(shot))
+    broken = _broken_images(page, lab, name)            # after the checks above: scrolling renders cells
     # Shut the kernel down, so that the notebooks opened one after another do not pile up kernels.
     page.evaluate("async (t) => { const s = await (await fetch('/api/sessions?token=' + t)).json();"
                   " for (const x of s) await fetch('/api/sessions/' + x.id + '?token=' + t, {method: 'DELETE'}); }",
@@ -328,6 +331,7 @@ def test_opening_a_notebook_asks_nothing_and_changes_nothing(lab, page, name):
     assert not popup, f"a notification covers {name} when it opens (see {shot})"
     assert dirty == 0, f"opening {name} marked it modified (its stored metadata differs from the kernel's)"
     assert path.read_bytes() == before, f"opening {name} rewrote the file"
+    assert not broken, f"{name}: images that did not load with {shlex.join(lab['command'])}: {broken}"
 
 
 def _open_and_run(page, lab, name):
