@@ -500,11 +500,12 @@ def _halo_ranks(args, problem):
         identical = bool(np.array_equal(images.view(np.uint32), single.images.view(np.uint32)))
     if team.rank != 0:
         return 0
-    label = runtime.time_label()
+    label, link = runtime.time_label(), halo.link_note()
     summary = {"ranks": team.size, "strategy": args.strategy, "n0": problem.n0, "n1": problem.n1,
                "nt": problem.nt, "every": args.every, "backend": team.backend, "device": team.device,
-               "elapsed_ms": max(rank_ms), "rank_ms": rank_ms, "identical": identical, "time_label": label}
-    clock = f" ({label} time; {halo.link_note()})" if label else ""
+               "elapsed_ms": max(rank_ms), "rank_ms": rank_ms, "identical": identical, "time_label": label,
+               "link_note": link}
+    clock = f" ({label} time; {link})" if label else ""
     print(f"{problem.n0}x{problem.n1} grid, {problem.nt} levels on {team.size} ranks ({team.backend}, "
           f"{args.strategy}): {max(rank_ms):.1f} ms{clock}")
     if args.out:

@@ -159,6 +159,9 @@ class HaloResult:
         The slowest rank's loop time (on the CPU backend: modelled, as ``time_label`` says, the
         halo exchanges on the profile's ``peer`` link where it has one, see :func:`link_note`).
     rank_ms : list of float
+    link_note : str
+        How the ranks timed the halo exchanges (:func:`link_note` in their process; "" on GPUs,
+        where they were measured).
     traces : list of Trace
         Each rank's timeline (with ``trace=True``).
     summary : dict
@@ -173,6 +176,8 @@ class HaloResult:
         self.rank_ms = summary["rank_ms"]
         self.identical = summary.get("identical")
         self.time_label = summary.get("time_label", "")   # e.g. "modelled H200" on the CPU backend
+        # How the ranks timed their exchanges (link_note() in the ranks' process; "" on GPUs).
+        self.link_note = summary.get("link_note", "")
         path = pathlib.Path(folder)
         self.images = np.load(path / "images.npy") if (path / "images.npy").exists() else None
         trace = path / "trace.json"

@@ -181,6 +181,7 @@ def test_launch_halo_returns_the_gathered_levels_and_every_ranks_timeline():
                                 backend="cpu")
     assert r.identical is True and r.images.shape == (10, 40, 40) and len(r.rank_ms) == 2
     assert r.time_label.startswith("modelled") and r.time_label in repr(r)     # CPU ranks: modelled times
+    assert r.link_note == "halo exchanges on the profile's peer link"           # said by the ranks, not this process
     assert [t.meta["rank"] for t in r.traces] == [0, 1]
     for t in r.traces:
         halos = t.of_kind("halo")
