@@ -139,8 +139,7 @@ class Stream:
             checks.instance("event", event, Event, "an Event from create_events()")
             _same_backend(self, event)
         if event.recorded:  # as in CUDA, a never-recorded event counts as complete: nothing to wait for
-            if (not event.recorded_in_capture and self.runtime.capturing()
-                    and self.runtime.stream_capturing(self.raw)):
+            if not event.recorded_in_capture and self.runtime.stream_capturing(self.raw):
                 raise UncapturedDependency(
                     f"stream {self.name!r} waits, during a graph capture, on an event recorded before the "
                     "capture began: a graph can only wait on work it captured itself. Use events recorded "
@@ -227,7 +226,7 @@ class Event:
             _same_backend(stream, self)
         self.runtime.record(self.raw, stream.raw)
         self.recorded = True
-        self.recorded_in_capture = self.runtime.capturing() and self.runtime.stream_capturing(stream.raw)
+        self.recorded_in_capture = self.runtime.stream_capturing(stream.raw)
         if observe.hears("event_recorded"):
             observe.notify("event_recorded", stream, self)
         return self
