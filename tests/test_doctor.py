@@ -164,6 +164,33 @@ def test_kernels_that_start_when_their_launch_call_ends_are_launch_bound():
     assert ch.timelines.diagnose_records(_records(ops, early)).codes == []
 
 
+def test_gaps_a_copy_ran_through_are_not_launch_bound():
+    """A copy-bound loop: its kernels start as soon as the host launches them, but a copy runs in every
+    gap, so the device never sat idle and launching faster would not shorten the block."""
+    ops, calls = [], []
+    for i in range(100):
+        t = i * 0.015
+        calls.append(HostCall("launch", "cuLaunchKernel", t, t + 0.005, i))
+        ops.append(DeviceOp("kernel", "1", t + 0.007, t + 0.008, corr=i))
+        ops.append(DeviceOp("D2H", "2", t + 0.008, t + 0.0225, host="PINNED"))
+    assert "launch-bound" not in ch.timelines.diagnose_records(_records(ops, calls)).codes
+    # the same gaps with the copies a third as long leave the device idle two thirds of each gap
+    short = [o._replace(end=o.start + 0.0045) if o.kind == "D2H" else o for o in ops]
+    dx = ch.timelines.diagnose_records(_records(short, calls))
+    assert dx.codes == ["launch-bound"]
+    assert dx.findings[0].numbers["median_gap_us"] == pytest.approx(14.0 - 4.5)
+
+
+def test_the_course_events_loop_at_1024_recorded_on_a_gpu_gets_no_finding():
+    """The course's events loop at 1024² x 640 (tests/doctor_fixtures/course_events_loop_1024.json,
+    recorded with CUPTI on an H200): copy-bound, every copy from pinned memory on its own stream; its
+    first kernels wait for the host while the copies already run, which costs nothing."""
+    dx = ch.timelines.diagnose_records(FIXTURES / "course_events_loop_1024.json")
+    assert dx.records.timing == "CUPTI" and not dx.modelled
+    assert len(dx.records.ops) > 1000
+    assert dx.codes == [], dx.report()
+
+
 def test_a_cost_under_the_threshold_is_no_finding():
     ops, calls = _overlapped(n=100)
     # one pageable copy among a hundred, whose call held the host 10 µs: under 0.05 ms

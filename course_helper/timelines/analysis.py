@@ -414,8 +414,11 @@ def diagnose(records: Records) -> list[Finding]:
     # launch-bound: gaps between kernels that ended when the next kernel's launch call did.
     # A host held inside a copy call (a copy to pageable memory) is waiting, not launching: the
     # gaps it leaves are that copy's cost, told as pageable-copy.
+    # A gap in which a copy ran is no idle device: a copy-bound loop's kernels wait for the host at
+    # its start, while the copies, which set the pace, already run (the course's 1024² events loop).
     held = [c for c in records.calls if c.what == "copy" and c.end - c.start > LAUNCH_SLACK_MS]
-    launch_bound = _launch_gaps(kernels, call_of, [*syncs, *held])
+    launch_bound = _launch_gaps(kernels, call_of, [*syncs, *held],
+                                _busy(o for o in ops if o.kind != OpKind.KERNEL))
     if launch_bound is not None:
         cost, gaps = launch_bound
         if cost >= floor:
@@ -423,8 +426,8 @@ def diagnose(records: Records) -> list[Finding]:
             med_kernel = statistics.median(k.end - k.start for k in kernels)
             found["launch-bound"] = _make(
                 "launch-bound", f"{len(kernels)} kernels were busy {100 * busy_share:.0f}% of their span; in "
-                f"{len(gaps)} gaps (median {1e3 * statistics.median(gaps):.1f} µs, against a median kernel of "
-                f"{1e3 * med_kernel:.1f} µs) the next kernel started as soon as the host had launched it",
+                f"{len(gaps)} gaps the device sat idle (median {1e3 * statistics.median(gaps):.1f} µs, against a median "
+                f"kernel of {1e3 * med_kernel:.1f} µs) until the host had launched the next kernel",
                 cost, None, {"kernels": len(kernels), "busy": round(busy_share, 4),
                              "median_gap_us": round(1e3 * statistics.median(gaps), 3),
                              "median_kernel_us": round(1e3 * med_kernel, 3)}, records.modelled)
@@ -449,11 +452,12 @@ def _share_under(copies, kern_busy):
     return intersection_length(busy, kern_busy) / total if total > 0 else 0.0
 
 
-def _launch_gaps(kernels, call_of, waits):
-    """``(idle ms, gaps)``: the gaps between kernels (all streams together) after which the next
-    kernel started within :data:`LAUNCH_SLACK_MS` of the end of its own launch call, with no host
-    wait (``waits``: synchronisations, or calls that held the host) over the gap; None when no
-    launch call is known."""
+def _launch_gaps(kernels, call_of, waits, other_busy):
+    """``(idle ms, gaps)``: the time the device sat idle (no kernel, nor any other operation of
+    ``other_busy``) in the gaps between kernels (all streams together) after which the next kernel
+    started within :data:`LAUNCH_SLACK_MS` of the end of its own launch call, with no host wait
+    (``waits``: synchronisations, or calls that held the host) over the gap; None when no launch
+    call is known."""
     if not any(k.corr in call_of for k in kernels):
         return None
     waits = merge_intervals((w.start, w.end) for w in waits)
@@ -461,8 +465,11 @@ def _launch_gaps(kernels, call_of, waits):
     for k in kernels:
         if end is not None and k.start > end:
             call = call_of.get(k.corr)
+            gap = [[end, k.start]]
             if call is not None and k.start - call.end <= LAUNCH_SLACK_MS \
-                    and intersection_length([[end, k.start]], waits) == 0:
-                gaps.append(k.start - end)
+                    and intersection_length(gap, waits) == 0:
+                idle = k.start - end - intersection_length(gap, other_busy)
+                if idle > 0:
+                    gaps.append(idle)
         end = k.end if end is None else max(end, k.end)
     return sum(gaps), gaps
