@@ -426,8 +426,8 @@ def diagnose(records: Records) -> list[Finding]:
             med_kernel = statistics.median(k.end - k.start for k in kernels)
             found["launch-bound"] = _make(
                 "launch-bound", f"{len(kernels)} kernels were busy {100 * busy_share:.0f}% of their span; in "
-                f"{len(gaps)} gaps the device sat idle (median {1e3 * statistics.median(gaps):.1f} µs, against a median "
-                f"kernel of {1e3 * med_kernel:.1f} µs) until the host had launched the next kernel",
+                f"{len(gaps)} gaps the device sat idle (median {1e3 * statistics.median(gaps):.1f} µs, against a "
+                f"median kernel of {1e3 * med_kernel:.1f} µs) until the host had launched the next kernel",
                 cost, None, {"kernels": len(kernels), "busy": round(busy_share, 4),
                              "median_gap_us": round(1e3 * statistics.median(gaps), 3),
                              "median_kernel_us": round(1e3 * med_kernel, 3)}, records.modelled)
