@@ -552,7 +552,7 @@ def test_an_interrupt_ends_every_rank_of_the_job(target, presses):
         assert len(ranks) == 2, "the ranks never said they were ready:\n" + "".join(err.lines)[-3000:]
         pids = ([proc.pid] if target == "mpiexec" else list(ranks.values()) if target == "both ranks"
                 else [ranks[int(target.split()[1])]])
-        for press in range(presses):
+        for _ in range(presses):
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGINT)
