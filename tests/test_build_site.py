@@ -166,6 +166,20 @@ def test_a_built_folder_whose_src_or_html_is_a_link_is_refused(tmp_path, name):
     assert _tree(out) == before and (elsewhere / "thesis.tex").read_text() == "keep me"
 
 
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_an_out_folder_given_as_a_link_is_refused_and_what_it_points_to_untouched(tmp_path, monkeypatch):
+    """The command does not follow a link given as --out to build in the folder it points to."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "site"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    monkeypatch.setattr(build_site, "_missing_extras", lambda: [])
+    monkeypatch.setattr(build_site, "plan", lambda: None)
+    with pytest.raises(SystemExit, match=r"site is a symbolic link: give the folder it points to"):
+        build_site.main(["--out", str(link)])
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_marker_the_build_did_not_write_or_a_src_that_is_a_file_is_refused(tmp_path):
     out = tmp_path / "site"
     out.mkdir()

@@ -28,7 +28,8 @@ and linked at the end of its lesson. The build works on a copy of the course (``
 
 ``--out OUT`` (default ``_build/site``) must be a new or empty folder, or one this script built
 (it holds the marker file ``.course-site`` this script wrote): anything else is refused before a file
-is written, and so is a marker, ``src/``, ``html/`` or ``_build/`` there that is a symbolic link, and a
+is written, and so is an ``--out`` that is itself a symbolic link, a marker, ``src/``, ``html/`` or
+``_build/`` there that is a symbolic link, and a
 marker that is not a regular file with no other name. Emptying ``src/`` and ``html/`` removes the
 links inside them, never what they point to.
 """
@@ -436,7 +437,7 @@ def main(argv=None):
                         help="build folder (default _build/site), new, empty or built by this script; "
                              "the site is its html/ folder")
     args = parser.parse_args(argv)
-    out = args.out.resolve()
+    out = pathlib.Path(os.path.abspath(args.out))     # not resolved: claim() refuses a link given as --out
     missing = _missing_extras()
     if missing:
         sys.exit(f"the site needs {', '.join(missing)}: pip install -e \".[site]\"")
