@@ -29,9 +29,8 @@ and linked at the end of its lesson. The build works on a copy of the course (``
 ``--out OUT`` (default ``_build/site``) must be a new or empty folder, or one this script built
 (it holds the marker file ``.course-site`` this script wrote): anything else is refused before a file
 is written, and so is an ``--out`` that is itself a symbolic link, a marker, ``src/``, ``html/`` or
-``_build/`` there that is a symbolic link, and a
-marker that is not a regular file with no other name. Emptying ``src/`` and ``html/`` removes the
-links inside them, never what they point to.
+``_build/`` there that is a symbolic link, and a marker that is not a regular file with no other
+name. Emptying ``src/`` and ``html/`` removes the links inside them, never what they point to.
 """
 import argparse
 import copy
