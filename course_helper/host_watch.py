@@ -15,29 +15,38 @@ a timed run pays nothing for them.
 What counts as an access:
 
 * **a read**: an element (``a[3, 4]``), fancy indexing, a copy (``a.copy()``, ``astype``,
-  ``np.array(a)``), every NumPy function and ufunc given the array (``np.max(a)``,
-  ``a == b``, ``a.sum()``), ``np.asarray(a)`` (the sanitizer cannot follow the plain array it
-  returns, so it counts as a read now), printing, a plot (Matplotlib copies what it draws);
-* **a write**: ``a[...] = x``, ``a.fill(v)``, ``a += 1``, ``np.copyto(a, x)``, ``out=a``,
+  ``np.array(a)``, ``np.array([a, b])``), every NumPy function and ufunc given the array
+  (``np.max(a)``, ``a == b``, ``a.sum()``), ``np.asarray(a)`` (the sanitizer cannot follow the plain
+  array it returns, so it counts as a read now), printing, pickling, a plot (Matplotlib copies what
+  it draws);
+* **a write**: ``a[...] = x``, ``a.fill(v)``, ``a.sort()``, ``a += 1``, ``np.copyto(a, x)``, ``out=a``,
   ``np.add.at(a, ...)``, ``a.flat = x``, ``a.flat[i] = x``;
-* **no access**: a view (``a[k]``, ``a.T``, ``a.reshape(...)``, ``a.view(...)``), the shape,
-  dtype, flags or address, ``np.shares_memory``.
+* **no access**: a view (``a[k]``, ``a.T``, ``a.reshape(...)``, ``a.view(...)``,
+  ``np.broadcast_to(a, shape)``), the shape, dtype, flags or address, ``np.shares_memory``.
 
 A view of a watched array is watched: it is a PinnedArray too. That includes
 ``a.view(np.ndarray)``, which while a sanitizer watches gives a PinnedArray (outside one, a plain
-array as usual), and ``a.flat``, whose reads (``a.flat[i]``, iterating, ``np.array(a.flat)``) and
-writes are heard like indexing.
+array as usual), the plain views NumPy functions such as ``np.broadcast_to`` return, and
+``a.flat``, whose reads (``a.flat[i]``, iterating, ``np.array(a.flat)``) and writes are heard like
+indexing. A view taken before a copy was queued is heard like the array.
 
 Not seen, exactly:
 
 * the buffer protocol and raw addresses: ``memoryview(a)``, ``a.data``, ``a.ctypes``,
   ``a.__array_interface__``, ``np.frombuffer(a)``, and compiled code (or ctypes) that reads or
-  writes the memory through them;
+  writes the memory through them, such as ``f.readinto(a)`` or a random generator's
+  ``rng.random(out=a)``;
+* a pinned array assigned into a plain one, ``x[...] = a`` or ``x[i] = a``: NumPy copies it in C
+  without asking ``a`` (``np.copyto(x, a)`` and ``x[...] = a.copy()`` are heard);
 * ``a.base`` (the plain array under the helper's pinned memory) and NumPy's methods called on the
   class ``np.ndarray`` itself (``np.ndarray.view(a, np.ndarray)``, ``np.ndarray.__setitem__(a, ...)``);
 * a view as another subclass of ``np.ndarray`` (``a.view(np.recarray)``, ``np.matrix``, a masked
   array), and ``np.nditer(a)``;
-* what is done with the plain array ``np.asarray(a)`` returns (taking it counts as a read then);
+* what is done with a plain array made over the memory: ``np.asarray(a)`` and
+  ``np.lib.stride_tricks.as_strided(a, ...)`` (taking either counts as a read then);
+* a plain view or flat iterator taken before the sanitizer started (``v = a.view(np.ndarray)`` or
+  ``a.flat`` outside the ``with`` block, used inside it): only what is taken while it watches is
+  watched;
 * memory pinned another way than the helper's ``pinned_empty``.
 """
 from __future__ import annotations
@@ -222,7 +231,11 @@ def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
 
 
 def _array_function(self, func, types, args, kwargs):
-    if _outermost() and func not in _NO_ACCESS:
+    if func in _NO_ACCESS:
+        with _inside():
+            result = np.ndarray.__array_function__(self, func, types, args, kwargs)
+        return _rewatch(result, self)
+    if _outermost():
         entry = f"np.{func.__name__}"
         if func in _WRITE_FIRST and args:
             _touch_all(args[:1], "w", entry)
@@ -235,6 +248,16 @@ def _array_function(self, func, types, args, kwargs):
         return np.ndarray.__array_function__(self, func, types, args, kwargs)
 
 
+def _rewatch(result, array):
+    """A view NumPy gave back as a plain array (``np.broadcast_to`` does, whatever it is given) made a
+    PinnedArray again, so that its use is heard like that of any other view of ``array``."""
+    if type(result) is np.ndarray and _within(result, array):
+        return _plain_view(result, PinnedArray)
+    if isinstance(result, (list, tuple)) and any(type(r) is np.ndarray for r in result):
+        return type(result)(_rewatch(r, array) for r in result)
+    return result
+
+
 def _array_finalize(self, obj):
     # A new PinnedArray made from ``obj`` by NumPy's C code: a copy of it (not a view) reads it.
     if isinstance(obj, PinnedArray) and _outermost() and not _within(self, obj):
@@ -244,10 +267,11 @@ def _array_finalize(self, obj):
 def _constructor(original):
     """``np.asarray`` and the other constructors: taking a pinned array's memory reads it."""
     def construct(*args, **kwargs):
-        if args and isinstance(args[0], PinnedArray):
-            _touch(args[0], "r", f"np.{original.__name__}")
-        elif args and isinstance(args[0], _WatchedFlat):
-            _touch(args[0].array, "r", f"np.{original.__name__}")
+        given = args[:1] or [kwargs.get("object", kwargs.get("a"))]
+        if isinstance(given[0], _WatchedFlat):
+            _touch(given[0].array, "r", f"np.{original.__name__}")
+        else:                       # the array itself, or arrays in a list (``np.array([a, b])``)
+            _touch_all(given, "r", f"np.{original.__name__}")
         with _inside():
             return original(*args, **kwargs)
     construct.__name__ = original.__name__

@@ -45,10 +45,13 @@ after the work queued before it there. A view of a pinned array is watched too,
 ``a.view(np.ndarray)`` and ``a.flat`` included. What the sanitizer cannot hear
 (listed exactly in :mod:`course_helper.host_watch`): the buffer protocol and raw
 addresses (``memoryview(a)``, ``a.data``, ``a.ctypes``, ``a.__array_interface__``,
-``np.frombuffer(a)``) and compiled code using them; ``a.base`` and the methods of
-``np.ndarray`` called on the class itself (``np.ndarray.view(a, np.ndarray)``); a
-view as another ndarray subclass (``a.view(np.recarray)``) and ``np.nditer(a)``;
-what is done with the plain array ``np.asarray(a)`` returns (taking it is a read);
+``np.frombuffer(a)``) and compiled code using them (``f.readinto(a)``,
+``rng.random(out=a)``); a pinned array assigned into a plain one (``x[...] = a``; use
+``np.copyto(x, a)``); ``a.base`` and the methods of ``np.ndarray`` called on the class
+itself (``np.ndarray.view(a, np.ndarray)``); a view as another ndarray subclass
+(``a.view(np.recarray)``) and ``np.nditer(a)``; what is done with a plain array made
+over the memory, ``np.asarray(a)`` or ``np.lib.stride_tricks.as_strided(a)`` (taking
+either is a read); a plain view or ``a.flat`` taken before the sanitizer started;
 memory pinned another way than ``ch.pinned_empty``.
 
 **Memory let go.** When the last reference to an array goes, its memory can

@@ -150,7 +150,7 @@ def test_a_marker_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, m
 
 
 @pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
-@pytest.mark.parametrize("name", ["src", "html"])
+@pytest.mark.parametrize("name", ["src", "html", "_build"])
 def test_a_built_folder_whose_src_or_html_is_a_link_is_refused(tmp_path, name):
     """Even in the build's own folder (its marker is real), a linked src/ or html/ would have the
     build empty the folder it points to."""
@@ -166,6 +166,20 @@ def test_a_built_folder_whose_src_or_html_is_a_link_is_refused(tmp_path, name):
     assert _tree(out) == before and (elsewhere / "thesis.tex").read_text() == "keep me"
 
 
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_an_out_folder_given_as_a_link_is_refused_and_what_it_points_to_untouched(tmp_path, monkeypatch):
+    """The command does not follow a link given as --out to build in the folder it points to."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "site"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    monkeypatch.setattr(build_site, "_missing_extras", lambda: [])
+    monkeypatch.setattr(build_site, "plan", lambda: None)
+    with pytest.raises(SystemExit, match=r"site is a symbolic link: give the folder it points to"):
+        build_site.main(["--out", str(link)])
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_marker_the_build_did_not_write_or_a_src_that_is_a_file_is_refused(tmp_path):
     out = tmp_path / "site"
     out.mkdir()
@@ -179,6 +193,65 @@ def test_a_marker_the_build_did_not_write_or_a_src_that_is_a_file_is_refused(tmp
     with pytest.raises(build_site.SiteError, match="html is not a folder"):
         build_site.claim(built)
     assert (built / "html").read_text() == "a file"
+
+
+def test_a_marker_that_is_a_folder_is_refused_and_left_alone(tmp_path):
+    out = tmp_path / "site"
+    (out / build_site.MARKER).mkdir(parents=True)
+    (out / build_site.MARKER / "notes.txt").write_text("keep me")
+    before = _tree(out)
+    with pytest.raises(build_site.SiteError, match=r"\.course-site is not a regular file of its own"):
+        build_site.claim(out)
+    assert _tree(out) == before and (out / build_site.MARKER / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.skipif(not hasattr(os, "link"), reason="needs hard links")
+def test_a_marker_with_another_name_elsewhere_is_refused_and_that_file_untouched(tmp_path):
+    """A hard link holding the marker's own text would be truncated and written through like a
+    symbolic one (and its folder's src/ and html/ emptied): a marker must have no other name."""
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text(build_site.MARKER_TEXT)
+    out = tmp_path / "site"
+    out.mkdir()
+    os.link(elsewhere, out / build_site.MARKER)
+    before = os.stat(elsewhere).st_mtime_ns
+    with pytest.raises(build_site.SiteError, match="not a regular file of its own"):
+        build_site.claim(out)
+    assert os.stat(elsewhere).st_mtime_ns == before and elsewhere.read_text() == build_site.MARKER_TEXT
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_a_rebuild_removes_links_inside_src_and_html_never_what_they_point_to(tmp_path, monkeypatch):
+    """The build empties src/ and html/ of its own folder: a link planted inside them (to a file or
+    a folder elsewhere) goes, and what it points to stays as it was."""
+    _site_extra()
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "folder").mkdir(parents=True)
+    (elsewhere / "folder" / "thesis.tex").write_text("keep me")
+    (elsewhere / "notes.txt").write_text("keep me too")
+    out = tmp_path / "site"
+    build_site.claim(out)
+    for name in ("src", "html"):
+        (out / name / "deeper").mkdir(parents=True)
+        (out / name / "to-a-folder").symlink_to(elsewhere / "folder", target_is_directory=True)
+        (out / name / "deeper" / "to-a-file").symlink_to(elsewhere / "notes.txt")
+    before = _tree(elsewhere)
+    run = subprocess.run
+
+    def jupyter_book(command, **kwargs):
+        if "--path-output" not in command:              # git, asked which files are the course's
+            return run(command, **kwargs)
+        built = pathlib.Path(command[command.index("--path-output") + 1]) / "_build" / "html"
+        built.mkdir(parents=True)
+        (built / "index.html").write_text("<html></html>")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(build_site.subprocess, "run", jupyter_book)
+    build_site.main(["--out", str(out)])
+    assert _tree(elsewhere) == before
+    assert (elsewhere / "folder" / "thesis.tex").read_text() == "keep me"
+    assert (elsewhere / "notes.txt").read_text() == "keep me too"
+    assert not any(p.is_symlink() for name in ("src", "html") for p in (out / name).rglob("*"))
 
 
 def test_the_build_command_refuses_a_folder_it_did_not_make_and_leaves_it_alone(tmp_path):

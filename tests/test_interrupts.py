@@ -83,14 +83,20 @@ SOLVE = ch.solver.solve.__code__
 
 
 def _run_interrupted(problem, strategy, path, compress, first_s, rng, how):
-    """One run to ``path`` under a burst of Ctrl-Cs; True if a Ctrl-C stopped it, False if it
-    finished first. Any other error fails the test."""
+    """One run to ``path`` under a burst of Ctrl-Cs: the KeyboardInterrupt that stopped it, or None
+    if it finished first. Any other error fails the test."""
     with _CtrlCs(first_s, gap_s=rng.uniform(0.0002, 0.002), count=30, how=how):
         try:
             ch.solve(problem, strategy, trace=rng.random() < 0.5, store=path, compress=compress)
-        except KeyboardInterrupt:
-            return True
-    return False
+        except KeyboardInterrupt as stopped:
+            return stopped
+    return None
+
+
+def _threads_alive_now():
+    """The course's threads alive now, with no garbage collected: a notebook keeps the last error's
+    traceback (and so the interrupted run's frames) alive, so its threads must end without one."""
+    return [t for t in threading.enumerate() if t.name.startswith(disk.THREAD_NAMES) and t.is_alive()]
 
 
 @pytest.mark.parametrize("strategy, compress", [(name, None) for name in STORE_STRATEGIES]
@@ -122,6 +128,9 @@ def _check_ctrl_cs_in_store_runs(tmp_path, strategy, compress):
         path = tmp_path / f"run{i}.zarr"
         stopped = _run_interrupted(problem, strategy, path, compress, first_s, rng,
                                    how="SIGINT" if i % 2 == 0 else "interrupt_main")
+        # (``stopped`` holds the run's frames, as a notebook's last traceback does)
+        assert not _threads_alive_now(), f"alive after run {i}, its error kept: {_threads_alive_now()}"
+        stopped = stopped is not None
         assert not course_threads(), f"alive after run {i}: {course_threads()}"
         assert recording.current() is None                  # no timeline left recording
         if path.exists():                                    # (a store that keeps nothing is removed)

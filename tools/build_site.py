@@ -28,7 +28,9 @@ and linked at the end of its lesson. The build works on a copy of the course (``
 
 ``--out OUT`` (default ``_build/site``) must be a new or empty folder, or one this script built
 (it holds the marker file ``.course-site`` this script wrote): anything else is refused before a file
-is written, and so is a marker, ``src/``, ``html/`` or ``_build/`` there that is a symbolic link.
+is written, and so is an ``--out`` that is itself a symbolic link, a marker, ``src/``, ``html/`` or
+``_build/`` there that is a symbolic link, and a marker that is not a regular file with no other
+name. Emptying ``src/`` and ``html/`` removes the links inside them, never what they point to.
 """
 import argparse
 import copy
@@ -36,6 +38,7 @@ import os
 import pathlib
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -340,7 +343,8 @@ def claim(out):
 
     Nothing the build writes or empties may be a symbolic link: writing the marker through a link
     would overwrite the file it points to, and emptying a linked ``src/`` or ``html/`` would empty
-    a folder elsewhere. The marker must be a regular file with the text this script writes."""
+    a folder elsewhere. The marker must be a regular file of its own (no other hard link) with the text
+    this script writes. Links inside ``src/`` and ``html/`` are removed, never followed."""
     if out.is_symlink():
         raise SiteError(f"--out {out} is a symbolic link: give the folder it points to, {out.resolve()}")
     if out.exists() and not out.is_dir():
@@ -350,6 +354,10 @@ def claim(out):
         if path.is_symlink():
             raise SiteError(f"--out {out}: {path.name} is a symbolic link (to {os.readlink(path)}), which the "
                             "build would write or empty through: remove the link yourself, or choose a new folder")
+    if marker.exists() and not _regular_file_of_its_own(marker):
+        raise SiteError(f"--out {out}: {MARKER} is not a regular file of its own (a folder, a device, or a "
+                        "file with another name elsewhere, which writing the marker would change too): "
+                        "this script did not make it; remove it yourself, or choose a new folder")
     for name in EMPTIED:
         if (out / name).exists() and not (out / name).is_dir():
             raise SiteError(f"--out {out}: {name} is not a folder, so this script did not make it: "
@@ -364,10 +372,20 @@ def claim(out):
         f.write(MARKER_TEXT)
 
 
-def _own_marker(marker):
-    """Whether ``marker`` is a regular file (not a link) holding the text this script writes."""
+def _regular_file_of_its_own(path):
+    """Whether ``path`` is a regular file (not a link, folder or device) with no other name (a hard
+    link elsewhere would be written through like a symbolic one)."""
     try:
-        return marker.is_file() and not marker.is_symlink() and marker.read_text() == MARKER_TEXT
+        status = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(status.st_mode) and status.st_nlink == 1
+
+
+def _own_marker(marker):
+    """Whether ``marker`` is a regular file of its own holding the text this script writes."""
+    try:
+        return _regular_file_of_its_own(marker) and marker.read_text() == MARKER_TEXT
     except (OSError, UnicodeDecodeError):
         return False
 
@@ -418,7 +436,7 @@ def main(argv=None):
                         help="build folder (default _build/site), new, empty or built by this script; "
                              "the site is its html/ folder")
     args = parser.parse_args(argv)
-    out = args.out.resolve()
+    out = pathlib.Path(os.path.abspath(args.out))     # not resolved: claim() refuses a link given as --out
     missing = _missing_extras()
     if missing:
         sys.exit(f"the site needs {', '.join(missing)}: pip install -e \".[site]\"")

@@ -430,6 +430,8 @@ class DiskSink:
     pipeline, whatever happened. ``compression`` says where the chunks were compressed and why
     (see :meth:`compression_summary`). ``checked``: :func:`check_target` has passed for ``path``
     already (``solve`` runs it once, before it allocates anything), so it is not run again.
+    ``chunk``: saved levels a chunk file holds, at most the run's saved levels (a larger one is
+    capped, with a warning, as ``solve`` caps its ``batch``).
     """
 
     def __init__(self, path: str | os.PathLike, problem: WaveProblem, every: int, chunk: int, *,
@@ -438,6 +440,12 @@ class DiskSink:
         writers = checks.positive_int("writers", DEFAULT_WRITERS if writers is None else writers)
         self.path = Path(path)
         self.nsaved = len(saved_levels(problem.nt, every))
+        if checks.positive_int("chunk", chunk) > self.nsaved:
+            # A chunk (a shard, compressed) sized beyond the run would hold levels that never come,
+            # and its compression ratio would count them. (solve caps its batch the same way.)
+            warnings.warn(f"chunk={chunk} is more than the run's {self.nsaved} saved levels: it is capped at "
+                          f"{self.nsaved} (one chunk of the store holds them all)", stacklevel=2)
+            chunk = self.nsaved
         if not checked:                # solve() checks the target once, before it allocates anything
             check_target(self.path, self.nsaved * problem.nbytes_level, compress)
         self.every = every

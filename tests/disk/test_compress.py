@@ -241,6 +241,20 @@ def test_a_batch_beyond_the_run_s_levels_is_capped_once_with_a_note(tmp_path, ca
         assert ch.solver.plan_memory(p, "staged", batch=10**6) == ch.solver.plan_memory(p, "staged", batch=20)
 
 
+def test_a_store_s_chunk_beyond_the_run_s_levels_is_capped_by_the_sink_itself(tmp_path):
+    """DiskSink, the store's writer that solve uses, sizes no chunk file (no shard) beyond the run."""
+    p = ch.WaveProblem(n0=48, n1=40, nt=20)
+    with pytest.warns(UserWarning, match=r"chunk=100000 is more than the run's 20 saved levels: it is capped at 20"):
+        sink = disk.DiskSink(tmp_path / "s.zarr", p, 1, chunk=100000, compress="gpu-zstd")
+    try:
+        assert sink.chunk == 20 and sink.data.shards == (20, 48, 40)
+    finally:
+        sink.finish()
+    for wrong, error in ((0, ValueError), (2.5, TypeError), ("3", TypeError)):
+        with pytest.raises(error, match="chunk must be"):
+            disk.DiskSink(tmp_path / f"w{wrong}.zarr", p, 1, chunk=wrong)
+
+
 # --------------------------------------------------------------------------
 # On a GPU with nvCOMP (the nvcomp extra)
 # --------------------------------------------------------------------------

@@ -536,11 +536,13 @@ def _ready_pids(lines):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank processes through /proc")
-@pytest.mark.parametrize("target", ["rank 0", "rank 1", "mpiexec"])
-def test_an_interrupt_ends_every_rank_of_the_job(target):
+@pytest.mark.parametrize("target, presses", [("rank 0", 1), ("rank 1", 1), ("mpiexec", 1), ("rank 0", 3),
+                                             ("rank 1", 3), ("both ranks", 1)])
+def test_an_interrupt_ends_every_rank_of_the_job(target, presses):
     """A Ctrl-C that reaches one rank only (or mpiexec, which passes it on to the ranks) stops
     the whole job, without a crash: the interrupted rank aborts the communicator instead of
-    leaving the other waiting for its halo rows for ever."""
+    leaving the other waiting for its halo rows for ever. So do Ctrl-Cs pressed again while the
+    job stops (they land in the rank's abort), and one that reaches both ranks at once."""
     proc = subprocess.Popen([_mpiexec(), "-n", "2", sys.executable, "-c", _ANNOUNCING_RANKS, *_LONG_JOB],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ranks_env("cpu"),
                             start_new_session=True)
@@ -548,7 +550,15 @@ def test_an_interrupt_ends_every_rank_of_the_job(target):
     try:
         ranks = _ready_pids(err.wait_for(lambda lines: len(_ready_pids(lines)) == 2))
         assert len(ranks) == 2, "the ranks never said they were ready:\n" + "".join(err.lines)[-3000:]
-        os.kill(proc.pid if target == "mpiexec" else ranks[int(target.split()[1])], signal.SIGINT)
+        pids = ([proc.pid] if target == "mpiexec" else list(ranks.values()) if target == "both ranks"
+                else [ranks[int(target.split()[1])]])
+        for _ in range(presses):
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except ProcessLookupError:       # a later press after the rank has ended
+                    pass
+            time.sleep(0.05)
         err.wait_for(lambda lines: any("interrupted; stopping every rank" in line for line in lines))
         try:
             proc.wait(timeout=_DEADLINE_S)

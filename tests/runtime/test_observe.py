@@ -263,7 +263,7 @@ def test_unwatched_work_is_noted_in_the_journal_and_an_op_reader_brings_the_ops_
     assert len(direct.launches) == 1 and direct.copies == ["D2H"]
 
 
-@pytest.mark.parametrize("change", ["dt", "source", "fm"])
+@pytest.mark.parametrize("change", ["dt", "source", "fm", "td", "dx0"])
 def test_a_prepared_launch_notices_a_problem_changed_after_it_was_prepared(direct, change):
     """The packed launch holds the problem's numbers and the amplitude table its steps: a change to
     the problem after a first loop is noticed at the next call, which prepares again, and the second
@@ -287,15 +287,33 @@ def test_a_prepared_launch_notices_a_problem_changed_after_it_was_prepared(direc
     before = ch.reference_solution(p)
     np.testing.assert_array_equal(loop(), before)
     assert len(direct.packs) == 3
-    setattr(p, change, {"dt": p.dt * 0.5, "source": (10, 12), "fm": p.fm * 2}[change])
+    setattr(p, change, {"dt": p.dt * 0.5, "source": (10, 12), "fm": p.fm * 2, "td": p.td * 0.5,
+                        "dx0": p.dx0 * 1.5}[change])
     after = ch.reference_solution(p)
     assert not np.array_equal(after, before)
     np.testing.assert_array_equal(loop(), after)
-    # Each position packed again, once; fm changes only the amplitudes (not a packed argument).
-    packs = 3 if change == "fm" else 6
+    # Each position packed again, once; fm and td change only the amplitudes (not packed arguments).
+    packs = 3 if change in ("fm", "td") else 6
     assert len(direct.packs) == packs
     np.testing.assert_array_equal(loop(), after)               # and then the packed path again
     assert len(direct.packs) == packs and len(direct.launches) == 3 * (p.nt - 2)
+
+
+def test_a_prepared_launch_refuses_a_problem_grown_past_its_arrays(direct):
+    """A change the prepared arrays no longer fit (the grid's size) is refused at the next call,
+    with launch_wave2d's message, before anything is queued."""
+    p = ch.WaveProblem(n0=41, n1=37, nt=14)
+    (s,) = ch.create_streams(1)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    prepared = ch.wave.PreparedLaunch(U[0], U[1], U[2], ch.to_device(p.velocity), p, s)
+    prepared(0)
+    prepared(3)
+    s.synchronize()
+    launched = len(direct.launches) + len(direct.packs)
+    p.n0 = 48
+    with pytest.raises(ValueError, match=r"must be a C-contiguous float32 array of shape \(48, 37\)"):
+        prepared(6)
+    assert len(direct.launches) + len(direct.packs) == launched
 
 
 def test_a_prepared_launch_queues_the_packed_launch_unwatched_and_launch_wave2d_watched(direct):
