@@ -41,7 +41,8 @@ Not seen, exactly:
 * ``a.base`` (the plain array under the helper's pinned memory) and NumPy's methods called on the
   class ``np.ndarray`` itself (``np.ndarray.view(a, np.ndarray)``, ``np.ndarray.__setitem__(a, ...)``);
 * a view as another subclass of ``np.ndarray`` (``a.view(np.recarray)``, ``np.matrix``, a masked
-  array), and ``np.nditer(a)``;
+  array), and ``np.nditer(a)``; NumPy functions that use it, or assign ``a`` into a plain array,
+  inside (``np.lib.format.write_array``, ``np.rec.fromarrays``);
 * what is done with a plain array made over the memory: ``np.asarray(a)`` and
   ``np.lib.stride_tricks.as_strided(a, ...)`` (taking either counts as a read then);
 * a plain view or flat iterator taken before the sanitizer started (``v = a.view(np.ndarray)`` or
@@ -163,7 +164,8 @@ def _where(entry):
 
 def _touch(array, mode, entry):
     """Announce that the host reads (``"r"``) or writes (``"w"``) ``array`` through ``entry``."""
-    if _outermost() and observe.hears("host_access"):
+    # an empty part (a[0:0]) holds no byte a copy could be writing
+    if _outermost() and observe.hears("host_access") and getattr(array, "size", 1) != 0:
         observe.notify("host_access", array, mode, _where(entry))
 
 
@@ -188,7 +190,8 @@ def _target(a, key):
         part = _plain_getitem(a, key)
         if not isinstance(part, np.ndarray):                       # one element: its 0-d view
             part = _plain_getitem(a, (*key, Ellipsis) if isinstance(key, tuple) else (key, Ellipsis))
-    return part if isinstance(part, np.ndarray) and part.size and _within(part, a) else a
+    # an empty part shares no memory by NumPy's test, but touches nothing either
+    return part if isinstance(part, np.ndarray) and (part.size == 0 or _within(part, a)) else a
 
 
 # --------------------------------------------------------------------------
@@ -199,7 +202,7 @@ def _getitem(self, key):
         out = _plain_getitem(self, key)
     if not isinstance(out, np.ndarray):
         _touch(_target(self, key), "r", "reading an element")
-    elif not _within(out, self):
+    elif out.size and not _within(out, self):
         _touch(self, "r", "fancy indexing")
     return out
 

@@ -49,7 +49,9 @@ addresses (``memoryview(a)``, ``a.data``, ``a.ctypes``, ``a.__array_interface__`
 ``rng.random(out=a)``); a pinned array assigned into a plain one (``x[...] = a``; use
 ``np.copyto(x, a)``); ``a.base`` and the methods of ``np.ndarray`` called on the class
 itself (``np.ndarray.view(a, np.ndarray)``); a view as another ndarray subclass
-(``a.view(np.recarray)``) and ``np.nditer(a)``; what is done with a plain array made
+(``a.view(np.recarray)``) and ``np.nditer(a)`` (NumPy functions that read through it, or assign
+``a`` into a plain array, inside: ``np.lib.format.write_array``, ``np.rec.fromarrays``); what is
+done with a plain array made
 over the memory, ``np.asarray(a)`` or ``np.lib.stride_tricks.as_strided(a)`` (taking
 either is a read); a plain view or ``a.flat`` taken before the sanitizer started;
 memory pinned another way than ``ch.pinned_empty``.
