@@ -148,7 +148,8 @@ class ActivitySession:
     :meth:`start` and :meth:`stop`; ``records`` then holds one dict per
     operation: ``cls`` ("kernel", "DTOH", "HTOD", "DTOD", "memset", ...),
     ``start_ns``, ``end_ns``, ``stream_id``, ``bytes``, ``name``,
-    ``graph_id`` (0 outside graphs), ``channel`` (the hardware channel: copy engine or compute queue) and
+    ``graph_id`` (0 outside graphs), ``channel`` (the hardware channel the work was queued on: a channel
+    feeds an engine, it is not one) and
     ``dst_kind`` (copies: "PINNED", "PAGEABLE", "DEVICE").
 
     ``kinds`` picks what is recorded, among ``"kernel"``, ``"memcpy"`` and ``"memset"`` (default:
