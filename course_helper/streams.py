@@ -169,7 +169,10 @@ class Stream:
         Handy to simulate slow work or to log when a stream gets somewhere.
         The function must not queue or wait for device work itself (on the CPU
         backend doing so raises). On the CPU backend an exception it raises
-        comes back at the next synchronisation.
+        comes back at the next synchronisation, and the function runs when the
+        host next calls into the helper past its place (a synchronisation, a
+        ``done`` query): wait for it that way, not with a ``threading.Event``
+        of your own, which the model cannot see (docs/cpu-backend.md).
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
