@@ -148,6 +148,17 @@ def test_a_host_wait_that_lets_the_device_run_dry_is_told_and_one_at_the_end_is_
     assert "host-wait-in-loop" not in ch.timelines.diagnose_records(_records(busy, calls, [wait, at_end])).codes
 
 
+def test_a_host_wait_too_short_to_report_leaves_the_other_rules_working():
+    # copies on their own stream that never run under a kernel, and one wait that lets the device
+    # run dry for 10 µs: under the threshold, so the copies are still told as not hidden
+    ops, calls = _serial(copy_stream="2")
+    k2 = next(o for o in ops if o.kind == "kernel" and o.corr == 4)
+    ops = [o._replace(start=o.start + 0.01, end=o.end + 0.01) if o.start >= k2.start else o for o in ops]
+    wait = HostSync("STREAM_SYNCHRONIZE", "2", k2.start - 0.2, k2.start, "cudaStreamSynchronize", "loop.py:11")
+    dx = ch.timelines.diagnose_records(_records(ops, calls, [wait]))
+    assert dx.codes == ["copies-not-hidden"]
+
+
 def test_kernels_that_start_when_their_launch_call_ends_are_launch_bound():
     ops, calls = [], []
     for i in range(100):                      # 1 µs kernels, launched every 15 µs

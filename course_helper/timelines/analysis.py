@@ -397,10 +397,10 @@ def diagnose(records: Records) -> list[Finding]:
         if running or not later:
             continue                      # the device still had work, or the block ended: no harm
         idle = [[s.start, min(later)]]
-        lost = covered_length(idle) - intersection_length(idle, kern_busy)
-        if lost > 0:
+        idle_ms = covered_length(idle) - intersection_length(idle, kern_busy)
+        if idle_ms > 0:
             drained.append(s)
-            cost += lost
+            cost += idle_ms
     if drained and cost >= floor:
         host_ms = sum(s.end - s.start for s in syncs)
         kinds = sorted({s.name or s.what for s in drained})
