@@ -341,6 +341,40 @@ def test_the_command_line_refuses_a_missing_script(cpu, tmp_path, capsys):
     assert "no script at" in capsys.readouterr().err
 
 
+def test_a_script_that_raises_gets_its_traceback_the_report_and_status_1(cpu, tmp_path, capsys):
+    script = tmp_path / "fails.py"
+    text = SCRIPT.replace("sys.exit(int(sys.argv[2]))", "raise KeyError('no such level')")
+    script.write_text(text)
+    line = text.splitlines().index("raise KeyError('no such level')") + 1
+    status = cli.main(["doctor", "--backend", "cpu", str(script), "512", "0"])
+    captured = capsys.readouterr()
+    assert status == 1                                  # as `python fails.py` would exit
+    # the script's traceback, from its own line (not the doctor's or runpy's frames), then the report
+    # of what it did before it raised
+    assert f'File "{script}", line {line}' in captured.err and "KeyError: 'no such level'" in captured.err
+    assert "cli.py" not in captured.err and "runpy" not in captured.err
+    assert "copy-on-compute-stream" in captured.out
+    assert "exit status 1" in captured.err
+
+
+@pytest.mark.parametrize("ending, status", [("sys.exit('bad arguments')", 1), ("sys.exit()", 0),
+                                            ("sys.exit(None)", 0)])
+def test_a_script_that_exits_gets_the_status_python_gives_it(cpu, tmp_path, capsys, ending, status):
+    script = tmp_path / "exits.py"
+    script.write_text(f"import sys\n{ending}\n")
+    assert cli.main(["doctor", "--backend", "cpu", str(script)]) == status
+    captured = capsys.readouterr()
+    assert ("bad arguments" in captured.err) == ("bad arguments" in ending)
+
+
+def test_a_script_with_no_device_work_is_told_there_was_nothing_to_diagnose(cpu, tmp_path, capsys):
+    script = tmp_path / "host_only.py"
+    script.write_text("import numpy as np\nprint(np.arange(4).sum())\n")
+    assert cli.main(["doctor", "--backend", "cpu", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "No device work was recorded" in out and "helper's API" in out and "No findings" not in out
+
+
 # --------------------------------------------------------------------------
 # On a GPU: plain CuPy loops, measured live
 # --------------------------------------------------------------------------

@@ -411,12 +411,22 @@ class Diagnosis:
     def report(self) -> str:
         """The short report ``print(dx)`` shows."""
         lines = ["Overlap doctor" + (" (modelled)" if self.modelled else "") + ": " + self.headline()]
-        if not self.findings:
+        if not self.records.ops:
+            lines.append(self._nothing_recorded())
+        elif not self.findings:
             lines.append(f"No findings: nothing cost {self.numbers['threshold_ms']:.2f} ms or more "
                          "(docs/doctor.md says how each finding is measured).")
         for i, f in enumerate(self.findings, 1):
             lines.append(f"{i}. {f.message}")
         return "\n".join(lines)
+
+    def _nothing_recorded(self) -> str:
+        """What to say of a block that queued no device work the doctor could see."""
+        text = "No device work was recorded in the block: nothing to diagnose."
+        if self.modelled:
+            text += (" On the CPU backend the doctor sees the work queued with the helper's API (ch.launch_wave2d, "
+                     "ch.copy_to_host_async, streams of ch.create_streams, ...); plain CuPy code needs a GPU.")
+        return text
 
     def __str__(self) -> str:
         return self.report()
@@ -430,7 +440,8 @@ class Diagnosis:
             f"<tr><td><code>{e(f.code)}</code></td><td>{f.cost_ms:.2f}</td><td>{e(f.where or '')}</td>"
             f"<td>{e(f.message.split(': ', 1)[1])}</td></tr>" for f in self.findings)
         body = (f"<table><tr><th>code</th><th>cost (ms)</th><th>where</th><th>what, and the fix</th></tr>{rows}</table>"
-                if rows else f"<p>No findings: nothing cost {self.numbers['threshold_ms']:.2f} ms or more.</p>")
+                if rows else f"<p>{e(self._nothing_recorded())}</p>" if not self.records.ops
+                else f"<p>No findings: nothing cost {self.numbers['threshold_ms']:.2f} ms or more.</p>")
         title = "Overlap doctor" + (" (modelled)" if self.modelled else "")
         return f"<div><b>{e(title)}</b>: {e(self.headline())}{body}</div>"
 
