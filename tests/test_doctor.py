@@ -7,6 +7,7 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 import course_helper as ch
@@ -130,6 +131,17 @@ def test_kernels_on_the_legacy_default_stream_serialising_the_copies_are_told():
     assert dx.codes == ["default-stream"]
     # the same loop on a stream that is not the legacy default is only "not hidden"
     assert ch.timelines.diagnose_records(_records(ops, calls)).codes == ["copies-not-hidden"]
+
+
+def test_copies_on_the_legacy_default_stream_beside_blocking_kernel_streams_are_told():
+    ops, calls = _serial(copy_stream="0", kernel_stream="1")
+    records = _records(ops, calls, legacy=("0",))
+    dx = ch.timelines.diagnose_records(records)
+    assert dx.codes == ["default-stream"] and dx.findings[0].where == "loop.py:7"
+    # CUPTI does not say whether a stream is blocking (then it counts as blocking, CUDA's default);
+    # where the records say the kernels' stream is non-blocking, the default stream is not to blame
+    records.streams["1"]["blocking"] = False
+    assert ch.timelines.diagnose_records(records).codes == ["copies-not-hidden"]
 
 
 def test_a_host_wait_that_lets_the_device_run_dry_is_told_and_one_at_the_end_is_not():
@@ -288,6 +300,118 @@ def test_a_host_wait_in_the_loop_names_the_learners_line(cpu):
             _default_stream_loop(run, wait_each=True)
     assert dx.codes[0] == "host-wait-in-loop"
     assert dx.findings[0].where == f"{__file__}:{_loop_line(_default_stream_loop, 'io.synchronize()')}"
+
+
+def _learners_ring(run, pageable=False, wait_each=False, blocking=False, copies_on_default=False,
+                   wrong_event=False, wait_stream=False, final_syncs=False):
+    """A loop as a learner writes it with the helper's API: each saved level copied as soon as it is
+    computed, from its own buffer of a ring of ``run.nscratch``, on that buffer's IO stream, ordered
+    by events; the kernel that overwrites a buffer waits for its copy. Each flag puts in one fault
+    (``pageable``: into pageable memory; ``wait_each``: the host waits for each copy; ``blocking`` and
+    ``copies_on_default``: blocking streams, the copies on the legacy default stream;
+    ``wrong_event``: each kernel waits for the newest copy, not its buffer's) or one harmless
+    variant (``wait_stream`` for the events, ``final_syncs`` after the loop)."""
+    U, m = run.U, run.nscratch
+    compute, = ch.create_streams(1, blocking=blocking, name="compute")
+    io = [ch.default_stream()] * m if copies_on_default else ch.create_streams(m, blocking=blocking, name="io")
+    ready, copied = ch.create_events(m), ch.create_events(m)
+    out = np.empty_like(run.images) if pageable else run.images
+    newest = None
+    for level in range(2, run.nt):
+        b = level % m
+        if wait_stream:
+            compute.wait_stream(io[b])
+        elif wrong_event:
+            if newest is not None:
+                compute.wait_event(newest)
+        else:
+            compute.wait_event(copied[b])
+        ch.launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[b], run.V, run.problem, n=level - 2,
+                         stream=compute)
+        k = run.slot(level)
+        if k is None:
+            continue
+        if wait_stream:
+            io[b].wait_stream(compute)
+        else:
+            compute.record(ready[b])
+            io[b].wait_event(ready[b])
+        ch.copy_to_host_async(out[k], U[b], io[b], level=level, allow_pageable=pageable)   # doctor: copy
+        newest = io[b].record(copied[b])
+        if wait_each:
+            io[b].synchronize()                                                           # doctor: wait
+    if final_syncs:
+        ch.synchronize()
+        for stream in set(io):
+            stream.synchronize()
+
+
+def _staged_ring(run, depth=3):
+    """A correct loop of another shape: each saved level staged on the device into a ring of
+    ``depth`` buffers, copied to the host from there on the buffer's IO stream."""
+    U, m = run.U, run.nscratch
+    compute, = ch.create_streams(1, name="compute")
+    io = ch.create_streams(depth, name="io")
+    stage = [ch.device_empty(U[0].shape) for _ in range(depth)]
+    filled, copied = ch.create_events(depth), ch.create_events(depth)
+    for level in range(2, run.nt):
+        ch.launch_wave2d(U[(level - 2) % m], U[(level - 1) % m], U[level % m], run.V, run.problem, n=level - 2,
+                         stream=compute)
+        k = run.slot(level)
+        if k is None:
+            continue
+        s = k % depth
+        compute.wait_event(copied[s])
+        ch.memory.copy_on_device_async(stage[s], U[level % m], compute, level=level)
+        compute.record(filled[s])
+        io[s].wait_event(filled[s])
+        ch.copy_to_host_async(run.images[k], stage[s], io[s], level=level)
+        io[s].record(copied[s])
+
+
+#: Loops of the learner's own, at the balanced point, with the root cause each must be told (None:
+#: no finding) and the marker of the line it must name.
+LEARNERS_LOOPS = {
+    "pageable copies on their own streams": (dict(pageable=True), "pageable-copy", "# doctor: copy"),
+    "a host synchronize after each copy": (dict(wait_each=True), "host-wait-in-loop", "# doctor: wait"),
+    "copies on the legacy default stream, kernels on a blocking stream": (
+        dict(blocking=True, copies_on_default=True), "default-stream", "# doctor: copy"),
+    "each kernel waits for the newest copy (a ring of one)": (dict(wrong_event=True), "copies-not-hidden",
+                                                              "# doctor: copy"),
+    "a ring of three buffers, too shallow for copies as long as 16 kernels": (
+        dict(nscratch=3), "copies-not-hidden", "# doctor: copy"),
+    "the ring with events": (dict(), None, None),
+    "the ring with wait_stream instead of events": (dict(wait_stream=True), None, None),
+    "the ring and extra synchronisations after the loop": (dict(final_syncs=True), None, None),
+    "copies on the legacy default stream, kernels on a non-blocking stream": (
+        dict(copies_on_default=True), None, None),
+    "a staged ring of three": ("staged", None, None),
+}
+
+
+@pytest.mark.parametrize("name", list(LEARNERS_LOOPS))
+def test_a_learners_own_loop_is_told_its_root_cause_at_its_line(cpu, name):
+    how, expected, marker = LEARNERS_LOOPS[name]
+    flags = dict(how) if how != "staged" else {}
+    nscratch = flags.pop("nscratch", None)
+    with ch.timing_only():
+        # the events loop's run, with its deep ring (or a ring of nscratch): only its buffers are used
+        run = ch.prepare(ch.WaveProblem(n0=3072, n1=3072, nt=160), "sequential-pinned" if nscratch else "events",
+                         every=16, **({"nscratch": nscratch} if nscratch else {}))
+        with ch.doctor() as dx:
+            with run:
+                if how == "staged":
+                    _staged_ring(run)
+                else:
+                    _learners_ring(run, **flags)
+    if expected is None:
+        assert dx.codes == [], dx.report()
+        assert dx.hidden >= 0.85, dx.report()
+        return
+    assert dx.codes[0] == expected, dx.report()
+    assert dx.findings[0].where == f"{__file__}:{_loop_line(_learners_ring, marker)}", dx.report()
+    # one fault, one finding: a pageable copy's wait inside its call is not also a host wait
+    assert len(dx.codes) == 1, dx.report()
 
 
 def test_the_diagnosis_exists_only_after_the_block_and_renders(cpu):

@@ -118,7 +118,9 @@ class HostSync(NamedTuple):
 class Records:
     """What the doctor recorded of one block: the engine's input (:func:`diagnose`).
 
-    ``streams`` maps each stream key to ``{"name": ..., "legacy_default": bool}``; ``timing`` names
+    ``streams`` maps each stream key to ``{"name": ..., "legacy_default": bool}`` and, where it is
+    known (the CPU backend), ``"blocking"``: whether the stream synchronises with the legacy default
+    stream (CUPTI's records do not say; such a stream counts as blocking, CUDA's default); ``timing`` names
     the clock ("CUPTI", or e.g. "modelled H200" on the CPU backend, where ``modelled`` is True).
     """
     ops: list[DeviceOp]
@@ -139,6 +141,11 @@ class Records:
     def is_legacy_default(self, key: str) -> bool:
         """Whether ``key`` is the legacy default stream (the one that serialises blocking streams)."""
         return bool(self.streams.get(str(key), {}).get("legacy_default", False))
+
+    def is_blocking(self, key: str) -> bool:
+        """Whether ``key`` is a blocking stream, one the legacy default stream serialises with
+        (True where the records do not say: a ``cp.cuda.Stream()`` is blocking)."""
+        return bool(self.streams.get(str(key), {}).get("blocking", True))
 
     # -- the JSON form -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -375,6 +382,24 @@ def diagnose(records: Records) -> list[Finding]:
                 cost, _first_where([call_of[o.corr] for o in others if o.corr in call_of]),
                 {"kernels_on_default": len(legacy_kernels), "copies": len(others),
                  "hidden": round(share, 4)}, records.modelled)
+
+    # ... or the copies on the legacy default stream, the kernels on blocking streams of their own:
+    # the copies then wait for the kernels queued before them, and the kernels for the copies.
+    on_legacy = [o for o in copies if records.is_legacy_default(o.stream) and o.stream not in kernel_streams]
+    blocking = sorted({k.stream for k in kernels if records.is_blocking(k.stream)
+                       and not records.is_legacy_default(k.stream)})
+    if on_legacy and blocking and "default-stream" not in found:
+        cost = lost(on_legacy)
+        if cost >= floor:
+            share = _share_under(on_legacy, kern_busy)
+            streams = ", ".join(records.stream_name(k) for k in blocking)
+            found["default-stream"] = _make(
+                "default-stream", f"{len(on_legacy)} copies ran on the legacy default stream and the kernels on "
+                f"{streams}; only {100 * share:.0f}% of the copy time ran under the kernels, as the default stream "
+                "serialises blocking streams",
+                cost, _first_where([call_of[o.corr] for o in on_legacy if o.corr in call_of]),
+                {"copies_on_default": len(on_legacy), "kernels": len(kernels), "hidden": round(share, 4)},
+                records.modelled)
 
     # copy-on-compute-stream: copies on a stream that ran kernels too.
     shared = [o for o in copies if o.stream in kernel_streams]

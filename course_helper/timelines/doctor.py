@@ -248,6 +248,7 @@ class _GpuBlock:
 # The CPU backend: the modelled GPU's recorder, and an observer of the helper's calls
 # --------------------------------------------------------------------------
 _CALLS, _SYNCS = "doctor: calls", "doctor: syncs"      # the observer's lanes, taken out of the trace
+_OWN_WAIT = object()          # the wait just heard was a copy call's own (see _Watch.host_waited)
 _CPU_CALL = {OpKind.KERNEL: ("launch", "cuLaunchKernel"), OpKind.MEMSET: ("memset", "cudaMemsetAsync")}
 _CPU_SYNC = {"Stream": ("STREAM_SYNCHRONIZE", "cudaStreamSynchronize"),
              "Event": ("EVENT_SYNCHRONIZE", "cudaEventSynchronize"),
@@ -265,6 +266,7 @@ class _Watch:
         self.ops, self.syncs = [], []
         self._open, self._pending = {}, None
         self._last = rt.host_ms()
+        self._last_call_start = float("-inf")
 
     def op_queued(self, op: Op) -> None:
         if op.stream.runtime is self.runtime and op.kind in _KINDS:
@@ -281,15 +283,24 @@ class _Watch:
             host = "PINNED" if side and is_pinned(side[0]) else "PAGEABLE"
         self.recorder.add_interval(_CALLS, "host call", str(len(self.ops)), opened[0], t1)
         self.ops.append((op.kind, op.stream, host, opened[1]))
+        self._last_call_start = opened[0]
         self._last = t1
 
     def host_waited(self, name: str, t_start_ms: float, t_end_ms: float) -> None:
+        if self.ops and self._last_call_start >= t_start_ms:
+            # A wait around a copy call (a copy to pageable memory: the call returns when the copy is
+            # done) is that call's own time, as CUPTI records it on a GPU: no synchronisation.
+            self._pending = _OWN_WAIT
+            return
         self.recorder.add_interval(_SYNCS, "host sync", str(len(self.syncs)), t_start_ms, t_end_ms)
         self.syncs.append([name, None, self.line(sys._getframe(1))])
         self._pending = len(self.syncs) - 1
         self._last = t_end_ms
 
     def host_synced(self, target: Stream | Event | None) -> None:
+        if self._pending is _OWN_WAIT:
+            self._pending = None
+            return
         if self._pending is None:          # a wait for the whole device: timed since the last call
             now = self.runtime.host_ms()
             self.recorder.add_interval(_SYNCS, "host sync", str(len(self.syncs)), self._last, now)
@@ -334,7 +345,8 @@ class _CpuBlock:
             call = mine[_CALLS].get(i)
             if call is not None:
                 calls.append(HostCall(what, name, call.start_ms, call.end_ms, i, where))
-            streams.setdefault(stream.name, {"name": stream.name, "legacy_default": bool(stream.is_default)})
+            streams.setdefault(stream.name, {"name": stream.name, "legacy_default": bool(stream.is_default),
+                                             "blocking": bool(stream.blocking)})
         for key, indices in queued.items():
             for i, e in zip(indices, device.get(key, [])):
                 kind, stream, host, _ = watch.ops[i]
