@@ -188,6 +188,27 @@ def test_kernels_that_start_when_their_launch_call_ends_are_launch_bound():
     # the same kernels queued long before they run (the device busy with other work) are not
     early = [c._replace(start=c.start - 1.0, end=c.end - 1.0) for c in calls]
     assert ch.timelines.diagnose_records(_records(ops, early)).codes == []
+    # launch calls that held the host until just before their kernel ran: the driver's queue was
+    # full, the device set the pace, and the host only waited for it
+    full = [c._replace(start=c.start - 0.05) for c in calls]
+    assert ch.timelines.diagnose_records(_records(ops, full)).codes == []
+
+
+def test_gaps_between_kernels_filled_by_copies_are_not_launch_bound():
+    # kernels of 10 µs, each waiting for a 140 µs copy on another stream: the copies set the pace,
+    # and the launch of each kernel ends just before it starts (the host queued it late); the device
+    # never sits idle, so CUDA graphs would gain nothing
+    ops, calls = [], []
+    for i in range(100):
+        t = i * 0.15
+        ops.append(DeviceOp("D2H", "2", t, t + 0.14, 1 << 22, "PINNED", 1000 + i))
+        ops.append(DeviceOp("kernel", "1", t + 0.14, t + 0.15, corr=i))
+        calls.append(HostCall("launch", "cuLaunchKernel", t + 0.13, t + 0.135, i))
+        calls.append(HostCall("copy", "cudaMemcpyAsync", t - 0.01, t - 0.005, 1000 + i, "loop.py:9"))
+    assert "launch-bound" not in ch.timelines.diagnose_records(_records(ops, calls)).codes
+    # the same kernels with the copies gone: the device idles in the gaps, and that is launch-bound
+    kernels_only = [o for o in ops if o.kind == "kernel"]
+    assert ch.timelines.diagnose_records(_records(kernels_only, calls)).codes == ["launch-bound"]
 
 
 def test_a_cost_under_the_threshold_is_no_finding():

@@ -436,12 +436,16 @@ def diagnose(records: Records) -> list[Finding]:
             cost, _first_where(drained), {"waits": len(drained), "syncs": len(syncs),
                                           "host_sync_ms": round(host_ms, 4)}, records.modelled)
 
-    # launch-bound: gaps between kernels that ended when the next kernel's launch call did.
-    # A host held inside a copy call (a copy to pageable memory) is waiting, not launching: the
-    # gaps it leaves are that copy's cost, told as pageable-copy.
-    held = [c for c in records.calls if c.what == "copy" and c.end - c.start > LAUNCH_SLACK_MS]
-    launch_bound = _launch_gaps(kernels, call_of, [*syncs, *held])
-    if launch_bound is not None:
+    # launch-bound: gaps between kernels that ended when the next kernel's launch call did, while
+    # the device ran nothing else. A host held inside a call is waiting, not launching: inside a copy
+    # call (a copy to pageable memory) the gaps it leaves are that copy's cost, told as pageable-copy;
+    # inside a launch call the driver's queue was full, and the device, not the host, set the pace.
+    # Time a copy ran in a gap is no idle device either: a loop whose copies set the pace leaves its
+    # kernels waiting for them, and CUDA graphs would not make it faster.
+    held = [c for c in records.calls if c.end - c.start > LAUNCH_SLACK_MS]
+    launch_bound = _launch_gaps(kernels, call_of, [*syncs, *held],
+                                _busy(o for o in ops if o.kind != OpKind.KERNEL))
+    if launch_bound is not None and launch_bound[1]:
         cost, gaps = launch_bound
         if cost >= floor:
             busy_share = covered_length(kern_busy) / (window[1] - window[0]) if window[1] > window[0] else 0.0
@@ -474,11 +478,12 @@ def _share_under(copies, kern_busy):
     return intersection_length(busy, kern_busy) / total if total > 0 else 0.0
 
 
-def _launch_gaps(kernels, call_of, waits):
+def _launch_gaps(kernels, call_of, waits, other_work):
     """``(idle ms, gaps)``: the gaps between kernels (all streams together) after which the next
     kernel started within :data:`LAUNCH_SLACK_MS` of the end of its own launch call, with no host
-    wait (``waits``: synchronisations, or calls that held the host) over the gap; None when no
-    launch call is known."""
+    wait (``waits``: synchronisations, or calls that held the host) over the gap; each gap counts
+    the time in it that no other device work (``other_work``: busy intervals of copies and fills)
+    ran. None when no launch call is known."""
     if not any(k.corr in call_of for k in kernels):
         return None
     waits = merge_intervals((w.start, w.end) for w in waits)
@@ -486,8 +491,10 @@ def _launch_gaps(kernels, call_of, waits):
     for k in kernels:
         if end is not None and k.start > end:
             call = call_of.get(k.corr)
-            if call is not None and k.start - call.end <= LAUNCH_SLACK_MS \
-                    and intersection_length([[end, k.start]], waits) == 0:
-                gaps.append(k.start - end)
+            gap = [[end, k.start]]
+            if call is not None and k.start - call.end <= LAUNCH_SLACK_MS and intersection_length(gap, waits) == 0:
+                idle = k.start - end - intersection_length(gap, other_work)
+                if idle > 0:
+                    gaps.append(idle)
         end = k.end if end is None else max(end, k.end)
     return sum(gaps), gaps
