@@ -430,7 +430,13 @@ def test_a_learners_own_loop_is_told_its_root_cause_at_its_line(cpu, name):
         assert dx.hidden >= 0.85, dx.report()
         return
     assert dx.codes[0] == expected, dx.report()
-    assert dx.findings[0].where == f"{__file__}:{_loop_line(_learners_ring, marker)}", dx.report()
+    f = dx.findings[0]
+    assert f.where == f"{__file__}:{_loop_line(_learners_ring, marker)}", dx.report()
+    # the message says what it cost, the fix and where the course teaches it; the notebook view shows it
+    assert f"{f.cost_ms:.2f} ms (modelled)" in f.message and f"Fix: {f.fix}" in f.message
+    assert f.section in f.message and f"{pathlib.Path(__file__).name}:" in f.message
+    view = dx._repr_html_()
+    assert "<table>" in view and f"<code>{expected}</code>" in view and f"{f.cost_ms:.2f}" in view
     # one fault, one finding: a pageable copy's wait inside its call is not also a host wait
     assert len(dx.codes) == 1, dx.report()
 
