@@ -452,6 +452,19 @@ def test_the_diagnosis_exists_only_after_the_block_and_renders(cpu):
     assert dx.trace.timing.startswith("modelled")
 
 
+def test_the_diagnosis_trace_plots_the_host_waits_and_exports_for_perfetto(cpu, tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    dx = _diagnose_strategy("sequential-pinned", 512, 24)
+    ax = dx.trace.plot()
+    lanes = [t.get_text().split("\n")[0] for t in ax.get_yticklabels()]
+    assert lanes[0] == "compute" and "host" in lanes        # the host's waits have a lane of their own
+    doc = json.loads(pathlib.Path(dx.trace.to_chrome_json(tmp_path / "block.json")).read_text())
+    waits = [e for e in doc["traceEvents"] if e.get("ph") == "X" and "synchronize" in e.get("name", "").lower()]
+    assert len(waits) == len(dx.records.syncs) > 0
+    matplotlib.pyplot.close("all")
+
+
 def test_the_doctor_refuses_to_run_inside_a_trace(cpu):
     with ch.tracing():
         with pytest.raises(RuntimeError, match="already being recorded"):
