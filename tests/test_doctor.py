@@ -324,17 +324,21 @@ def test_a_host_wait_in_the_loop_names_the_learners_line(cpu):
 
 
 def _learners_ring(run, pageable=False, wait_each=False, blocking=False, copies_on_default=False,
-                   wrong_event=False, wait_stream=False, final_syncs=False):
+                   wrong_event=False, wait_stream=False, final_syncs=False, one_name=False):
     """A loop as a learner writes it with the helper's API: each saved level copied as soon as it is
     computed, from its own buffer of a ring of ``run.nscratch``, on that buffer's IO stream, ordered
     by events; the kernel that overwrites a buffer waits for its copy. Each flag puts in one fault
     (``pageable``: into pageable memory; ``wait_each``: the host waits for each copy; ``blocking`` and
     ``copies_on_default``: blocking streams, the copies on the legacy default stream;
     ``wrong_event``: each kernel waits for the newest copy, not its buffer's) or one harmless
-    variant (``wait_stream`` for the events, ``final_syncs`` after the loop)."""
+    variant (``wait_stream`` for the events, ``final_syncs`` after the loop). ``one_name``: every
+    stream made alone, with create_streams' default name (the doctor must still tell them apart)."""
     U, m = run.U, run.nscratch
-    compute, = ch.create_streams(1, blocking=blocking, name="compute")
-    io = [ch.default_stream()] * m if copies_on_default else ch.create_streams(m, blocking=blocking, name="io")
+    if one_name:
+        compute, *io = (ch.create_streams(1)[0] for _ in range(m + 1))
+    else:
+        compute, = ch.create_streams(1, blocking=blocking, name="compute")
+        io = [ch.default_stream()] * m if copies_on_default else ch.create_streams(m, blocking=blocking, name="io")
     ready, copied = ch.create_events(m), ch.create_events(m)
     out = np.empty_like(run.images) if pageable else run.images
     newest = None
@@ -399,9 +403,12 @@ LEARNERS_LOOPS = {
         dict(blocking=True, copies_on_default=True), "default-stream", "# doctor: copy"),
     "each kernel waits for the newest copy (a ring of one)": (dict(wrong_event=True), "copies-not-hidden",
                                                               "# doctor: copy"),
+    "a ring of one, its streams all of one name": (dict(wrong_event=True, one_name=True), "copies-not-hidden",
+                                                   "# doctor: copy"),
     "a ring of three buffers, too shallow for copies as long as 16 kernels": (
         dict(nscratch=3), "copies-not-hidden", "# doctor: copy"),
     "the ring with events": (dict(), None, None),
+    "the ring with events, its streams all of one name": (dict(one_name=True), None, None),
     "the ring with wait_stream instead of events": (dict(wait_stream=True), None, None),
     "the ring and extra synchronisations after the loop": (dict(final_syncs=True), None, None),
     "copies on the legacy default stream, kernels on a non-blocking stream": (

@@ -268,6 +268,11 @@ class _Watch:
         self._last = rt.host_ms()
         self._last_call_start = float("-inf")
 
+    def track_of(self, stream: Stream) -> str:
+        """The stream's lane on the recorder's timeline (two streams of one name get two lanes)."""
+        marks = self.recorder.marks
+        return marks.track_of(stream) if marks is not None else stream.name
+
     def op_queued(self, op: Op) -> None:
         if op.stream.runtime is self.runtime and op.kind in _KINDS:
             self._open[id(op)] = (self.runtime.host_ms(), self.line(sys._getframe(1)))
@@ -282,7 +287,7 @@ class _Watch:
             side = op.writes if op.kind == OpKind.D2H else op.reads
             host = "PINNED" if side and is_pinned(side[0]) else "PAGEABLE"
         self.recorder.add_interval(_CALLS, "host call", str(len(self.ops)), opened[0], t1)
-        self.ops.append((op.kind, op.stream, host, opened[1]))
+        self.ops.append((op.kind, op.stream, host, opened[1], self.track_of(op.stream)))
         self._last_call_start = opened[0]
         self._last = t1
 
@@ -337,27 +342,27 @@ class _CpuBlock:
             elif e.kind in _KINDS:
                 device.setdefault((e.track, str(e.kind)), []).append(e)      # in start order: queue order
         queued = {}
-        for i, (kind, stream, _host, _where) in enumerate(watch.ops):
-            queued.setdefault((stream.name, str(kind)), []).append(i)
+        for i, (kind, _stream, _host, _where, track) in enumerate(watch.ops):
+            queued.setdefault((track, str(kind)), []).append(i)
         ops, calls, streams = [], [], {}
-        for i, (kind, stream, _host, where) in enumerate(watch.ops):
+        for i, (kind, stream, _host, where, track) in enumerate(watch.ops):
             what, name = _CPU_CALL.get(kind, ("copy", "cudaMemcpyAsync"))
             call = mine[_CALLS].get(i)
             if call is not None:
                 calls.append(HostCall(what, name, call.start_ms, call.end_ms, i, where))
-            streams.setdefault(stream.name, {"name": stream.name, "legacy_default": bool(stream.is_default),
-                                             "blocking": bool(stream.blocking)})
+            streams.setdefault(track, {"name": track, "legacy_default": bool(stream.is_default),
+                                       "blocking": bool(stream.blocking)})
         for key, indices in queued.items():
             for i, e in zip(indices, device.get(key, [])):
-                kind, stream, host, _ = watch.ops[i]
-                ops.append(DeviceOp(str(kind), stream.name, e.start_ms, e.end_ms, int(e.bytes), host, i, e.name))
+                kind, _stream, host, _, track = watch.ops[i]
+                ops.append(DeviceOp(str(kind), track, e.start_ms, e.end_ms, int(e.bytes), host, i, e.name))
         syncs = []
         for j, (_label, target, where) in enumerate(watch.syncs):
             e = mine[_SYNCS].get(j)
             if e is None:
                 continue
             what, call = _CPU_SYNC.get(type(target).__name__ if target is not None else None, _CPU_SYNC[None])
-            stream = target.name if type(target).__name__ == "Stream" else None
+            stream = watch.track_of(target) if type(target).__name__ == "Stream" else None
             syncs.append(HostSync(what, stream, e.start_ms, e.end_ms, call, where))
         ops.sort(key=lambda o: o.start)
         return Records(ops, calls, syncs, streams, timing=trace.timing, device=trace.meta.get("device", ""),
