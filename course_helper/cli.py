@@ -576,7 +576,7 @@ def doctor_main(args: argparse.Namespace) -> int:
                 runpy.run_path(args.script, run_name="__main__")
             except SystemExit as exc:             # the script's own exit: its status, and the report
                 status = _exit_status(exc)
-            except Exception as exc:              # the script's error: its traceback, then the report
+            except Exception as exc:  # noqa: BLE001 - the script's error: its traceback, then the report
                 _print_script_error(exc, args.script)
                 status = 1
     finally:
