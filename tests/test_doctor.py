@@ -328,7 +328,7 @@ def _learners_ring(run, pageable=False, wait_each=False, blocking=False, copies_
     """A loop as a learner writes it with the helper's API: each saved level copied as soon as it is
     computed, from its own buffer of a ring of ``run.nscratch``, on that buffer's IO stream, ordered
     by events; the kernel that overwrites a buffer waits for its copy. Each flag puts in one fault
-    (``pageable``: into pageable memory; ``wait_each``: the host waits for each copy; ``blocking`` and
+    (``pageable``: into pageable memory; ``wait_each``: the host waits for each copy, "stream", "event" or "device"; ``blocking`` and
     ``copies_on_default``: blocking streams, the copies on the legacy default stream;
     ``wrong_event``: each kernel waits for the newest copy, not its buffer's) or one harmless
     variant (``wait_stream`` for the events, ``final_syncs`` after the loop). ``one_name``: every
@@ -363,8 +363,9 @@ def _learners_ring(run, pageable=False, wait_each=False, blocking=False, copies_
             io[b].wait_event(ready[b])
         ch.copy_to_host_async(out[k], U[b], io[b], level=level, allow_pageable=pageable)   # doctor: copy
         newest = io[b].record(copied[b])
-        if wait_each:
-            io[b].synchronize()                                                           # doctor: wait
+        if wait_each:                  # the host waits for the copy: on its stream, its event or the device
+            wait = {"stream": io[b].synchronize, "event": copied[b].synchronize, "device": ch.synchronize}
+            wait[wait_each]()                                                             # doctor: wait
     if final_syncs:
         ch.synchronize()
         for stream in set(io):
@@ -398,7 +399,11 @@ def _staged_ring(run, depth=3):
 #: no finding) and the marker of the line it must name.
 LEARNERS_LOOPS = {
     "pageable copies on their own streams": (dict(pageable=True), "pageable-copy", "# doctor: copy"),
-    "a host synchronize after each copy": (dict(wait_each=True), "host-wait-in-loop", "# doctor: wait"),
+    "a host synchronize of the IO stream after each copy": (dict(wait_each="stream"), "host-wait-in-loop",
+                                                          "# doctor: wait"),
+    "a host synchronize of the copy's event after each copy": (dict(wait_each="event"), "host-wait-in-loop",
+                                                               "# doctor: wait"),
+    "ch.synchronize() after each copy": (dict(wait_each="device"), "host-wait-in-loop", "# doctor: wait"),
     "copies on the legacy default stream, kernels on a blocking stream": (
         dict(blocking=True, copies_on_default=True), "default-stream", "# doctor: copy"),
     "each kernel waits for the newest copy (a ring of one)": (dict(wrong_event=True), "copies-not-hidden",
