@@ -328,8 +328,9 @@ def _learners_ring(run, pageable=False, wait_each=False, blocking=False, copies_
     """A loop as a learner writes it with the helper's API: each saved level copied as soon as it is
     computed, from its own buffer of a ring of ``run.nscratch``, on that buffer's IO stream, ordered
     by events; the kernel that overwrites a buffer waits for its copy. Each flag puts in one fault
-    (``pageable``: into pageable memory; ``wait_each``: the host waits for each copy, "stream", "event" or "device"; ``blocking`` and
-    ``copies_on_default``: blocking streams, the copies on the legacy default stream;
+    (``pageable``: into pageable memory; ``wait_each``: the host waits for each copy, on its
+    "stream", its "event" or the "device"; ``blocking`` and ``copies_on_default``: blocking
+    streams, the copies on the legacy default stream;
     ``wrong_event``: each kernel waits for the newest copy, not its buffer's) or one harmless
     variant (``wait_stream`` for the events, ``final_syncs`` after the loop). ``one_name``: every
     stream made alone, with create_streams' default name (the doctor must still tell them apart)."""
