@@ -553,8 +553,10 @@ def _doctor_parser(sub):
 
 def doctor_main(args: argparse.Namespace) -> int:
     """``doctor``: run the script under the doctor (as ``python SCRIPT ARGS`` would, through runpy),
-    print the report, write the trace and records to ``--out``. Returns the script's exit status
-    (a failing script's error is raised, after the report of what it did)."""
+    print the report, write the trace and records to ``--out``. Returns the script's exit status as
+    Python would give it: its ``sys.exit`` code (1 for a message, printed on stderr), 1 when it
+    raised (its traceback on stderr, from the script's own frames), else 0. The report covers what
+    the script did until it ended, however it ended."""
     import runpy
 
     from .timelines import doctor
@@ -573,14 +575,42 @@ def doctor_main(args: argparse.Namespace) -> int:
             try:
                 runpy.run_path(args.script, run_name="__main__")
             except SystemExit as exc:             # the script's own exit: its status, and the report
-                status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                status = _exit_status(exc)
+            except Exception as exc:  # noqa: BLE001 - the script's error: its traceback, then the report
+                _print_script_error(exc, args.script)
+                status = 1
     finally:
         sys.argv, sys.path[:] = argv, path
     print(dx.report())
     if args.out:
         print(f"timeline: {dx.trace.to_chrome_json(os.path.join(args.out, 'doctor_trace.json'))}")
         print(f"records: {dx.records.save(os.path.join(args.out, 'doctor_records.json'))}")
+    if status:
+        print(f"the script ended with exit status {status}; the report covers what it did until then",
+              file=sys.stderr)
     return status
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The exit status Python gives ``sys.exit(code)``: the number, 0 for None, else 1 with the
+    code printed on stderr (``sys.exit("bad input")``)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _print_script_error(exc: BaseException, script: str) -> None:
+    """Print the script's traceback on stderr as Python would, from the script's first frame on
+    (the doctor's and runpy's frames around it are not the learner's)."""
+    import traceback
+
+    tb, mine = exc.__traceback__, os.path.abspath(script)
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != mine:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__, file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -118,7 +118,9 @@ class HostSync(NamedTuple):
 class Records:
     """What the doctor recorded of one block: the engine's input (:func:`diagnose`).
 
-    ``streams`` maps each stream key to ``{"name": ..., "legacy_default": bool}``; ``timing`` names
+    ``streams`` maps each stream key to ``{"name": ..., "legacy_default": bool}`` and, where it is
+    known (the CPU backend), ``"blocking"``: whether the stream synchronises with the legacy default
+    stream (CUPTI's records do not say; such a stream counts as blocking, CUDA's default); ``timing`` names
     the clock ("CUPTI", or e.g. "modelled H200" on the CPU backend, where ``modelled`` is True).
     """
     ops: list[DeviceOp]
@@ -139,6 +141,11 @@ class Records:
     def is_legacy_default(self, key: str) -> bool:
         """Whether ``key`` is the legacy default stream (the one that serialises blocking streams)."""
         return bool(self.streams.get(str(key), {}).get("legacy_default", False))
+
+    def is_blocking(self, key: str) -> bool:
+        """Whether ``key`` is a blocking stream, one the legacy default stream serialises with
+        (True where the records do not say: a ``cp.cuda.Stream()`` is blocking)."""
+        return bool(self.streams.get(str(key), {}).get("blocking", True))
 
     # -- the JSON form -----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -376,6 +383,24 @@ def diagnose(records: Records) -> list[Finding]:
                 {"kernels_on_default": len(legacy_kernels), "copies": len(others),
                  "hidden": round(share, 4)}, records.modelled)
 
+    # ... or the copies on the legacy default stream, the kernels on blocking streams of their own:
+    # the copies then wait for the kernels queued before them, and the kernels for the copies.
+    on_legacy = [o for o in copies if records.is_legacy_default(o.stream) and o.stream not in kernel_streams]
+    blocking = sorted({k.stream for k in kernels if records.is_blocking(k.stream)
+                       and not records.is_legacy_default(k.stream)})
+    if on_legacy and blocking and "default-stream" not in found:
+        cost = lost(on_legacy)
+        if cost >= floor:
+            share = _share_under(on_legacy, kern_busy)
+            streams = ", ".join(records.stream_name(k) for k in blocking)
+            found["default-stream"] = _make(
+                "default-stream", f"{len(on_legacy)} copies ran on the legacy default stream and the kernels on "
+                f"{streams}; only {100 * share:.0f}% of the copy time ran under the kernels, as the default stream "
+                "serialises blocking streams",
+                cost, _first_where([call_of[o.corr] for o in on_legacy if o.corr in call_of]),
+                {"copies_on_default": len(on_legacy), "kernels": len(kernels), "hidden": round(share, 4)},
+                records.modelled)
+
     # copy-on-compute-stream: copies on a stream that ran kernels too.
     shared = [o for o in copies if o.stream in kernel_streams]
     if shared:
@@ -397,10 +422,10 @@ def diagnose(records: Records) -> list[Finding]:
         if running or not later:
             continue                      # the device still had work, or the block ended: no harm
         idle = [[s.start, min(later)]]
-        lost = covered_length(idle) - intersection_length(idle, kern_busy)
-        if lost > 0:
+        idle_ms = covered_length(idle) - intersection_length(idle, kern_busy)
+        if idle_ms > 0:
             drained.append(s)
-            cost += lost
+            cost += idle_ms
     if drained and cost >= floor:
         host_ms = sum(s.end - s.start for s in syncs)
         kinds = sorted({s.name or s.what for s in drained})
@@ -411,15 +436,16 @@ def diagnose(records: Records) -> list[Finding]:
             cost, _first_where(drained), {"waits": len(drained), "syncs": len(syncs),
                                           "host_sync_ms": round(host_ms, 4)}, records.modelled)
 
-    # launch-bound: gaps between kernels that ended when the next kernel's launch call did.
-    # A host held inside a copy call (a copy to pageable memory) is waiting, not launching: the
-    # gaps it leaves are that copy's cost, told as pageable-copy.
-    # A gap in which a copy ran is no idle device: a copy-bound loop's kernels wait for the host at
-    # its start, while the copies, which set the pace, already run (the course's 1024² events loop).
-    held = [c for c in records.calls if c.what == "copy" and c.end - c.start > LAUNCH_SLACK_MS]
+    # launch-bound: gaps between kernels that ended when the next kernel's launch call did, while
+    # the device ran nothing else. A host held inside a call is waiting, not launching: inside a copy
+    # call (a copy to pageable memory) the gaps it leaves are that copy's cost, told as pageable-copy;
+    # inside a launch call the driver's queue was full, and the device, not the host, set the pace.
+    # Time a copy ran in a gap is no idle device either: a loop whose copies set the pace leaves its
+    # kernels waiting for them, and CUDA graphs would not make it faster.
+    held = [c for c in records.calls if c.end - c.start > LAUNCH_SLACK_MS]
     launch_bound = _launch_gaps(kernels, call_of, [*syncs, *held],
                                 _busy(o for o in ops if o.kind != OpKind.KERNEL))
-    if launch_bound is not None:
+    if launch_bound is not None and launch_bound[1]:
         cost, gaps = launch_bound
         if cost >= floor:
             busy_share = covered_length(kern_busy) / (window[1] - window[0]) if window[1] > window[0] else 0.0
@@ -452,12 +478,12 @@ def _share_under(copies, kern_busy):
     return intersection_length(busy, kern_busy) / total if total > 0 else 0.0
 
 
-def _launch_gaps(kernels, call_of, waits, other_busy):
-    """``(idle ms, gaps)``: the time the device sat idle (no kernel, nor any other operation of
-    ``other_busy``) in the gaps between kernels (all streams together) after which the next kernel
-    started within :data:`LAUNCH_SLACK_MS` of the end of its own launch call, with no host wait
-    (``waits``: synchronisations, or calls that held the host) over the gap; None when no launch
-    call is known."""
+def _launch_gaps(kernels, call_of, waits, other_work):
+    """``(idle ms, gaps)``: the gaps between kernels (all streams together) after which the next
+    kernel started within :data:`LAUNCH_SLACK_MS` of the end of its own launch call, with no host
+    wait (``waits``: synchronisations, or calls that held the host) over the gap; each gap counts
+    the time in it that no other device work (``other_work``: busy intervals of copies and fills)
+    ran. None when no launch call is known."""
     if not any(k.corr in call_of for k in kernels):
         return None
     waits = merge_intervals((w.start, w.end) for w in waits)
@@ -466,9 +492,8 @@ def _launch_gaps(kernels, call_of, waits, other_busy):
         if end is not None and k.start > end:
             call = call_of.get(k.corr)
             gap = [[end, k.start]]
-            if call is not None and k.start - call.end <= LAUNCH_SLACK_MS \
-                    and intersection_length(gap, waits) == 0:
-                idle = k.start - end - intersection_length(gap, other_busy)
+            if call is not None and k.start - call.end <= LAUNCH_SLACK_MS and intersection_length(gap, waits) == 0:
+                idle = k.start - end - intersection_length(gap, other_work)
                 if idle > 0:
                     gaps.append(idle)
         end = k.end if end is None else max(end, k.end)

@@ -248,6 +248,7 @@ class _GpuBlock:
 # The CPU backend: the modelled GPU's recorder, and an observer of the helper's calls
 # --------------------------------------------------------------------------
 _CALLS, _SYNCS = "doctor: calls", "doctor: syncs"      # the observer's lanes, taken out of the trace
+_OWN_WAIT = object()          # the wait just heard was a copy call's own (see _Watch.host_waited)
 _CPU_CALL = {OpKind.KERNEL: ("launch", "cuLaunchKernel"), OpKind.MEMSET: ("memset", "cudaMemsetAsync")}
 _CPU_SYNC = {"Stream": ("STREAM_SYNCHRONIZE", "cudaStreamSynchronize"),
              "Event": ("EVENT_SYNCHRONIZE", "cudaEventSynchronize"),
@@ -265,6 +266,12 @@ class _Watch:
         self.ops, self.syncs = [], []
         self._open, self._pending = {}, None
         self._last = rt.host_ms()
+        self._last_call_start = float("-inf")
+
+    def track_of(self, stream: Stream) -> str:
+        """The stream's lane on the recorder's timeline (two streams of one name get two lanes)."""
+        marks = self.recorder.marks
+        return marks.track_of(stream) if marks is not None else stream.name
 
     def op_queued(self, op: Op) -> None:
         if op.stream.runtime is self.runtime and op.kind in _KINDS:
@@ -280,16 +287,25 @@ class _Watch:
             side = op.writes if op.kind == OpKind.D2H else op.reads
             host = "PINNED" if side and is_pinned(side[0]) else "PAGEABLE"
         self.recorder.add_interval(_CALLS, "host call", str(len(self.ops)), opened[0], t1)
-        self.ops.append((op.kind, op.stream, host, opened[1]))
+        self.ops.append((op.kind, op.stream, host, opened[1], self.track_of(op.stream)))
+        self._last_call_start = opened[0]
         self._last = t1
 
     def host_waited(self, name: str, t_start_ms: float, t_end_ms: float) -> None:
+        if self.ops and self._last_call_start >= t_start_ms:
+            # A wait around a copy call (a copy to pageable memory: the call returns when the copy is
+            # done) is that call's own time, as CUPTI records it on a GPU: no synchronisation.
+            self._pending = _OWN_WAIT
+            return
         self.recorder.add_interval(_SYNCS, "host sync", str(len(self.syncs)), t_start_ms, t_end_ms)
         self.syncs.append([name, None, self.line(sys._getframe(1))])
         self._pending = len(self.syncs) - 1
         self._last = t_end_ms
 
     def host_synced(self, target: Stream | Event | None) -> None:
+        if self._pending is _OWN_WAIT:
+            self._pending = None
+            return
         if self._pending is None:          # a wait for the whole device: timed since the last call
             now = self.runtime.host_ms()
             self.recorder.add_interval(_SYNCS, "host sync", str(len(self.syncs)), self._last, now)
@@ -326,26 +342,27 @@ class _CpuBlock:
             elif e.kind in _KINDS:
                 device.setdefault((e.track, str(e.kind)), []).append(e)      # in start order: queue order
         queued = {}
-        for i, (kind, stream, _host, _where) in enumerate(watch.ops):
-            queued.setdefault((stream.name, str(kind)), []).append(i)
+        for i, (kind, _stream, _host, _where, track) in enumerate(watch.ops):
+            queued.setdefault((track, str(kind)), []).append(i)
         ops, calls, streams = [], [], {}
-        for i, (kind, stream, _host, where) in enumerate(watch.ops):
+        for i, (kind, stream, _host, where, track) in enumerate(watch.ops):
             what, name = _CPU_CALL.get(kind, ("copy", "cudaMemcpyAsync"))
             call = mine[_CALLS].get(i)
             if call is not None:
                 calls.append(HostCall(what, name, call.start_ms, call.end_ms, i, where))
-            streams.setdefault(stream.name, {"name": stream.name, "legacy_default": bool(stream.is_default)})
+            streams.setdefault(track, {"name": track, "legacy_default": bool(stream.is_default),
+                                       "blocking": bool(stream.blocking)})
         for key, indices in queued.items():
             for i, e in zip(indices, device.get(key, [])):
-                kind, stream, host, _ = watch.ops[i]
-                ops.append(DeviceOp(str(kind), stream.name, e.start_ms, e.end_ms, int(e.bytes), host, i, e.name))
+                kind, _stream, host, _, track = watch.ops[i]
+                ops.append(DeviceOp(str(kind), track, e.start_ms, e.end_ms, int(e.bytes), host, i, e.name))
         syncs = []
         for j, (_label, target, where) in enumerate(watch.syncs):
             e = mine[_SYNCS].get(j)
             if e is None:
                 continue
             what, call = _CPU_SYNC.get(type(target).__name__ if target is not None else None, _CPU_SYNC[None])
-            stream = target.name if type(target).__name__ == "Stream" else None
+            stream = watch.track_of(target) if type(target).__name__ == "Stream" else None
             syncs.append(HostSync(what, stream, e.start_ms, e.end_ms, call, where))
         ops.sort(key=lambda o: o.start)
         return Records(ops, calls, syncs, streams, timing=trace.timing, device=trace.meta.get("device", ""),
@@ -411,12 +428,22 @@ class Diagnosis:
     def report(self) -> str:
         """The short report ``print(dx)`` shows."""
         lines = ["Overlap doctor" + (" (modelled)" if self.modelled else "") + ": " + self.headline()]
-        if not self.findings:
+        if not self.records.ops:
+            lines.append(self._nothing_recorded())
+        elif not self.findings:
             lines.append(f"No findings: nothing cost {self.numbers['threshold_ms']:.2f} ms or more "
                          "(docs/doctor.md says how each finding is measured).")
         for i, f in enumerate(self.findings, 1):
             lines.append(f"{i}. {f.message}")
         return "\n".join(lines)
+
+    def _nothing_recorded(self) -> str:
+        """What to say of a block that queued no device work the doctor could see."""
+        text = "No device work was recorded in the block: nothing to diagnose."
+        if self.modelled:
+            text += (" On the CPU backend the doctor sees the work queued with the helper's API (ch.launch_wave2d, "
+                     "ch.copy_to_host_async, streams of ch.create_streams, ...); plain CuPy code needs a GPU.")
+        return text
 
     def __str__(self) -> str:
         return self.report()
@@ -430,7 +457,8 @@ class Diagnosis:
             f"<tr><td><code>{e(f.code)}</code></td><td>{f.cost_ms:.2f}</td><td>{e(f.where or '')}</td>"
             f"<td>{e(f.message.split(': ', 1)[1])}</td></tr>" for f in self.findings)
         body = (f"<table><tr><th>code</th><th>cost (ms)</th><th>where</th><th>what, and the fix</th></tr>{rows}</table>"
-                if rows else f"<p>No findings: nothing cost {self.numbers['threshold_ms']:.2f} ms or more.</p>")
+                if rows else f"<p>{e(self._nothing_recorded())}</p>" if not self.records.ops
+                else f"<p>No findings: nothing cost {self.numbers['threshold_ms']:.2f} ms or more.</p>")
         title = "Overlap doctor" + (" (modelled)" if self.modelled else "")
         return f"<div><b>{e(title)}</b>: {e(self.headline())}{body}</div>"
 

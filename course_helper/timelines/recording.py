@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from ..runtime.observe import Op
+    from ..streams import Stream
 
 _local = threading.local()
 
@@ -174,6 +175,20 @@ class _MarkTimer:
     def __init__(self, rt, origin, items, tracks):
         self.runtime, self.origin, self.items, self.tracks = rt, origin, items, tracks
         self._open = {}
+        self._track = {}                  # id(raw stream) -> (the raw stream, its track)
+
+    def track_of(self, stream: Stream) -> str:
+        """The track of ``stream``'s work: its name, or, where another stream of the same name came
+        first, its name and a number ("stream (2)"): two streams never share a lane."""
+        found = self._track.get(id(stream.raw))
+        if found is not None and found[0] is stream.raw:
+            return found[1]
+        taken = set(self.tracks) | {t for _, t in self._track.values()}
+        name, n = stream.name, 2
+        while name in taken:
+            name, n = f"{stream.name} ({n})", n + 1
+        self._track[id(stream.raw)] = (stream.raw, name)
+        return name
 
     def op_queued(self, op: Op) -> None:
         if op.stream.runtime is self.runtime:
@@ -183,7 +198,7 @@ class _MarkTimer:
         if id(op) not in self._open:      # queued on another runtime's stream
             return
         start = self._open.pop(id(op))
-        name = op.stream.name
+        name = self.track_of(op.stream)
         if name not in self.tracks:
             self.tracks.append(name)
         end = self.runtime.trace_end(op.stream.raw, start, self.origin)

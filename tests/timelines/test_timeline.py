@@ -661,3 +661,19 @@ def test_every_kind_of_bar_has_a_legend_entry_in_a_colour_of_its_own():
     drawn = {to_hex(c) for coll in ax.collections for c in coll.get_facecolors()}
     assert drawn <= set(legend.values())                      # every bar's colour is in the legend
     plt.close("all")
+
+
+def test_two_streams_of_one_name_get_two_lanes(cpu):
+    # create_streams(1) twice names both "stream": their work must not be drawn, or judged, as one
+    # stream's (the overlap doctor reads a lane as a stream)
+    p = ch.WaveProblem(n0=64, n1=64, nt=4)
+    U = [ch.device_zeros(p.shape) for _ in range(3)]
+    V = ch.to_device(p.velocity)
+    a, b = ch.create_streams(1)[0], ch.create_streams(1)[0]
+    with ch.tracing() as t:
+        ch.launch_wave2d(U[0], U[1], U[2], V, p, 0, stream=a)
+        ch.launch_wave2d(U[1], U[2], U[0], V, p, 1, stream=b)
+        ch.launch_wave2d(U[2], U[0], U[1], V, p, 2, stream=a)
+    assert a.name == b.name == "stream"
+    lanes = sorted(e.track for e in t.kernels)
+    assert lanes == ["stream", "stream", "stream (2)"]
