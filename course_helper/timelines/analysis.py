@@ -430,9 +430,9 @@ def diagnose(records: Records) -> list[Finding]:
         host_ms = sum(s.end - s.start for s in syncs)
         kinds = sorted({s.name or s.what for s in drained})
         found["host-wait-in-loop"] = _make(
-            "host-wait-in-loop", f"the host waited {len(drained)} times ({', '.join(kinds)}) until the device had "
-            f"nothing left to run, {host_ms:.2f} ms in all {len(syncs)} synchronisations; the kernels sat idle "
-            "through each wait and until the host queued the next one",
+            "host-wait-in-loop", f"{len(drained)} of the host's {len(syncs)} synchronisations ({', '.join(kinds)}) "
+            f"waited until the device had nothing left to run ({host_ms:.2f} ms of host time in all {len(syncs)}); "
+            "after each, the kernels sat idle until the host had queued the next one, which is the cost below",
             cost, _first_where(drained), {"waits": len(drained), "syncs": len(syncs),
                                           "host_sync_ms": round(host_ms, 4)}, records.modelled)
 
