@@ -70,8 +70,15 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
     except _NotYet as err:
         if err.race is None:
             return Verdict(f"Not yet: {err}", False)
+        if err.race.second.startswith("the host"):
+            # The loop read (or wrote) the host array while the copy into it may still run.
+            return Verdict(f"Not yet: {err.race.second} while the copy into it may still run ({err.race.first}). "
+                           "copy_after_kernels only queues the work; leave the host array alone until whoever "
+                           "reads it has waited for the copy.", False)
+        note = getattr(err.race, "note", "")
         return Verdict(f"Not yet: nothing orders the copy after the kernels ({err.race.first}, then "
-                       f"{err.race.second}). Make io wait for an event recorded on compute after them.", False)
+                       f"{err.race.second}){': ' + note if note else ''}. Make io wait for an event recorded on "
+                       "compute after them.", False)
     kernels = [q[0] for q in program.queued if q[0].kind == OpKind.KERNEL]
     copies = [q[0] for q in program.queued if q[0].kind == OpKind.D2H]
     if not kernels or not copies:
@@ -318,8 +325,9 @@ def _race_in_words(race: RaceError) -> str:
     streams = [re.search(r" on `([^`]+)`", what) for what in (race.first, race.second)]
     if race.first and race.second and all(streams):
         first, second = (m.group(1) for m in streams)
+        note = getattr(race, "note", "")       # the loop's own wait that did not order them, if any
         return (f"{race.first}, then {race.second}, and nothing makes `{second}` wait for that work on `{first}` "
-                "in between. Find where your loop should make that wait.")
+                f"in between{' (' + note + ')' if note else ''}. Find where your loop should make that wait.")
     lines = [line for line in str(race).splitlines() if not line.strip().startswith("Fix:")]
     return "\n".join(lines)
 

@@ -112,16 +112,26 @@ def test_checker_runs_a_correct_loop(backend):
         "all 8 layers are correct, the host never waited in the loop, and the copies ran while the next planes baked"
 
 
-@pytest.mark.parametrize("mistake", ["no wait for copy", "no record of bake", "no wait for bake",
-                                     "no record of copy", "wait for copy after bake",
-                                     "record of copy before copy"])
-def test_every_missing_or_misplaced_dependency_fails_every_time(backend, mistake):
+@pytest.mark.parametrize("mistake, fix", [
+    ("no wait for copy", "make `compute` wait for `copied[0]` recorded after the D2H copy of level 0 on `io[0]`"),
+    ("no record of bake", "record `baked[0]` on `compute` after the kernel `bake layer 0` (`io[0]` waits for "
+                          "`baked[0]`, but your loop never records `baked[0]`)"),
+    ("no wait for bake", "make `io[0]` wait for `baked[0]` recorded after the kernel `bake layer 0` on `compute`"),
+    ("no record of copy", "record `copied[0]` on `io[0]` after the D2H copy of level 0 (`compute` waits for "
+                          "`copied[0]`, but your loop never records `copied[0]`)"),
+    ("wait for copy after bake", "queue the wait for `copied[0]` on `compute` after the record of `copied[0]` on "
+                                 "`io[0]` and before the kernel `bake layer 3`"),
+    ("record of copy before copy", "record `copied[0]` on `io[0]` after the D2H copy of level 0, not before it, so "
+                                   "that the wait for `copied[0]` on `compute` follows the D2H copy of level 0"),
+])
+def test_every_missing_or_misplaced_dependency_fails_every_time(backend, mistake, fix):
+    """Whatever dependency is missing or misplaced, the fix names the event the loop meant."""
     for nplanes, n in ((6, 8), (24, 64)):                # any size: the sanitizer does not need luck
         stack, buffers = ch.pinned_empty((nplanes, n, n)), [ch.device_empty((n, n)) for _ in range(3)]
         with pytest.raises(ch.LayerCakeError, match="race") as info:
             ch.check_layer_cake(stack, loop=cake_loop(stack, buffers, mistake), buffers=buffers)
         msg = str(info.value)
-        assert "buffers[" in msg and "wait" in msg and "np.int64" not in msg
+        assert "buffers[" in msg and f"Fix: {fix}" in msg and "np.int64" not in msg, msg
         assert "synchronise" not in msg            # rule 3 forbids it: never suggested
 
 
