@@ -338,6 +338,14 @@ FIXES = {
     "the host waits for the copy's event": {"setup": "copied = [None] * m",
                                             "before_kernel": "copied[b] is not None and copied[b].synchronize()",
                                             "after_copy": "copied[c] = io[c].record()"},
+    # right, with labels that are not the levels the copies hold (a label claims nothing)
+    "notebook 6's wait, each copy labelled by its level": {"before_kernel": "io[b].synchronize()",
+                                                           "replace": [("level=old)", "level=level)")]},
+    "notebook 6's wait, each copy labelled by its buffer": {"before_kernel": "io[b].synchronize()",
+                                                            "replace": [("level=old)", "level=c)")]},
+    # wrong without a race: every copy on compute, out of the buffer the kernel has just written
+    "on compute, from the newest buffer": {"copy_stream": "compute",
+                                           "replace": [("run.images[k], U[c]", "run.images[k], U[(c + 3) % m]")]},
     # wrong: the wait is there, on the wrong event or too seldom
     "an event recorded on compute": {"before_kernel": "compute.wait_event(compute.record())"},
     "the copy's event recorded before the copy": {"setup": "copied = ch.create_events(m)",
@@ -351,14 +359,19 @@ FIXES = {
 def race_fix(name):
     parts = {"setup": "pass", "before_kernel": "pass", "before_copy": "pass", "after_copy": "pass",
              "copy_stream": "io[c]", **FIXES[name]}
+    source = PLANTED.format(**{k: v for k, v in parts.items() if k != "replace"})
+    for old, new in parts.get("replace", ()):
+        assert old in source, old
+        source = source.replace(old, new)
     ns = {"ch": ch}
-    run_cell(PLANTED.format(**parts), ns, name)
+    run_cell(source, ns, name)
     return ns["my_loop"]
 
 
 def test_notebook_9_passes_the_fixes_that_wait_only_where_needed(backend):
     for name in ("notebook 6's wait", "events instead", "an event recorded on the spot", "wait_stream",
-                 "the host waits for the copy's event"):
+                 "the host waits for the copy's event", "notebook 6's wait, each copy labelled by its level",
+                 "notebook 6's wait, each copy labelled by its buffer"):
         v = ch.exercises.check_race_fix(race_fix(name))
         assert v.passed, (name, v)
 
@@ -372,6 +385,12 @@ def test_notebook_9_shows_the_race_left_without_giving_the_fix(backend, name):
     assert "the D2H copy of level 0 on `io[0]` reads U[0]" in v, v
     assert "the kernel `wave2d_4o level 5` on `compute` writes U[0]" in v, v
     assert "nothing makes `compute` wait for that work on `io[0]`" in v, v
+
+
+def test_notebook_9_judges_the_saved_levels_by_their_data(backend):
+    """Ordered, race-free and wrong: the levels that differ are listed; no race is claimed."""
+    v = ch.exercises.check_race_fix(race_fix("on compute, from the newest buffer"))
+    assert not v.passed and "no race, but 120 saved levels (0, 1, 2, 3, 4, 5, ...) differ" in v, v
 
 
 @pytest.mark.parametrize("name, note", [
