@@ -424,10 +424,18 @@ def check_depths(step_ms: float | None, copy_ms: float | None, in_depth: int | N
 
 class _Program(LoopProgram):
     """The capstone's view of the loop under the sanitizer: a race's fix names the event the
-    loop records after the first access but no stream waits for (the wait the loop left out)."""
+    loop records after the first access but no stream waits for (the wait the loop left out),
+    and an upload queued before the kernels of an earlier block have read the buffer it fills
+    is told so (:meth:`_upload_too_early`)."""
+
+    #: Steps per feed block of the problem checked (a subclass per run sets it): a kernel's block.
+    feed_every: int | None = None
 
     def _race(self, first, second):
         error = super()._race(first, second)
+        early = self._upload_too_early(first, second, error)
+        if early is not None:
+            return early
         after = [e for p, e, _ in self.records.get(first.thread, []) if p >= first.clock and self.label_of(e)]
         unwaited = [e for e in after
                     if not any(w.get(id(e), (None,))[0] is e for w in self.waited.values())]
@@ -438,6 +446,42 @@ class _Program(LoopProgram):
             return error
         return LoopRaceError(str(error).replace(old, new), error.first, error.second, error.fix.replace(old, new),
                              getattr(error, "note", ""))
+
+
+    def _upload_too_early(self, first, second, error):
+        """An upload of block ``j``'s frame, then a kernel of an earlier block reading the buffer it
+        filled: the kernel needs the frame it was ordered after, so the upload came too early (its
+        stream should have waited for that block's last kernel), not the kernel's wait too late.
+        The race told so, or None for any other race."""
+        up, kernel = first.op, second.op
+        if (self.feed_every is None or up is None or kernel is None or up.kind != OpKind.H2D or not first.write
+                or kernel.kind != OpKind.KERNEL or second.write or up.level is None or kernel.level is None):
+            return None
+        frame, block = int(up.level), (int(kernel.level) - 1) // self.feed_every
+        if block >= frame:               # the kernel needs this frame: its stream's wait is what is missing
+            return None
+        _, buffer = self._what(first)
+        n1, n2 = self.stream_name(first.thread), self.stream_name(second.thread)
+        op1, op2 = f"the upload of block {frame}'s frame (H2D level {frame})", f"the kernel `{kernel.name}`"
+        waits = next((w for op, position, _, w in self.queued if op.stream is first.thread and position == first.clock),
+                     [])
+        meant = [e for e, follows in waits if self.label_of(e) and follows is not None
+                 and follows.stream is second.thread]
+        last = f"the last kernel of block {block}"
+        if meant:
+            event = f"`{self.label_of(meant[-1])}`"
+            note = (f"`{n1}` waits for {event} before {op1}, but your loop records {event} on `{n2}` before {op2}, "
+                    f"which still reads block {block}'s frame from {buffer}")
+            fix = f"record {event} on `{n2}` after {last}, so that {op1} waits until block {block} is done with {buffer}"
+        else:
+            note = ""
+            fix = (f"make `{n1}` wait for an event recorded on `{n2}` after {last} before {op1}: it must not land in "
+                   f"{buffer} while block {block} still reads it")
+        headline = str(error).splitlines()[0]
+        consequence = (f"and {op2}, of block {block}, reads block {block}'s frame, which {op1} has already replaced: "
+                       f"the upload came too early" + (f" ({note})" if note else ""))
+        message = f"{headline}\n  first:  {error.first},\n  then:   {error.second},\n  {consequence}.\n  Fix: {fix}."
+        return LoopRaceError(message, error.first, error.second, fix, note)
 
 
 class _LastWait:
@@ -486,8 +530,9 @@ def _run_small(run, gs):
     synchronize()
     last = observe.add(_LastWait(getattr(run, '__code__', None)), every_thread=True)
     try:
+        program_type = type("_Program", (_Program,), {"feed_every": gs.feed_every})
         program = run_checked(run, _names(run, gs, snapshots), CapstoneError, "give wrong snapshots",
-                              args=(gs, snapshots), check_levels=False, program_type=_Program)   # level=: a label
+                              args=(gs, snapshots), check_levels=False, program_type=program_type)   # level=: a label
     finally:
         observe.remove(last)
     program.snapshots, program.device_idle = snapshots, last.device_idle

@@ -184,6 +184,12 @@ WRONG_EVENTS = {
     "saved recorded on compute": ([("download.record(saved[s])", "compute.record(saved[s])")], {},
                                   "Fix: record `saved[0]` on `download` after the D2H copy of level 3, not on "
                                   "`compute`"),
+    "used recorded a step before the block ends": (
+        [("        if (n + 1) % gs.feed_every == 0 or n + 1 == gs.steps:\n            compute.record(used[b])",
+          "        if (n + 2) % gs.feed_every == 0 or n + 1 == gs.steps:\n            compute.record(used[b])")], {},
+        "the upload came too early (`upload` waits for `used[0]` before the upload of block 2's frame (H2D level 2), "
+        "but your loop records `used[0]` on `compute` before the kernel `gray_scott level 6`, which still reads block "
+        "0's frame from feed[0]).\n  Fix: record `used[0]` on `compute` after the last kernel of block 0"),
     "uploaded recorded before its upload": (
         [("        gs.frames.copy_to_device_async(feed[b], j, upload)\n        upload.record(uploaded[b])",
           "        upload.record(uploaded[b])\n        gs.frames.copy_to_device_async(feed[b], j, upload)")], {},
