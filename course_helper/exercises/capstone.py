@@ -445,7 +445,7 @@ class _Program(LoopProgram):
         if old not in error.fix:                 # another kind of fix (a wait queued too early)
             return error
         return LoopRaceError(str(error).replace(old, new), error.first, error.second, error.fix.replace(old, new),
-                             getattr(error, "note", ""))
+                             error.note if isinstance(error, LoopRaceError) else "")
 
 
     def _upload_too_early(self, first, second, error):
@@ -460,7 +460,7 @@ class _Program(LoopProgram):
         frame, block = int(up.level), (int(kernel.level) - 1) // self.feed_every
         if block >= frame:               # the kernel needs this frame: its stream's wait is what is missing
             return None
-        _, buffer = self._what(first)
+        buffer = self.names.of(first.array, first.span)
         n1, n2 = self.stream_name(first.thread), self.stream_name(second.thread)
         op1, op2 = f"the upload of block {frame}'s frame (H2D level {frame})", f"the kernel `{kernel.name}`"
         waits = next((w for op, position, _, w in self.queued if op.stream is first.thread and position == first.clock),
@@ -472,7 +472,8 @@ class _Program(LoopProgram):
             event = f"`{self.label_of(meant[-1])}`"
             note = (f"`{n1}` waits for {event} before {op1}, but your loop records {event} on `{n2}` before {op2}, "
                     f"which still reads block {block}'s frame from {buffer}")
-            fix = f"record {event} on `{n2}` after {last}, so that {op1} waits until block {block} is done with {buffer}"
+            fix = (f"record {event} on `{n2}` after {last}, so that {op1} waits until block {block} is done with "
+                   f"{buffer}")
         else:
             note = ""
             fix = (f"make `{n1}` wait for an event recorded on `{n2}` after {last} before {op1}: it must not land in "

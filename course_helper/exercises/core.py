@@ -33,8 +33,7 @@ from .. import streams
 from ..memory import is_device_array
 from ..runtime import observe
 from ..runtime.ops import OpKind
-from ..sanitizer import _LET_GO, RaceError, Sanitizer
-from ..sanitizer import _describe as _describe_op
+from ..sanitizer import RaceError, Sanitizer
 from ..streams import synchronize
 from ..timelines import analysis
 
@@ -318,11 +317,11 @@ class LoopProgram(Sanitizer):
         s1 = first.thread if isinstance(first.thread, streams.Stream) else None
         if s1 is None:
             return error
-        op1, n1 = _describe_op(first.op), self.stream_name(s1)
+        op1, n1 = error.first[:error.first.index(" on `")], self.stream_name(s1)   # "the D2H copy of level 0"
         if not isinstance(second.thread, streams.Stream):
-            if second.where == _LET_GO:
+            if error.second.startswith("the host lets go"):
                 return error
-            _, buffer = self._what(second)
+            buffer = self.names.of(second.array, second.span)
             fix = (f"read {buffer} only after your loop has returned and the device is done with it (the checker "
                    "waits for that): the host never waits inside the loop, so nothing there orders its access "
                    f"after {op1} on `{n1}`")
@@ -350,7 +349,8 @@ class LoopProgram(Sanitizer):
                 fix += f", or make `{n2}` wait for {other}"
         elif recorded_on is s1:
             note = f"`{n2}` waits for {name}, but your loop records {it} on `{n1}` before {op1}"
-            fix = f"record {name} on `{n1}` after {op1}, not before it, so that the wait for {it} on `{n2}` follows {op1}"
+            fix = (f"record {name} on `{n1}` after {op1}, not before it, so that the wait for {it} on `{n2}` "
+                   f"follows {op1}")
         else:
             where = self.stream_name(recorded_on)
             note = f"`{n2}` waits for {name}, but your loop records {it} on `{where}`, not on `{n1}`"

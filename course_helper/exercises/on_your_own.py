@@ -30,7 +30,8 @@ from ..solver import prepare, solve, timing_only
 from ..streams import create_streams, synchronize
 from ..timelines import recording
 from ..wave import WaveProblem
-from .core import ExerciseError, Verdict, describe_waits, explain_serial, hidden_by_direction, run_checked
+from .core import (ExerciseError, LoopRaceError, Verdict, describe_waits, explain_serial, hidden_by_direction,
+                   run_checked)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -75,7 +76,7 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
             return Verdict(f"Not yet: {err.race.second} while the copy into it may still run ({err.race.first}). "
                            "copy_after_kernels only queues the work; leave the host array alone until whoever "
                            "reads it has waited for the copy.", False)
-        note = getattr(err.race, "note", "")
+        note = err.race.note if isinstance(err.race, LoopRaceError) else ""
         return Verdict(f"Not yet: nothing orders the copy after the kernels ({err.race.first}, then "
                        f"{err.race.second}){': ' + note if note else ''}. Make io wait for an event recorded on "
                        "compute after them.", False)
@@ -331,7 +332,7 @@ def _race_in_words(race: RaceError) -> str:
     streams = [re.search(r" on `([^`]+)`", what) for what in (race.first, race.second)]
     if race.first and race.second and all(streams):
         first, second = (m.group(1) for m in streams)
-        note = getattr(race, "note", "")       # the loop's own wait that did not order them, if any
+        note = race.note if isinstance(race, LoopRaceError) else ""   # the loop's own wait that did not order them
         return (f"{race.first}, then {race.second}, and nothing makes `{second}` wait for that work on `{first}` "
                 f"in between{' (' + note + ')' if note else ''}. Find where your loop should make that wait.")
     lines = [line for line in str(race).splitlines() if not line.strip().startswith("Fix:")]

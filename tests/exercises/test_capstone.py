@@ -148,7 +148,8 @@ STAGING = """            compute.wait_event(saved[s])              # the copy ou
             ch.memory.copy_on_device_async(staged[s], v[(n + 1) % 2], compute, level=n + 1)"""
 FRESH = [(STAGING, """            tmp = ch.device_empty(gs.shape)           # a new buffer for each snapshot
             ch.memory.copy_on_device_async(tmp, v[(n + 1) % 2], compute, level=n + 1)"""),
-         ("ch.copy_to_host_async(snapshots[i], staged[s], download", "ch.copy_to_host_async(snapshots[i], tmp, download")]
+         ("ch.copy_to_host_async(snapshots[i], staged[s], download",
+          "ch.copy_to_host_async(snapshots[i], tmp, download")]
 
 
 def test_a_buffer_made_on_every_turn_is_let_go_inside_the_loop(backend):
@@ -233,7 +234,8 @@ WRITTEN_OTHERWISE = [
     ("            compute.record(ready[s])\n            download.wait_event(ready[s])",
      "            download.wait_event(compute.record())"),
     ("download.record(saved[s])", "saved[s].record(download)"),
-    ("        ch.exercises.launch_gray_scott(u[n % 2], v[n % 2], feed[b], u[(n + 1) % 2], v[(n + 1) % 2], gs, n, compute)",
+    ("        ch.exercises.launch_gray_scott(u[n % 2], v[n % 2], feed[b], u[(n + 1) % 2], v[(n + 1) % 2], gs, n, "
+     "compute)",
      "        with compute:\n            ch.exercises.launch_gray_scott(u[n % 2], v[n % 2], feed[b], u[(n + 1) % 2], "
      "v[(n + 1) % 2], gs, n)"),
     (", level=n + 1)", ")"),                                          # both copies' labels
@@ -245,7 +247,8 @@ STAGED_ON_DOWNLOAD = [
             compute.record(ready[s])
             download.wait_event(ready[s])
             ch.copy_to_host_async(snapshots[i], staged[s], download, level=n + 1)
-            download.record(saved[s])""", """            download.wait_event(compute.record())     # v after step n is written
+            download.record(saved[s])""",
+     """            download.wait_event(compute.record())     # v after step n is written
             ch.memory.copy_on_device_async(staged[s], v[(n + 1) % 2], download, level=n + 1)
             download.record(ready[s])                 # v[(n + 1) % 2] may be written again
             ch.copy_to_host_async(snapshots[i], staged[s], download, level=n + 1)"""),
@@ -256,7 +259,8 @@ STAGED_ON_DOWNLOAD = [
 ]
 
 
-@pytest.mark.parametrize("changes", [WRITTEN_OTHERWISE, STAGED_ON_DOWNLOAD], ids=["written otherwise", "staged on download"])
+@pytest.mark.parametrize("changes", [WRITTEN_OTHERWISE, STAGED_ON_DOWNLOAD],
+                         ids=["written otherwise", "staged on download"])
 def test_a_right_loop_written_otherwise_passes(backend, changes):
     assert ch.exercises.check_capstone(loop(*changes)).startswith("all 12 snapshots are right and no race")
 

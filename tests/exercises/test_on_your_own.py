@@ -117,11 +117,11 @@ OTHER_BODIES = {
     "io waits for the compute stream": (True, "    steps(20, compute)\n    io.wait_stream(compute)\n"
                                               "    ch.copy_to_host_async(last, U[21 % 3], io)\n", "Right:"),
     "the copy in a with-io block": (True, "    steps(20, compute)\n    done = compute.record()\n    with io:\n"
-                                          "        io.wait_event(done)\n        ch.copy_to_host_async(last, U[21 % 3])\n",
-                                    "Right:"),
-    "event.record(stream)": (True, "    (done,) = ch.create_events(1)\n    steps(20, compute)\n    done.record(compute)\n"
-                                   "    io.wait_event(done)\n    ch.copy_to_host_async(last, U[0], io, level=21)\n",
-                             "Right:"),
+                                          "        io.wait_event(done)\n"
+                                          "        ch.copy_to_host_async(last, U[21 % 3])\n", "Right:"),
+    "event.record(stream)": (True, "    (done,) = ch.create_events(1)\n    steps(20, compute)\n"
+                                   "    done.record(compute)\n    io.wait_event(done)\n"
+                                   "    ch.copy_to_host_async(last, U[0], io, level=21)\n", "Right:"),
     "the event recorded on io": (False, "    steps(20, compute)\n    done = io.record()\n    io.wait_event(done)\n"
                                         "    ch.copy_to_host_async(last, U[21 % 3], io)\n",
                                  "`io` waits for `done`, but your loop records `done` on `io`, not on `compute`"),
