@@ -286,6 +286,28 @@ def test_level_is_a_label_not_a_claim_about_the_data(backend):
     assert "snapshots[1] holds snapshot 0 (v after step 3): your copy labelled level 0 holds level 3" in msg, msg
 
 
+def test_the_notebooks_sanitize_cell_takes_level_as_a_label_too(backend):
+    """Notebook 13's cell 13.6 runs the loop under ch.sanitize(levels=False): copies labelled by their
+    snapshot index pass there as they pass the check; a plain ch.sanitize() takes labels that number the
+    levels as a claim (notebook 9), and reports the staging copy labelled 0 that reads level 3."""
+    labelled = loop(("ch.copy_to_host_async(snapshots[i], staged[s], download, level=n + 1)",
+                     "ch.copy_to_host_async(snapshots[i], staged[s], download, level=i)"),
+                    ("copy_on_device_async(staged[s], v[(n + 1) % 2], compute, level=n + 1)",
+                     "copy_on_device_async(staged[s], v[(n + 1) % 2], compute, level=i)"))
+    small = capstone.check_problem(2, 1)
+    with ch.sanitize(levels=False):
+        snaps = small.empty_snapshots()
+        kept = labelled(small, snaps)
+        ch.synchronize()
+    np.testing.assert_array_equal(snaps, ch.exercises.sequential_snapshots(small))
+    with pytest.raises(ch.RaceError, match="so the copy saves level 3 as level 0"):
+        with ch.sanitize():
+            snaps = small.empty_snapshots()
+            kept = labelled(small, snaps)
+            ch.synchronize()
+    del kept
+
+
 def test_an_initial_upload_on_a_stream_is_set_up_not_counted(backend):
     msg = ch.exercises.check_capstone(loop(*ASYNC_START))
     assert "not counting your 2 set-up uploads before the first kernel" in msg, msg
