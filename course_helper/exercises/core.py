@@ -311,7 +311,7 @@ class LoopProgram(Sanitizer):
         access inside the loop is told to wait until the loop has returned."""
         error = super()._race(first, second)
         s1 = first.thread if isinstance(first.thread, streams.Stream) else None
-        if s1 is None:
+        if s1 is None or first.op is None or first.op.kind == OpKind.LET_GO or " on `" not in error.first:
             return error
         op1, n1 = error.first[:error.first.index(" on `")], self.stream_name(s1)   # "the D2H copy of level 0"
         if not isinstance(second.thread, streams.Stream):
