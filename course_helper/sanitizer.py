@@ -300,12 +300,15 @@ class Sanitizer:
     or a list of them (named ``name[i]``); stacks of three or more dimensions
     are named per slice (``images[5]``). ``host_sync_fixes=False`` never
     suggests a host synchronise as a fix (for a loop whose rules forbid it).
+    ``levels=False`` takes a copy's ``level=`` as a label only: no copy is
+    reported for reading a buffer that holds another level than its label.
     """
 
-    def __init__(self, names: dict[str, Any] | None = None, host_sync_fixes: bool = True):
+    def __init__(self, names: dict[str, Any] | None = None, host_sync_fixes: bool = True, levels: bool = True):
         self.names = _Names()
         self.labels = {}                     # id(stream or event) -> (it, its name in messages)
         self.host_sync_fixes = host_sync_fixes
+        self.levels = levels
         for name, arrays in (names or {}).items():
             self.name(name, arrays)
         self.host = {}                       # the host's vector clock
@@ -597,7 +600,8 @@ class Sanitizer:
     # -- the check -----------------------------------------------------------
     def _access(self, acc, vc):
         overlapping = self._check(acc, vc)
-        if not acc.write and acc.op is not None and acc.op.kind in COPY_KINDS and acc.op.level is not None:
+        if (self.levels and not acc.write and acc.op is not None and acc.op.kind in COPY_KINDS
+                and acc.op.level is not None):
             self._check_version(acc, overlapping)
         self.shadow.record(acc, overlapping)
         if self.capture is not None:
@@ -736,7 +740,8 @@ def _describe(op):
 
 
 @contextlib.contextmanager
-def sanitize(names: dict[str, Any] | None = None, host_sync_fixes: bool = True) -> Iterator[Sanitizer]:
+def sanitize(names: dict[str, Any] | None = None, host_sync_fixes: bool = True,
+             levels: bool = True) -> Iterator[Sanitizer]:
     """Check every operation queued inside the block for races; raise :class:`RaceError` at the first.
 
     ``names`` maps names to arrays, streams or events (or lists of them) so
@@ -744,6 +749,10 @@ def sanitize(names: dict[str, Any] | None = None, host_sync_fixes: bool = True) 
     instead of "a 256x256 float32 device array", "io 0" or "the event".
     ``host_sync_fixes=False`` keeps a host synchronise out of the fixes it
     suggests (for a loop whose rules forbid host waits).
+    Where copies' ``level=`` labels number the levels, a copy that reads a
+    buffer a later level has overwritten is reported, ordered or not;
+    ``levels=False`` takes the labels as labels only (as the exercise checks
+    do, judging the data by its content).
     The check reasons about the program, not about timing: a missing
     dependency fails every time, on either backend. On a race, the work
     already queued is drained before the error leaves the block. Work queued
@@ -758,7 +767,7 @@ def sanitize(names: dict[str, Any] | None = None, host_sync_fixes: bool = True) 
     ...     for k in range(nplanes):
     ...         ...
     """
-    san = observe.add(Sanitizer(names, host_sync_fixes), every_thread=True)
+    san = observe.add(Sanitizer(names, host_sync_fixes, levels), every_thread=True)
     try:
         yield san
         san.settle()                              # memory let go since the block's last call

@@ -37,11 +37,11 @@ from ..memory import InputRing, copy_to_device_async, copy_to_host, device_zeros
 from ..runtime import observe
 from ..runtime.base import byte_span, shares_memory, spans_overlap
 from ..runtime.ops import OpKind
-from ..sanitizer import RaceError
 from ..solver import timing_only
 from ..streams import create_streams, synchronize
 from ..timelines import Trace, recording
-from .core import ExerciseError, LoopProgram, describe_waits, explain_serial, hidden_by_direction, run_checked
+from .core import (ExerciseError, LoopProgram, LoopRaceError, describe_waits, explain_serial, hidden_by_direction,
+                   run_checked)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -357,7 +357,7 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
     __tracebackhide__ = True
     if run is None:
         raise CapstoneError("`run_capstone` is not written yet: write it, then run this cell again")
-    program, small, depths = _run_reusing(run)
+    program, small, depths, fewest = _run_reusing(run)
     _compare(program, small)
     _check_returned(program, run, small)
     if program.host_waits:
@@ -365,9 +365,7 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
         raise CapstoneError(f"all {small.nsnapshots} snapshots are right, but the host waited inside the loop "
                             f"{len(waits)} times ({describe_waits(waits)}); the rule: the host never waits in the "
                             "loop - let the streams wait for events instead (stream.wait_event(event))")
-    checked = (f"all {small.nsnapshots} snapshots are right and no race, with each of your "
-               f"{_count(depths[0], 'feed buffer')} and {_count(depths[1], 'buffer')} your snapshots leave from reused "
-               "at least twice")
+    checked = f"all {small.nsnapshots} snapshots are right and no race, {_reuse(depths, fewest)}"
     hidden, trace, set_up = _balanced(run)
     copied = {OpKind.H2D: "uploads (host to device)", OpKind.D2H: "downloads (device to host)"}
     for direction, h in hidden.items():
@@ -426,10 +424,18 @@ def check_depths(step_ms: float | None, copy_ms: float | None, in_depth: int | N
 
 class _Program(LoopProgram):
     """The capstone's view of the loop under the sanitizer: a race's fix names the event the
-    loop records after the first access but no stream waits for (the wait the loop left out)."""
+    loop records after the first access but no stream waits for (the wait the loop left out),
+    and an upload queued before the kernels of an earlier block have read the buffer it fills
+    is told so (:meth:`_upload_too_early`)."""
+
+    #: Steps per feed block of the problem checked (a subclass per run sets it): a kernel's block.
+    feed_every: int | None = None
 
     def _race(self, first, second):
         error = super()._race(first, second)
+        early = self._upload_too_early(first, second, error)
+        if early is not None:
+            return early
         after = [e for p, e, _ in self.records.get(first.thread, []) if p >= first.clock and self.label_of(e)]
         unwaited = [e for e in after
                     if not any(w.get(id(e), (None,))[0] is e for w in self.waited.values())]
@@ -438,7 +444,45 @@ class _Program(LoopProgram):
         old, new = (f"wait for `{self.label_of(e)}` recorded after" for e in (after[0], unwaited[0]))
         if old not in error.fix:                 # another kind of fix (a wait queued too early)
             return error
-        return RaceError(str(error).replace(old, new), error.first, error.second, error.fix.replace(old, new))
+        return LoopRaceError(str(error).replace(old, new), error.first, error.second, error.fix.replace(old, new),
+                             error.note if isinstance(error, LoopRaceError) else "")
+
+
+    def _upload_too_early(self, first, second, error):
+        """An upload of block ``j``'s frame, then a kernel of an earlier block reading the buffer it
+        filled: the kernel needs the frame it was ordered after, so the upload came too early (its
+        stream should have waited for that block's last kernel), not the kernel's wait too late.
+        The race told so, or None for any other race."""
+        up, kernel = first.op, second.op
+        if (self.feed_every is None or up is None or kernel is None or up.kind != OpKind.H2D or not first.write
+                or kernel.kind != OpKind.KERNEL or second.write or up.level is None or kernel.level is None):
+            return None
+        frame, block = int(up.level), (int(kernel.level) - 1) // self.feed_every
+        if block >= frame:               # the kernel needs this frame: its stream's wait is what is missing
+            return None
+        buffer = self.names.of(first.array, first.span)
+        n1, n2 = self.stream_name(first.thread), self.stream_name(second.thread)
+        op1, op2 = f"the upload of block {frame}'s frame (H2D level {frame})", f"the kernel `{kernel.name}`"
+        waits = next((w for op, position, _, w in self.queued if op.stream is first.thread and position == first.clock),
+                     [])
+        meant = [e for e, follows in waits if self.label_of(e) and follows is not None
+                 and follows.stream is second.thread]
+        last = f"the last kernel of block {block}"
+        if meant:
+            event = f"`{self.label_of(meant[-1])}`"
+            note = (f"`{n1}` waits for {event} before {op1}, but your loop records {event} on `{n2}` before {op2}, "
+                    f"which still reads block {block}'s frame from {buffer}")
+            fix = (f"record {event} on `{n2}` after {last}, so that {op1} waits until block {block} is done with "
+                   f"{buffer}")
+        else:
+            note = ""
+            fix = (f"make `{n1}` wait for an event recorded on `{n2}` after {last} before {op1}: it must not land in "
+                   f"{buffer} while block {block} still reads it")
+        headline = str(error).splitlines()[0]
+        consequence = (f"and {op2}, of block {block}, reads block {block}'s frame, which {op1} has already replaced: "
+                       f"the upload came too early" + (f" ({note})" if note else ""))
+        message = f"{headline}\n  first:  {error.first},\n  then:   {error.second},\n  {consequence}.\n  Fix: {fix}."
+        return LoopRaceError(message, error.first, error.second, fix, note)
 
 
 class _LastWait:
@@ -487,8 +531,9 @@ def _run_small(run, gs):
     synchronize()
     last = observe.add(_LastWait(getattr(run, '__code__', None)), every_thread=True)
     try:
+        program_type = type("_Program", (_Program,), {"feed_every": gs.feed_every})
         program = run_checked(run, _names(run, gs, snapshots), CapstoneError, "give wrong snapshots",
-                              args=(gs, snapshots), check_levels=False, program_type=_Program)   # level=: a label
+                              args=(gs, snapshots), check_levels=False, program_type=program_type)   # level=: a label
     finally:
         observe.remove(last)
     program.snapshots, program.device_idle = snapshots, last.device_idle
@@ -499,20 +544,35 @@ def _run_reusing(run):
     """Run the loop on :data:`CHECK_POINT`, and again on :func:`check_problem` for the ring
     depths it used, until every buffer of both rings was used :data:`USES_PER_BUFFER` times
     (or the check would pass :data:`_CHECK_STEPS_MAX` steps): the last run's program, its
-    problem and the depths ``(feed buffers, snapshot buffers)``."""
+    problem, the depths ``(feed buffers, snapshot buffers)`` and how often the least used
+    buffer of each ring was used."""
     __tracebackhide__ = True
     gs = GrayScott(**CHECK_POINT)
     while True:
         program = _run_small(run, gs)
         rings = _ring_uses(program, gs)
         depths = tuple(len(uses) for uses in rings)
-        if all(min(uses.values(), default=USES_PER_BUFFER) >= USES_PER_BUFFER for uses in rings):
-            return program, gs, depths
+        fewest = tuple(min(uses.values(), default=USES_PER_BUFFER) for uses in rings)
+        if min(fewest) >= USES_PER_BUFFER:
+            return program, gs, depths, fewest
         longer = check_problem(max(depths[0], 1), max(depths[1], 1))
         steps = min(longer.steps, _CHECK_STEPS_MAX)
         if steps <= gs.steps:            # reused as often as fits, or some buffer taken more rarely than its ring
-            return program, gs, depths
+            return program, gs, depths, fewest
         gs = GrayScott(n=longer.n, steps=steps, feed_every=longer.feed_every, save_every=longer.save_every)
+
+
+def _reuse(depths, fewest) -> str:
+    """How the small run used the loop's rings, truly: "each of your 2 feed buffers and 1 buffer your
+    snapshots leave from reused at least twice", or how often the least used one was used."""
+    rings = (_count(depths[0], "feed buffer"), f"{_count(depths[1], 'buffer')} your snapshots leave from")
+    if min(fewest) >= USES_PER_BUFFER:
+        return f"with each of your {rings[0]} and {rings[1]} reused at least twice"
+    told = [f"your {ring}" + (" each reused at least once" if uses == 2 else f" each reused at least {uses - 1} times"
+                               if uses > 2 else ", some of them used only once (never reused)")
+            for ring, uses in zip(rings, fewest)]
+    return (f"with {told[0]}, and {told[1]}, in the longest run the check makes ({_CHECK_STEPS_MAX} steps at most): a "
+            "race between two uses of a buffer shows only when it is reused")
 
 
 def _ring_uses(program, gs) -> tuple[Counter, Counter]:
@@ -549,14 +609,25 @@ def _check_returned(program, run, gs):
     if program.device_idle:
         return
     kept = [s for s in _device_spans(program.returned) if s is not None]
-    missing = {}
+    missing = {}                 # name -> {span: None}: the buffers it named, in order
     for op, *_ in program.queued:
         for a in (*op.reads, *op.writes):
             span = byte_span(a) if is_device_array(a) else None
             if span is not None and not any(k[0] == span[0] and k[1] <= span[1] and span[2] <= k[2] for k in kept):
-                missing.setdefault(program.names.of(a, span), None)
+                missing.setdefault(program.names.of(a, span), {})[span] = None
+    name = getattr(run, "__name__", "your loop")
+    # One variable bound to a new buffer on each turn: each is let go inside the loop, when the variable takes
+    # the next, while work queued on it may still run. Returning the variable keeps only the last.
+    renewed = [f"`{n}`" for n, spans in missing.items() if len(spans) > 1 and "[" not in n and " " not in n]
+    if renewed:
+        raise CapstoneError(f"all {gs.nsnapshots} snapshots are right, but {' and '.join(renewed)} "
+                            f"{'holds' if len(renewed) == 1 else 'hold'} a new device buffer on each turn of "
+                            f"`{name}`: each one is let go when the variable takes the next, while the copies and "
+                            "kernels queued on it may still run, and the memory pool can hand it to the next "
+                            "allocation (notebook 9's buffer let go too early). Fix: make the ring's buffers once, "
+                            f"before the loop, reuse them in turn, and return them from `{name}` (the rule of "
+                            "section 13.2)")
     if missing:
-        name = getattr(run, "__name__", "your loop")
         listed = ", ".join(list(missing)[:8]) + (", ..." if len(missing) > 8 else "")
         raise CapstoneError(f"all {gs.nsnapshots} snapshots are right, but `{name}` does not return {listed}, "
                             f"device buffers its queued work uses: when `{name}` returns, their last references go "

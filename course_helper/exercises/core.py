@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from ..runtime.observe import Op
     from ..streams import Event, Stream
 
-__all__ = ["ExerciseError", "Verdict", "HostWaits", "LoopProgram", "Serial", "explain_serial", "learner_names",
-           "run_checked",
+__all__ = ["ExerciseError", "Verdict", "HostWaits", "LoopProgram", "LoopRaceError", "Serial", "explain_serial",
+           "learner_names", "run_checked",
            "caller_line", "Hidden", "hidden_by_direction", "describe_waits"]
 
 
@@ -66,6 +66,16 @@ class Verdict(str):
         verdict = super().__new__(cls, message)
         verdict.passed = bool(passed)
         return verdict
+
+
+class LoopRaceError(RaceError):
+    """A race in an exercise's loop (:meth:`LoopProgram._race`). ``note``: why the loop's own wait
+    just before the second access did not order it, in the loop's words ("`io` waits for `done`,
+    but your loop records it on `io`, not on `compute`"); empty when the loop queued no wait there."""
+
+    def __init__(self, message: str, first: str = "", second: str = "", fix: str = "", note: str = ""):
+        super().__init__(message, first, second, fix)
+        self.note = note
 
 
 # --------------------------------------------------------------------------
@@ -229,8 +239,8 @@ class LoopProgram(Sanitizer):
     needs no such claim, and must not refuse a loop for a label)."""
 
     def __init__(self, names: dict[str, Any], loop: Callable | None = None, *, check_levels: bool = True):
-        super().__init__(names, host_sync_fixes=False)       # the exercises' rule: the host never waits
-        self.check_levels = check_levels
+        # host_sync_fixes=False: the exercises' rule is that the host never waits
+        super().__init__(names, host_sync_fixes=False, levels=check_levels)
         self.queued = []              # (op, its position on its stream, its clock, the waits before it)
         self.last_op = {}             # stream -> the last operation queued on it
         self.after = {}               # id(event) -> (event, the operation its latest record follows)
@@ -291,9 +301,70 @@ class LoopProgram(Sanitizer):
         super().close()
         self.frame = None
 
-    def _check_version(self, acc, overlapping):
-        if self.check_levels:          # else a copy's level is a label: nothing to compare
-            super()._check_version(acc, overlapping)
+    # -- races told in the exercises' words ---------------------------------------------------
+    def _race(self, first, second):
+        """The sanitizer's race, told for a loop whose host never waits. Where the second access's
+        stream waited for one of the loop's events just before it, and that event does not follow
+        the first access, the message says so (:attr:`LoopRaceError.note`: recorded on another
+        stream, before the first access, or never) and the fix names that event, the one the loop
+        meant, rather than "an event" or another event recorded after the first access. A host
+        access inside the loop is told to wait until the loop has returned."""
+        error = super()._race(first, second)
+        s1 = first.thread if isinstance(first.thread, streams.Stream) else None
+        if s1 is None or first.op is None or first.op.kind == OpKind.LET_GO or " on `" not in error.first:
+            return error
+        op1, n1 = error.first[:error.first.index(" on `")], self.stream_name(s1)   # "the D2H copy of level 0"
+        if not isinstance(second.thread, streams.Stream):
+            if error.second.startswith("the host lets go"):
+                return error
+            buffer = self.names.of(second.array, second.span)
+            fix = (f"read {buffer} only after your loop has returned and the device is done with it (the checker "
+                   "waits for that): the host never waits inside the loop, so nothing there orders its access "
+                   f"after {op1} on `{n1}`")
+            return LoopRaceError(str(error).replace(error.fix, fix), error.first, error.second, fix)
+        s2 = second.thread
+        waits = [e for e, _ in self.pending.get(s2, [])]
+        after = [e for p, e, _ in self.records.get(s1, []) if p >= first.clock]
+        waited = self.waited.get(s2, {})
+        if not waits or any(id(e) in waited for e in after):
+            return error     # no wait of the loop's there, or one for an event recorded after: the sanitizer's words
+        event, n2 = waits[-1], self.stream_name(s2)         # the wait queued last before the second access
+        name = self._event_name(event)
+        it = name if name.startswith("`") else "it"
+        last_wait = waited.get(id(event))
+        before = last_wait[1] if last_wait is not None and last_wait[0] is event else self.order + 1
+        records = [(order, stream) for stream, rs in self.records.items() for _, e, order in rs
+                   if e is event and order < before]
+        recorded_on = max(records, key=lambda r: r[0])[1] if records else None
+        if recorded_on is None:
+            note = f"`{n2}` waits for {name}, but your loop never records {it}"
+            fix = f"record {name} on `{n1}` after {op1}"
+            if after:
+                other = self._event_name(after[0])
+                note += f" (it records {other} on `{n1}` after {op1})"
+                fix += f", or make `{n2}` wait for {other}"
+        elif recorded_on is s1:
+            note = f"`{n2}` waits for {name}, but your loop records {it} on `{n1}` before {op1}"
+            fix = (f"record {name} on `{n1}` after {op1}, not before it, so that the wait for {it} on `{n2}` "
+                   f"follows {op1}")
+        else:
+            where = self.stream_name(recorded_on)
+            note = f"`{n2}` waits for {name}, but your loop records {it} on `{where}`, not on `{n1}`"
+            fix = (f"record {name} on `{n1}` after {op1}, not on `{where}` (a record orders a wait only after the "
+                   "work queued before it on its own stream)")
+        if recorded_on is None and not after:
+            fix += f" ({note})"
+        return LoopRaceError(str(error).replace(error.fix, fix), error.first, error.second, fix, note)
+
+    def _event_name(self, event):
+        """"`done`" (an event the loop names; one its running frame holds now is named now: an event
+        ``stream.record()`` returned was recorded before the loop's variable held it), else "an event"."""
+        if not self.label_of(event) and self.frame is not None:
+            for name, value in list(self.frame.f_locals.items()):
+                if value is event:
+                    self.name(name, value)
+        label = self.label_of(event)
+        return f"`{label}`" if label else "an event"
 
     # -- why the kernels and the copies did not overlap ----------------------------------------
     def why_serial(self, is_copy: Callable[[Op], bool]) -> Serial | None:

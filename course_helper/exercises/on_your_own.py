@@ -30,7 +30,8 @@ from ..solver import prepare, solve, timing_only
 from ..streams import create_streams, synchronize
 from ..timelines import recording
 from ..wave import WaveProblem
-from .core import ExerciseError, Verdict, describe_waits, explain_serial, hidden_by_direction, run_checked
+from .core import (ExerciseError, LoopRaceError, Verdict, describe_waits, explain_serial, hidden_by_direction,
+                   run_checked)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -70,8 +71,15 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
     except _NotYet as err:
         if err.race is None:
             return Verdict(f"Not yet: {err}", False)
+        if err.race.second.startswith("the host"):
+            # The loop read (or wrote) the host array while the copy into it may still run.
+            return Verdict(f"Not yet: {err.race.second} while the copy into it may still run ({err.race.first}). "
+                           "copy_after_kernels only queues the work; leave the host array alone until whoever "
+                           "reads it has waited for the copy.", False)
+        note = err.race.note if isinstance(err.race, LoopRaceError) else ""
         return Verdict(f"Not yet: nothing orders the copy after the kernels ({err.race.first}, then "
-                       f"{err.race.second}). Make io wait for an event recorded on compute after them.", False)
+                       f"{err.race.second}){': ' + note if note else ''}. Make io wait for an event recorded on "
+                       "compute after them.", False)
     kernels = [q[0] for q in program.queued if q[0].kind == OpKind.KERNEL]
     copies = [q[0] for q in program.queued if q[0].kind == OpKind.D2H]
     if not kernels or not copies:
@@ -288,7 +296,8 @@ def check_race_fix(loop: Callable[[Any], None], nscratch: int = 5) -> Verdict:
     run = prepare(small, "streams", nscratch=nscratch)
     names = {"U": run.U, "images": run.images, "io": run.io, "ready": run.ready, "compute": run.compute}
     try:
-        program = run_checked(loop, names, _NotYet, "save wrong levels", args=(run,))
+        # check_levels=False: a copy's level= only labels it; the saved levels are judged by their data below
+        program = run_checked(loop, names, _NotYet, "save wrong levels", args=(run,), check_levels=False)
     except _NotYet as err:
         if err.race is None:
             return Verdict(f"Not yet: {err}", False)
@@ -296,8 +305,13 @@ def check_race_fix(loop: Callable[[Any], None], nscratch: int = 5) -> Verdict:
     finally:
         synchronize()
         run.close()
-    if not np.array_equal(run.images, reference.images):
-        return Verdict("Not yet: no race, but some saved levels differ from the sequential answer.", False)
+    wrong = [int(level) for level, mine, right in zip(run.levels, run.images, reference.images)
+             if not np.array_equal(mine, right)]
+    if wrong:
+        listed = ", ".join(map(str, wrong[:6])) + (", ..." if len(wrong) > 6 else "")
+        return Verdict(f"Not yet: no race, but {len(wrong)} saved level{'s' if len(wrong) > 1 else ''} ({listed}) "
+                       "differ from the sequential answer: a copy is ordered after a kernel that had already "
+                       "overwritten the buffer it reads, or an index is wrong.", False)
     too_much = _over_synchronised(program.judged_waits)
     if too_much:
         return Verdict("Not yet: no race and every saved level is right, but the host waits more than the loop "
@@ -318,8 +332,9 @@ def _race_in_words(race: RaceError) -> str:
     streams = [re.search(r" on `([^`]+)`", what) for what in (race.first, race.second)]
     if race.first and race.second and all(streams):
         first, second = (m.group(1) for m in streams)
+        note = race.note if isinstance(race, LoopRaceError) else ""   # the loop's own wait that did not order them
         return (f"{race.first}, then {race.second}, and nothing makes `{second}` wait for that work on `{first}` "
-                "in between. Find where your loop should make that wait.")
+                f"in between{' (' + note + ')' if note else ''}. Find where your loop should make that wait.")
     lines = [line for line in str(race).splitlines() if not line.strip().startswith("Fix:")]
     return "\n".join(lines)
 

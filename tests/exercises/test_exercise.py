@@ -112,16 +112,26 @@ def test_checker_runs_a_correct_loop(backend):
         "all 8 layers are correct, the host never waited in the loop, and the copies ran while the next planes baked"
 
 
-@pytest.mark.parametrize("mistake", ["no wait for copy", "no record of bake", "no wait for bake",
-                                     "no record of copy", "wait for copy after bake",
-                                     "record of copy before copy"])
-def test_every_missing_or_misplaced_dependency_fails_every_time(backend, mistake):
+@pytest.mark.parametrize("mistake, fix", [
+    ("no wait for copy", "make `compute` wait for `copied[0]` recorded after the D2H copy of level 0 on `io[0]`"),
+    ("no record of bake", "record `baked[0]` on `compute` after the kernel `bake layer 0` (`io[0]` waits for "
+                          "`baked[0]`, but your loop never records `baked[0]`)"),
+    ("no wait for bake", "make `io[0]` wait for `baked[0]` recorded after the kernel `bake layer 0` on `compute`"),
+    ("no record of copy", "record `copied[0]` on `io[0]` after the D2H copy of level 0 (`compute` waits for "
+                          "`copied[0]`, but your loop never records `copied[0]`)"),
+    ("wait for copy after bake", "queue the wait for `copied[0]` on `compute` after the record of `copied[0]` on "
+                                 "`io[0]` and before the kernel `bake layer 3`"),
+    ("record of copy before copy", "record `copied[0]` on `io[0]` after the D2H copy of level 0, not before it, so "
+                                   "that the wait for `copied[0]` on `compute` follows the D2H copy of level 0"),
+])
+def test_every_missing_or_misplaced_dependency_fails_every_time(backend, mistake, fix):
+    """Whatever dependency is missing or misplaced, the fix names the event the loop meant."""
     for nplanes, n in ((6, 8), (24, 64)):                # any size: the sanitizer does not need luck
         stack, buffers = ch.pinned_empty((nplanes, n, n)), [ch.device_empty((n, n)) for _ in range(3)]
         with pytest.raises(ch.LayerCakeError, match="race") as info:
             ch.check_layer_cake(stack, loop=cake_loop(stack, buffers, mistake), buffers=buffers)
         msg = str(info.value)
-        assert "buffers[" in msg and "wait" in msg and "np.int64" not in msg
+        assert "buffers[" in msg and f"Fix: {fix}" in msg and "np.int64" not in msg, msg
         assert "synchronise" not in msg            # rule 3 forbids it: never suggested
 
 
@@ -544,6 +554,29 @@ def bake_cake():
         io[b].record(copied[b])
     ch.synchronize()
 """,
+    "events made inside the loop": """
+def bake_cake():
+    done = [None] * nbuf                     # the copy out of each buffer, once there is one
+    for k in range(nplanes):
+        b = k % nbuf
+        if done[b] is not None:
+            compute.wait_event(done[b])
+        ch.bake_layer(buffers[b], k, compute)
+        io[b].wait_event(compute.record())
+        ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+        done[b] = io[b].record()
+""",
+    "one IO stream for every buffer": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        io[0].wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], io[0], level=k)
+        io[0].record(copied[b])
+""",
     "level=b, a label": """
 def bake_cake():
     for k in range(nplanes):
@@ -649,6 +682,75 @@ def bake_cake():
         io[b].wait_event(compute.record())
         ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
 """, 3, "plane 0 (stack[0]) holds layer 9: its copy read buffers[0] after the bake of layer 9 had refilled it"),
+    # The hidden set's kind of mistake: an event recorded on the wrong stream, before its work, or waited for
+    # in the first round only; a copy out of the wrong buffer; the host reading the stack inside the loop.
+    "the bake's event recorded on the IO stream": ("""
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, compute)
+        io[b].record(baked[b])
+        io[b].wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+        io[b].record(copied[b])
+""", 3, "Fix: record `baked[0]` on `compute` after the kernel `bake layer 0`, not on `io[0]`"),
+    "the copy's event recorded on the bake stream": ("""
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        io[b].wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+        compute.record(copied[b])
+""", 3, "Fix: record `copied[0]` on `io[0]` after the D2H copy of level 0, not on `compute`"),
+    "the copy's event waited for in the first round only": ("""
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        if k < nbuf:
+            compute.wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        io[b].wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+        io[b].record(copied[b])
+""", 3, "Fix: queue the wait for `copied[0]` on `compute` after the record of `copied[0]` on `io[0]`"),
+    "a ring of two without the copy's wait": ("""
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        io[b].wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+        io[b].record(copied[b])
+""", 2, "Fix: make `compute` wait for `copied[0]` recorded after the D2H copy of level 0 on `io[0]`"),
+    "a copy out of the next buffer": ("""
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        io[b].wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[(b + 1) % nbuf], io[b], level=k)
+        io[b].record(copied[b])
+""", 3, "the D2H copy of level 0 on `io[0]` reads buffers[1]"),
+    "the host reads a plane inside the loop": ("""
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        compute.wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, compute)
+        compute.record(baked[b])
+        io[b].wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+        io[b].record(copied[b])
+        print(stack[k].max())
+""", 3, "Fix: read stack[0] only after your loop has returned and the device is done with it"),
 }
 
 

@@ -111,6 +111,56 @@ def test_notebook_2_refuses_a_host_wait_after_the_copy(backend, wait):
     assert not v.passed and "the host waited after queueing the work" in v and wait.strip() in v, v
 
 
+#: Bodies of copy_after_kernels a learner might write: right ones the check passes, wrong ones it refuses
+#: with what its verdict must say.
+OTHER_BODIES = {
+    "io waits for the compute stream": (True, "    steps(20, compute)\n    io.wait_stream(compute)\n"
+                                              "    ch.copy_to_host_async(last, U[21 % 3], io)\n", "Right:"),
+    "the copy in a with-io block": (True, "    steps(20, compute)\n    done = compute.record()\n    with io:\n"
+                                          "        io.wait_event(done)\n"
+                                          "        ch.copy_to_host_async(last, U[21 % 3])\n", "Right:"),
+    "event.record(stream)": (True, "    (done,) = ch.create_events(1)\n    steps(20, compute)\n"
+                                   "    done.record(compute)\n    io.wait_event(done)\n"
+                                   "    ch.copy_to_host_async(last, U[0], io, level=21)\n", "Right:"),
+    "the event recorded on io": (False, "    steps(20, compute)\n    done = io.record()\n    io.wait_event(done)\n"
+                                        "    ch.copy_to_host_async(last, U[21 % 3], io)\n",
+                                 "`io` waits for `done`, but your loop records `done` on `io`, not on `compute`"),
+    "the event recorded before the kernels": (False, "    (done,) = ch.create_events(1)\n    compute.record(done)\n"
+                                                     "    steps(20, compute)\n    io.wait_event(done)\n"
+                                                     "    ch.copy_to_host_async(last, U[21 % 3], io)\n",
+                                              "`io` waits for `done`, but your loop records `done` on `compute` "
+                                              "before the kernel `wave2d_4o level 21`"),
+    "a wait for another event": (False, "    (done, other) = ch.create_events(2)\n    steps(20, compute)\n"
+                                        "    compute.record(done)\n    io.wait_event(other)\n"
+                                        "    ch.copy_to_host_async(last, U[21 % 3], io)\n",
+                                 "`io` waits for `other`, but your loop never records `other` (it records `done` on "
+                                 "`compute` after the kernel `wave2d_4o level 21`)"),
+    "the copy on a third stream": (False, "    (other,) = ch.create_streams(1, name='other')\n    steps(20, compute)\n"
+                                          "    other.wait_event(compute.record())\n"
+                                          "    ch.copy_to_host_async(last, U[21 % 3], other)\n",
+                                   "the copy is queued on `other`. Queue it on io"),
+    "the host reads the copy's array at once": (False, "    steps(20, compute)\n    io.wait_event(compute.record())\n"
+                                                       "    ch.copy_to_host_async(last, U[21 % 3], io)\n"
+                                                       "    peek = float(last[0, 0])\n",
+                                                "the host (reading an element in `peek = float(last[0, 0])`) reads "
+                                                "last while the copy into it may still run"),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_BODIES))
+def test_notebook_2_judges_loops_written_other_ways(backend, name):
+    """Right loops in other words pass; a wrong event (recorded on the wrong stream, before the kernels or
+    never) is named, and a host read of the array the copy fills is told apart from a missing event."""
+    right, body, words = OTHER_BODIES[name]
+    ns = {"ch": ch, "np": np}
+    exec(NOTEBOOK_2, ns)
+    run_cell("def copy_after_kernels(compute, io):\n" + body, ns, name)
+    v = ch.exercises.check_copy_after_kernels(ns["copy_after_kernels"])
+    assert v.passed is right and words in v, v
+    if not right:
+        assert "synchron" not in v and "sanitiz" not in v, v
+
+
 def test_notebook_2s_check_speaks_only_of_what_notebook_2_taught(backend):
     text = "".join(ch.exercises.check_copy_after_kernels(copy_after_kernels(n, c))
                    for n in COPY_AFTER_KERNELS for c in ("as given", "on compute", "level 20"))
@@ -282,19 +332,46 @@ FIXES = {
     "on compute, with notebook 6's wait": {"copy_stream": "compute", "before_kernel": "io[b].synchronize()"},
     "the device chains them": {"before_kernel": "[compute.wait_event(s.record()) for s in io]",
                                "before_copy": "io[c].wait_event(compute.record())"},
+    # right, in other words
+    "an event recorded on the spot": {"before_kernel": "compute.wait_event(io[b].record())"},
+    "wait_stream": {"before_kernel": "compute.wait_stream(io[b])"},
+    "the host waits for the copy's event": {"setup": "copied = [None] * m",
+                                            "before_kernel": "copied[b] is not None and copied[b].synchronize()",
+                                            "after_copy": "copied[c] = io[c].record()"},
+    # right, with labels that are not the levels the copies hold (a label claims nothing)
+    "notebook 6's wait, each copy labelled by its level": {"before_kernel": "io[b].synchronize()",
+                                                           "replace": [("level=old)", "level=level)")]},
+    "notebook 6's wait, each copy labelled by its buffer": {"before_kernel": "io[b].synchronize()",
+                                                            "replace": [("level=old)", "level=c)")]},
+    # wrong without a race: every copy on compute, out of the buffer the kernel has just written
+    "on compute, from the newest buffer": {"copy_stream": "compute",
+                                           "replace": [("run.images[k], U[c]", "run.images[k], U[(c + 3) % m]")]},
+    # wrong: the wait is there, on the wrong event or too seldom
+    "an event recorded on compute": {"before_kernel": "compute.wait_event(compute.record())"},
+    "the copy's event recorded before the copy": {"setup": "copied = ch.create_events(m)",
+                                                  "before_kernel": "compute.wait_event(copied[b])",
+                                                  "before_copy": "io[c].record(copied[c])"},
+    "notebook 6's wait in the first round only": {"before_kernel": "io[b].synchronize() if level < m else None"},
+    "the whole device, every m levels": {"before_kernel": "ch.synchronize() if level % m == 0 else None"},
 }
 
 
 def race_fix(name):
     parts = {"setup": "pass", "before_kernel": "pass", "before_copy": "pass", "after_copy": "pass",
              "copy_stream": "io[c]", **FIXES[name]}
+    source = PLANTED.format(**{k: v for k, v in parts.items() if k != "replace"})
+    for old, new in parts.get("replace", ()):
+        assert old in source, old
+        source = source.replace(old, new)
     ns = {"ch": ch}
-    run_cell(PLANTED.format(**parts), ns, name)
+    run_cell(source, ns, name)
     return ns["my_loop"]
 
 
 def test_notebook_9_passes_the_fixes_that_wait_only_where_needed(backend):
-    for name in ("notebook 6's wait", "events instead"):
+    for name in ("notebook 6's wait", "events instead", "an event recorded on the spot", "wait_stream",
+                 "the host waits for the copy's event", "notebook 6's wait, each copy labelled by its level",
+                 "notebook 6's wait, each copy labelled by its buffer"):
         v = ch.exercises.check_race_fix(race_fix(name))
         assert v.passed, (name, v)
 
@@ -308,6 +385,31 @@ def test_notebook_9_shows_the_race_left_without_giving_the_fix(backend, name):
     assert "the D2H copy of level 0 on `io[0]` reads U[0]" in v, v
     assert "the kernel `wave2d_4o level 5` on `compute` writes U[0]" in v, v
     assert "nothing makes `compute` wait for that work on `io[0]`" in v, v
+
+
+def test_notebook_9_judges_the_saved_levels_by_their_data(backend):
+    """Ordered, race-free and wrong: the levels that differ are listed; no race is claimed."""
+    v = ch.exercises.check_race_fix(race_fix("on compute, from the newest buffer"))
+    assert not v.passed and "no race, but 120 saved levels (0, 1, 2, 3, 4, 5, ...) differ" in v, v
+
+
+@pytest.mark.parametrize("name, note", [
+    ("an event recorded on compute", " (`compute` waits for an event, but your loop records it on `compute`, not on "
+                                     "`io[0]`)"),
+    ("the copy's event recorded before the copy", " (`compute` waits for `copied[0]`, but your loop records "
+                                                  "`copied[0]` on `io[0]` before the D2H copy of level 0)"),
+    ("notebook 6's wait in the first round only", ""),
+    ("the whole device, every m levels", ""),
+])
+def test_notebook_9_shows_why_a_wait_that_is_there_did_not_order(backend, name, note):
+    """A wait on the wrong event, or too seldom, leaves the race: shown with the wait the loop has and why it
+    did not order the two (its event's record), still without the line to write."""
+    v = ch.exercises.check_race_fix(race_fix(name))
+    assert not v.passed and "still reports a race" in v, v
+    assert re.search(r"the D2H copy of level \d+ on `io\[\d\]` reads U\[\d\], then the kernel `wave2d_4o level \d+` "
+                     r"on `compute` writes U\[\d\], and nothing makes `compute` wait for that work on `io\[\d\]` in "
+                     r"between", v), v
+    assert f"in between{note}. Find where" in v, v
 
 
 @pytest.mark.parametrize("name, why", [
