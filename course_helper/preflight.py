@@ -4,8 +4,9 @@ Each check tries the real thing, briefly and guarded, within a bounded time: the
 driver, CuPy, a CUPTI recording, one pinned allocation of the course's largest size and the
 locked-memory limit, the copy engines, two MPI ranks, nvCOMP, the store folder's disk and the
 Jupyter pieces. On a GPU, each check that calls into the driver, CUPTI or nvCOMP runs in a
-process of its own: one that crashes or hangs is reported as missing, and the others still run. The runtime says what it can do (``predicts_times``: a modelled device;
-``compresses_on_device``: whose compression engine), so a check never compares backend names.
+process of its own: one that crashes or hangs is reported as missing, and the others still run.
+The runtime says what it can do (``predicts_times``: a modelled device; ``compresses_on_device``:
+whose compression engine), so a check never compares backend names.
 
 A check ends ``ok`` (runs for real), ``modelled`` (the CPU backend's modelled GPU stands in: the
 course runs), ``warn`` (runs, with less: e.g. no CUPTI, so CUDA events time the traces) or
