@@ -33,9 +33,9 @@ left out, a kernel that dies ends that notebook only, and the kernel is killed a
 process group (what the notebook started in the background). It is not a sandbox: the kernel runs
 as the grader's user, in the notebook's folder, and can write wherever that user can.
 
-Learners are named by what is given: a notebook file by its name, a folder with notebooks at its
-top by its name (every notebook under it is that learner's), a folder holding only folders (a
-class: ``submitted/`` of nbgrader) by each of its folders, one learner each.
+Learners are named by what is given: a notebook file by its name, a folder by its name (every
+notebook under it is that learner's); with ``--class``, a folder holds one folder per learner
+(nbgrader's ``submitted/``), each named by its folder.
 """
 from __future__ import annotations
 
@@ -522,11 +522,11 @@ def _notebooks_under(folder: pathlib.Path) -> list[pathlib.Path]:
     return sorted(q for q in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in q.parts)
 
 
-def learners(paths: Sequence[str | os.PathLike]) -> list[tuple[str, list[pathlib.Path]]]:
+def learners(paths: Sequence[str | os.PathLike], classes: bool = False) -> list[tuple[str, list[pathlib.Path]]]:
     """``(learner, notebooks)`` for each learner the paths give: a notebook file is a learner
-    named by the file's name; a folder with notebooks at its top is a learner named by the
-    folder's name, with every notebook under it; a folder with no notebook at its top is a class:
-    each folder in it that holds notebooks is a learner, named by that folder (nbgrader's
+    named by the file's name; a folder is a learner named by the folder's name, with every
+    notebook under it. With ``classes``, each folder given is a class instead: every folder in it
+    that holds notebooks is a learner, named by that folder (nbgrader's
     ``submitted/<learner>/<assignment>/``). Checkpoints are left out. Raises
     ``FileNotFoundError`` for a path that is none of these."""
     found = []
@@ -537,11 +537,15 @@ def learners(paths: Sequence[str | os.PathLike]) -> list[tuple[str, list[pathlib
             if not _notebooks_under(p):
                 raise FileNotFoundError(f"the folder {p} holds no notebook (.ipynb); give a learner's folder "
                                         "or notebook files")
-            if any(q.suffix == ".ipynb" for q in p.iterdir() if q.is_file()):
+            if not classes:
                 found.append((p.resolve().name, _notebooks_under(p)))
-            else:                                   # a class: one learner per folder with notebooks
-                found += [(q.name, _notebooks_under(q)) for q in sorted(p.iterdir())
-                          if q.is_dir() and q.name != ".ipynb_checkpoints" and _notebooks_under(q)]
+                continue
+            each = [(q.name, _notebooks_under(q)) for q in sorted(p.iterdir())
+                    if q.is_dir() and q.name != ".ipynb_checkpoints" and _notebooks_under(q)]
+            if not each:
+                raise FileNotFoundError(f"--class: the folder {p} holds no folder with notebooks; give the folder "
+                                        "that holds one folder per learner")
+            found += each
         else:
             raise FileNotFoundError(f"{p} is neither a notebook (.ipynb) nor a folder; give learners' notebooks "
                                     "or their folders")
@@ -555,9 +559,12 @@ def add_grade_parser(sub: Any) -> None:
         description="Run each notebook in a fresh kernel on the CPU backend (the modelled GPU: no GPU "
                     "needed) and print one line per exercise, PASS or FAIL with the check's own sentence, "
                     "then a summary per learner. A learner is a notebook (named by its file) or a folder "
-                    "(named by the folder; every notebook under it). Exits 0 only when every exercise "
-                    "passed. See docs/instructor-guide.md.")
+                    "(named by the folder; every notebook under it; with --class, every folder in it). Exits 0 "
+                    "only when every exercise passed. See docs/instructor-guide.md.")
     g.add_argument("paths", nargs="+", metavar="NOTEBOOK_OR_FOLDER", help="learners' notebooks or folders")
+    g.add_argument("--class", dest="classes", action="store_true",
+                   help="each folder given holds one folder per learner (e.g. nbgrader's submitted/): grade each "
+                        "of those as a learner")
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help=f"seconds each notebook may run in all (default {DEFAULT_TIMEOUT})")
     g.add_argument("--max-output", type=int, default=DEFAULT_MAX_OUTPUT,
@@ -588,7 +595,7 @@ def grade_main(args: argparse.Namespace, say: Callable[[str], None] = print) -> 
         raise ValueError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     if args.max_output <= 0:
         raise ValueError(f"--max-output must be a positive number of bytes, got {args.max_output}")
-    who = learners(args.paths)
+    who = learners(args.paths, classes=getattr(args, "classes", False))
     report = []
     if not args.json:
         say(f"grading on the CPU backend (the modelled GPU; no GPU needed), each notebook in a fresh kernel, "

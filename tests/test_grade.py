@@ -268,10 +268,18 @@ def test_exits_forks_and_sleeping_threads_are_contained(tmp_path, capsys):
     assert len(pids) == 2 and not any(_alive(p) for p in pids)
 
 
-def test_a_class_folder_gives_one_learner_per_folder(tmp_path):
+def test_a_class_folder_gives_one_learner_per_folder(tmp_path, capsys):
     for who in ("ana", "ben"):
         notebook(tmp_path / "submitted" / who / "ps1" / "08_exercise_layer_cake.ipynb", ["x = 1"])
     notebook(tmp_path / "solo" / "mine.ipynb", ["x = 1"])
-    found = grading.learners([tmp_path / "submitted", tmp_path / "solo"])
+    # Without --class a folder is one learner, whatever its depth (nbgrader's submitted/ana, say).
+    found = grading.learners([tmp_path / "submitted" / "ana", tmp_path / "solo"])
     assert [(name, [p.name for p in paths]) for name, paths in found] == [
-        ("ana", ["08_exercise_layer_cake.ipynb"]), ("ben", ["08_exercise_layer_cake.ipynb"]), ("solo", ["mine.ipynb"])]
+        ("ana", ["08_exercise_layer_cake.ipynb"]), ("solo", ["mine.ipynb"])]
+    code, out = run(["grade", "--class", str(tmp_path / "submitted"), "--timeout", "120"], capsys)
+    assert code == 1
+    for who in ("ana", "ben"):
+        assert f"FAIL  {who}  08_exercise_layer_cake.ipynb  check_layer_cake: missing" in out
+        assert f"== {who}: 0 of 1 exercises passed in 1 notebook(s) - NOT all passed" in out
+    assert main(["grade", "--class", str(tmp_path / "solo")]) == 2             # a learner's folder, not a class
+    assert "holds no folder with notebooks" in capsys.readouterr().err
