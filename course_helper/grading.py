@@ -336,6 +336,10 @@ def _client_class():
 
         def output(self, outs, msg, display_id, cell_index):
             content = msg.get("content", {})
+            if "ename" in content:                    # an error is always kept, its message cut short
+                content["evalue"] = str(content.get("evalue", ""))[:MESSAGE_CHARS]
+                content["traceback"] = [str(t)[:MESSAGE_CHARS] for t in content.get("traceback", [])[-20:]]
+                return super().output(outs, msg, display_id, cell_index)
             size = len(content.get("text", "")) + sum(len(str(v)) for v in content.get("data", {}).values())
             used = self.output_used.get(cell_index, 0) + size
             self.output_used[cell_index] = used
@@ -426,7 +430,8 @@ def grade_notebook(path: str | os.PathLike, learner: str, timeout: float = DEFAU
     if stopped is None and not closed:
         tampered.append("did not let the grader's closing cell report (it changed course_helper.grading, or "
                         "removed the grader's record of the checks)")
-    errors = [(i, f"{o.get('ename')}: {o.get('evalue')}") for i, c in enumerate(cells) if c.cell_type == "code"
+    errors = [(i, f"{o.get('ename')}: {str(o.get('evalue'))[:MESSAGE_CHARS]}") for i, c in enumerate(cells)
+              if c.cell_type == "code"
               for o in c.get("outputs", []) if o.get("output_type") == "error"
               and "raises-exception" not in c.get("metadata", {}).get("tags", [])]
     graded = [_grade(name, cell, [(owner.get(k), c) for k, c in enumerate(calls) if c and c.get("check") == name],

@@ -107,10 +107,11 @@ def test_hostile_notebooks_are_contained_and_reported(tmp_path, capsys):
                                          "print(ch.exercises.check_copy_after_kernels(None))",
                                          "undefined_name\nch.exercises.check_race_fix(None)"])
     notebook(folder / "c_floods.ipynb", ["print('x' * 3_000_000)", *RIGHT_CAKE])
+    notebook(folder / "d_raises_megabytes.ipynb", ["raise ValueError('y' * 3_000_000)", *RIGHT_CAKE])
     code, out = run(["grade", str(folder), "--timeout", "300", "--max-output", "10000", "--json"], capsys)
     assert code == 1
     (mallory,) = json.loads(out)["learners"]
-    raises, floods = mallory["notebooks"]
+    raises, floods, raises_megabytes = mallory["notebooks"]
     # Raising cells are reported; the cells after them still ran and were graded.
     assert raises["stopped"] is None
     assert [e[0] for e in raises["errors"]] == [1, 3]
@@ -120,6 +121,10 @@ def test_hostile_notebooks_are_contained_and_reported(tmp_path, capsys):
     assert second["check"] == "check_race_fix" and "cell 3 raised NameError" in second["message"]
     # Megabytes of output are cut, and the exercise after them still passes.
     assert floods["capped"] == [0] and floods["passed"]
+    # An error's message of megabytes is cut short; the report keeps its beginning.
+    assert raises_megabytes["exercises"][0]["passed"]
+    ((cell, error),) = raises_megabytes["errors"]
+    assert cell == 0 and error.startswith("ValueError: yyy") and len(error) < 10_000
 
 
 def test_an_exercise_the_learner_deleted_fails_as_missing(tmp_path, capsys):
