@@ -205,8 +205,7 @@ def check_mpi() -> tuple[str, str, str]:
     code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; got = c.gather(c.Get_rank(), root=0); "
             "c.Get_rank() or print('ranks', *got, flush=True)")
     try:
-        done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=RANKS_SECONDS, env=ranks_env("cpu"), start_new_session=True)
+        done = _run_bounded([mpiexec, "-n", "2", sys.executable, "-c", code], RANKS_SECONDS, ranks_env("cpu"))
     except subprocess.TimeoutExpired:
         return "missing", f"two ranks under {mpiexec} did not finish within {RANKS_SECONDS:g} s", fix
     except OSError as exc:
@@ -215,6 +214,22 @@ def check_mpi() -> tuple[str, str, str]:
         tail = " ".join((done.stderr or done.stdout).split())[-300:]
         return "missing", f"two ranks under {mpiexec} failed (exit {done.returncode}): {tail}", fix
     return "ok", f"two ranks ran under {mpiexec}", ""
+
+
+def _run_bounded(command: list[str], seconds: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run ``command`` in a session of its own, its output captured; past ``seconds``, kill the
+    whole session (what it started too, such as MPI ranks) and raise ``TimeoutExpired``."""
+    import signal
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
 
 
 def check_nvcomp() -> tuple[str, str, str]:
@@ -330,8 +345,7 @@ def _in_a_child(target: str, args: tuple[str, ...], seconds: float) -> tuple[str
         [str(pathlib.Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     code = f"from course_helper import preflight; preflight._child_main(*{[target, *args]!r})"
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=seconds, env=env,
-                              start_new_session=True)
+        done = _run_bounded([sys.executable, "-c", code], seconds, env)
     except subprocess.TimeoutExpired:
         return "missing", f"no answer within {seconds:g} s (the check hung and was stopped)", ""
     found = [line[len(_MARK):] for line in done.stdout.splitlines() if line.startswith(_MARK)]

@@ -1,5 +1,6 @@
 """``python -m course_helper preflight``: what each notebook will run here, and the fix for what is missing."""
 import json
+import pathlib
 import threading
 
 import pytest
@@ -158,3 +159,19 @@ def test_ranks_that_fail_to_start_are_missing_with_the_fix(monkeypatch):
     status, detail, fix = preflight.check_mpi()
     assert status == "missing" and "failed (exit 1)" in detail
     assert fix == "python3 -m pip install -e '.[distributed]'"
+
+
+def test_ranks_that_hang_are_stopped_with_what_they_started(monkeypatch, tmp_path):
+    from course_helper.distributed import launch
+    pids = tmp_path / "pids"
+    hangs = tmp_path / "mpiexec"                              # an "mpiexec" whose ranks never end
+    hangs.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pids}\nwait\n")
+    hangs.chmod(0o755)
+    monkeypatch.setenv(launch.MPIEXEC_VAR, str(hangs))
+    monkeypatch.setattr(preflight, "RANKS_SECONDS", 3)
+    status, detail, fix = preflight.check_mpi()
+    assert status == "missing" and "did not finish within 3 s" in detail
+    assert fix == "python3 -m pip install -e '.[distributed]'"
+    rank = int(pids.read_text())
+    stat = pathlib.Path(f"/proc/{rank}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"     # gone, or a zombie
