@@ -338,11 +338,15 @@ def _child_main(target: str, *args: str) -> None:
 
 
 def _in_a_child(target: str, args: tuple[str, ...], seconds: float) -> tuple[str, str, str]:
-    """Run ``module:function(*args)`` in a new Python process (this copy of the package, the
-    same backend choice), killed after ``seconds``; its finding, or why there is none."""
+    """Run ``module:function(*args)`` in a new Python process (this copy of the package; the GPU
+    backend where this process runs it, else the environment's choice), killed with what it
+    started after ``seconds``; its finding, or why there is none."""
     import signal
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(pathlib.Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    if not _runtime().predicts_times:              # the GPU, also where this process asked for it in code
+        from .runtime import backend
+        env.update(backend.environment_for("gpu"))
     code = f"from course_helper import preflight; preflight._child_main(*{[target, *args]!r})"
     try:
         done = _run_bounded([sys.executable, "-c", code], seconds, env)
