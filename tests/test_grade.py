@@ -288,3 +288,14 @@ def test_a_class_folder_gives_one_learner_per_folder(tmp_path, capsys):
         assert f"== {who}: 0 of 1 exercises passed in 1 notebook(s) - NOT all passed" in out
     assert main(["grade", "--class", str(tmp_path / "solo")]) == 2             # a learner's folder, not a class
     assert "holds no folder with notebooks" in capsys.readouterr().err
+
+
+def test_notebooks_are_graded_on_the_cpu_backend_whatever_the_environment_asks(tmp_path, capsys, monkeypatch):
+    # A GPU machine's environment may ask for the GPU: the graded kernels still run on the modelled one,
+    # so a class gets the same verdicts on any machine.
+    monkeypatch.setenv("COURSE_HELPER_BACKEND", "gpu")
+    cpu = notebook(tmp_path / "cpu.ipynb", ["import course_helper as ch\nassert ch.backend_name() == 'cpu'",
+                                            *RIGHT_CAKE])
+    code, out = run(["grade", str(cpu), "--timeout", "120", "--json"], capsys)
+    (graded,) = json.loads(out)["learners"][0]["notebooks"]
+    assert code == 0 and graded["errors"] == [] and graded["passed"], graded
