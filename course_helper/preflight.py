@@ -409,13 +409,16 @@ def course_notebooks(folder: str | os.PathLike | None = None) -> list[tuple[str,
 
 
 def notebook_plan(checks: dict[str, Check], notebooks: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
-    """For each notebook: what runs ``real``, what ``modelled``, what is ``missing`` (with its fix)."""
+    """For each notebook: what runs ``real`` (among it, ``with_less``: what runs with less, such as
+    timelines timed by CUDA events without CUPTI, with why and its fix), what ``modelled``, what is
+    ``missing`` (with why and its fix), and whether it ``runs``."""
     plan = []
     for number, name, title in notebooks:
         needs = [n for n in (*EVERY_NOTEBOOK, *NOTEBOOK_NEEDS[number]) if n in checks]
         by = {s: [checks[n] for n in needs if checks[n].status == s] for s in ("ok", "modelled", "warn", "missing")}
         plan.append({"number": number, "notebook": name, "title": title,
                      "real": [c.title for c in by["ok"] + by["warn"]],
+                     "with_less": [{"what": c.title, "why": c.detail, "fix": c.fix} for c in by["warn"]],
                      "modelled": [c.title for c in by["modelled"]],
                      "missing": [{"what": c.title, "why": c.detail, "fix": c.fix} for c in by["missing"]],
                      "runs": not by["missing"]})
@@ -475,6 +478,8 @@ def preflight_main(args: argparse.Namespace, say: Callable[[str], None] = print)
             parts.append("real: " + ", ".join(p["real"]))
         if p["modelled"]:
             parts.append("modelled: " + ", ".join(p["modelled"]))
+        for w in p["with_less"]:
+            parts.append(f"with less: {w['what']}" + (f" (fix: {w['fix']})" if w["fix"] else ""))
         for m in p["missing"]:
             parts.append(f"MISSING {m['what']} (fix: {m['fix'] or 'see above'})")
         say(f"  {p['title']}: " + "; ".join(parts))

@@ -95,6 +95,22 @@ def test_a_missing_piece_names_the_notebooks_that_need_it_and_the_fix():
                for p in plan if not p["runs"])
 
 
+def test_what_runs_with_less_is_named_with_its_fix(capsys, monkeypatch):
+    checks = {n: preflight.Check(n, t, "ok", "") for n, (t, _) in preflight.CHECKS.items()}
+    checks["cupti"] = preflight.Check("cupti", "CUPTI", "warn", "cannot record", "export COURSE_HELPER_TIMING=events")
+    plan = preflight.notebook_plan(checks, preflight.course_notebooks())
+    limited = [p for p in plan if p["with_less"]]
+    assert sorted(p["number"] for p in limited) == sorted(n for n, needs in preflight.NOTEBOOK_NEEDS.items()
+                                                          if "cupti" in needs)
+    assert all(p["runs"] and p["with_less"] == [{"what": "CUPTI", "why": "cannot record",
+                                                 "fix": "export COURSE_HELPER_TIMING=events"}] for p in limited)
+    monkeypatch.setattr(preflight, "run_checks", lambda store: checks)
+    from course_helper.cli import _parser
+    assert preflight.preflight_main(_parser().parse_args(["preflight"])) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "Streams and events" in line)
+    assert "with less: CUPTI (fix: export COURSE_HELPER_TIMING=events)" in line
+
+
 def test_a_check_that_hangs_or_raises_is_contained():
     release = threading.Event()
     status, detail, _ = preflight._bounded(lambda: release.wait(60), 0.2)    # given up on, not waited for
