@@ -3,8 +3,10 @@
 Each check tries the real thing, briefly and guarded, within a bounded time: the GPU and its
 driver, CuPy, a CUPTI recording, one pinned allocation of the course's largest size and the
 locked-memory limit, the copy engines, two MPI ranks, nvCOMP, the store folder's disk and the
-Jupyter pieces. The runtime says what it can do (``predicts_times``: a modelled device;
-``compresses_on_device``: whose compression engine), so a check never compares backend names.
+Jupyter pieces. On a GPU, each check that calls into the driver, CUPTI or nvCOMP runs in a
+process of its own: one that crashes or hangs is reported as missing, and the others still run.
+The runtime says what it can do (``predicts_times``: a modelled device; ``compresses_on_device``:
+whose compression engine), so a check never compares backend names.
 
 A check ends ``ok`` (runs for real), ``modelled`` (the CPU backend's modelled GPU stands in: the
 course runs), ``warn`` (runs, with less: e.g. no CUPTI, so CUDA events time the traces) or
@@ -30,11 +32,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-#: The course's largest pinned host allocation, in MiB: notebook 2's host stack of
-#: 16 levels of 2048 x 2048 float32.
-LARGEST_PINNED_MIB = 256
 #: Seconds a check may take before it is reported as timed out (mpiexec gets its own).
 CHECK_SECONDS = 20.0
+#: Seconds more a check run in a process of its own may take: Python, the package and CuPy start.
+CHILD_START_SECONDS = 30.0
 #: Seconds two MPI ranks may take to start, say who they are and end.
 RANKS_SECONDS = 30.0
 #: MiB written (fsync'ed, in 4 MiB files, then removed) to measure the store folder's disk.
@@ -64,7 +65,7 @@ NOTEBOOK_NEEDS = {
 EVERY_NOTEBOOK = ("jupyterlab",)
 
 __all__ = ["Check", "CHECKS", "run_checks", "notebook_plan", "course_notebooks", "add_preflight_parser",
-           "preflight_main", "LARGEST_PINNED_MIB", "NOTEBOOK_NEEDS"]
+           "preflight_main", "largest_pinned_mib", "NOTEBOOK_NEEDS", "IN_A_CHILD"]
 
 
 @dataclasses.dataclass
@@ -138,26 +139,40 @@ def check_cupti() -> tuple[str, str, str]:
     return "ok", f"CUPTI recorded a copy ({len(session.records)} record(s))", ""
 
 
+def largest_pinned_mib() -> int:
+    """MiB of the course's largest pinned allocation: the output stack a pinned loop allocates at
+    the balanced point (``ch.measure.BALANCED_POINT``, run by notebooks 5, 6, 7, 9 and 10: 20 saved
+    levels of 3072 x 3072 float32, 720 MiB; the capstone's snapshot stack is as large), as
+    :func:`~course_helper.solver.plan_memory` counts it."""
+    from . import solver
+    from .measure import BALANCED_POINT
+    from .wave import WaveProblem
+    n, nt, every = BALANCED_POINT
+    return -(-solver.plan_memory(WaveProblem(n0=n, n1=n, nt=nt), "sequential-pinned", every=every)["host"] // 2**20)
+
+
 def check_pinned() -> tuple[str, str, str]:
-    """Pinned memory: the locked-memory limit (``ulimit -l``), and one pinned allocation of the
-    course's largest size."""
+    """Pinned memory: the locked-memory limit (``ulimit -l``), and on a GPU one pinned allocation
+    of the course's largest size, every page touched (the modelled GPU has no pinned memory to
+    allocate: it times copies from the course's pinned arrays as pinned)."""
     from . import memory
     limit = "unknown"
     with contextlib.suppress(ImportError, OSError, ValueError):
         import resource
         soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
         limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft // 1024} KiB"
+    if _runtime().predicts_times:
+        return "modelled", f"the modelled GPU times copies as pinned; ulimit -l is {limit}", ""
+    mib = largest_pinned_mib()
     try:
-        a = memory.pinned_empty(LARGEST_PINNED_MIB * 2**20 // 4)
+        a = memory.pinned_empty(mib * 2**20 // 4)
         a[::1024] = 0                                  # touch every page... of 4 KiB
         pinned = memory.is_pinned(a)
         del a
     except Exception as exc:  # noqa: BLE001 - the allocation's own error says why
-        return ("missing", f"a {LARGEST_PINNED_MIB} MiB pinned allocation failed ({type(exc).__name__}: {exc}); "
+        return ("missing", f"a {mib} MiB pinned allocation failed ({type(exc).__name__}: {exc}); "
                 f"ulimit -l is {limit}", "ulimit -l unlimited   (containers: docker run --ulimit memlock=-1)")
-    what = f"a {LARGEST_PINNED_MIB} MiB pinned allocation worked; ulimit -l is {limit}"
-    if _runtime().predicts_times:
-        return "modelled", what + " (an ordinary array stands in; the model times it as pinned)", ""
+    what = f"a {mib} MiB pinned allocation worked; ulimit -l is {limit}"
     return ("ok" if pinned else "warn"), what, ""
 
 
@@ -190,8 +205,7 @@ def check_mpi() -> tuple[str, str, str]:
     code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; got = c.gather(c.Get_rank(), root=0); "
             "c.Get_rank() or print('ranks', *got, flush=True)")
     try:
-        done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=RANKS_SECONDS, env=ranks_env("cpu"), start_new_session=True)
+        done = _run_bounded([mpiexec, "-n", "2", sys.executable, "-c", code], RANKS_SECONDS, ranks_env("cpu"))
     except subprocess.TimeoutExpired:
         return "missing", f"two ranks under {mpiexec} did not finish within {RANKS_SECONDS:g} s", fix
     except OSError as exc:
@@ -200,6 +214,22 @@ def check_mpi() -> tuple[str, str, str]:
         tail = " ".join((done.stderr or done.stdout).split())[-300:]
         return "missing", f"two ranks under {mpiexec} failed (exit {done.returncode}): {tail}", fix
     return "ok", f"two ranks ran under {mpiexec}", ""
+
+
+def _run_bounded(command: list[str], seconds: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run ``command`` in a session of its own, its output captured; past ``seconds``, kill the
+    whole session (what it started too, such as MPI ranks) and raise ``TimeoutExpired``."""
+    import signal
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
 
 
 def check_nvcomp() -> tuple[str, str, str]:
@@ -289,16 +319,70 @@ def _bounded(fn: Callable[[], tuple[str, str, str]], seconds: float) -> tuple[st
     return box[0]
 
 
-def run_checks(store: str | None = None, seconds: float = CHECK_SECONDS) -> dict[str, Check]:
+#: The checks that call into the CUDA driver, CUPTI or nvCOMP: on a GPU each runs in a process of
+#: its own, so that one that crashes (a driver or library mismatch can end a process) or hangs is
+#: reported and the others still run.
+IN_A_CHILD = ("gpu", "cupy", "cupti", "pinned", "copy_engines", "nvcomp")
+#: What a child prints before its finding, to find it among what importing the package printed.
+_MARK = "course_helper preflight finding: "
+
+
+def _child_main(target: str, *args: str) -> None:
+    """In a child process: call ``module:function`` (``args`` as strings) and print its finding."""
+    module, function = target.split(":")
+    try:
+        found = tuple(getattr(importlib.import_module(module), function)(*args))
+    except Exception as exc:  # noqa: BLE001 - a check that breaks reports why
+        found = ("missing", f"the check raised {type(exc).__name__}: {exc}", "")
+    print(_MARK + json.dumps(found), flush=True)
+
+
+def _in_a_child(target: str, args: tuple[str, ...], seconds: float) -> tuple[str, str, str]:
+    """Run ``module:function(*args)`` in a new Python process (this copy of the package; the GPU
+    backend where this process runs it, else the environment's choice), killed with what it
+    started after ``seconds``; its finding, or why there is none."""
+    import signal
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pathlib.Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    if not _runtime().predicts_times:              # the GPU, also where this process asked for it in code
+        from .runtime import backend
+        env.update(backend.environment_for("gpu"))
+    code = f"from course_helper import preflight; preflight._child_main(*{[target, *args]!r})"
+    try:
+        done = _run_bounded([sys.executable, "-c", code], seconds, env)
+    except subprocess.TimeoutExpired:
+        return "missing", f"no answer within {seconds:g} s (the check hung and was stopped)", ""
+    found = [line[len(_MARK):] for line in done.stdout.splitlines() if line.startswith(_MARK)]
+    if found:
+        status, detail, fix = json.loads(found[-1])
+        return status, detail, fix
+    if done.returncode < 0:
+        with contextlib.suppress(ValueError):
+            name = signal.Signals(-done.returncode).name
+            return "missing", f"the check crashed its process ({name})", ""
+    tail = " ".join(done.stderr.split())[-300:]
+    return "missing", f"the check's process ended (exit {done.returncode}) without a finding: {tail}", ""
+
+
+def run_checks(store: str | None = None, seconds: float = CHECK_SECONDS,
+               isolate: bool | None = None) -> dict[str, Check]:
     """Run every check of :data:`CHECKS`, one after the other, each bounded to ``seconds``
     (two MPI ranks: :data:`RANKS_SECONDS` more); ``store``: the folder whose disk is measured
-    (default: the temporary folder, where notebook 11 puts its stores)."""
+    (default: the temporary folder, where notebook 11 puts its stores). ``isolate``: run the
+    checks of :data:`IN_A_CHILD` each in a process of its own (default: when the GPU runs;
+    on the modelled GPU they touch no driver)."""
     from .timing import host_timer, wall_ms
+    if isolate is None:
+        isolate = not _runtime().predicts_times
     found = {}
     for name, (title, fn) in CHECKS.items():
         call = (lambda fn=fn: fn(store)) if name == "disk" else fn
+        bound = seconds + (RANKS_SECONDS if name == "mpi" else 0)
         with host_timer(wall_ms) as took:               # how long the check kept the learner waiting
-            status, detail, fix = _bounded(call, seconds + (RANKS_SECONDS if name == "mpi" else 0))
+            if isolate and name in IN_A_CHILD:
+                status, detail, fix = _in_a_child(f"{__name__}:{fn.__name__}", (), bound + CHILD_START_SECONDS)
+            else:
+                status, detail, fix = _bounded(call, bound)
         found[name] = Check(name, title, status, detail, fix if status in ("warn", "missing") else "",
                             round(took.ms / 1e3, 2))
     return found
@@ -325,13 +409,16 @@ def course_notebooks(folder: str | os.PathLike | None = None) -> list[tuple[str,
 
 
 def notebook_plan(checks: dict[str, Check], notebooks: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
-    """For each notebook: what runs ``real``, what ``modelled``, what is ``missing`` (with its fix)."""
+    """For each notebook: what runs ``real`` (among it, ``with_less``: what runs with less, such as
+    timelines timed by CUDA events without CUPTI, with why and its fix), what ``modelled``, what is
+    ``missing`` (with why and its fix), and whether it ``runs``."""
     plan = []
     for number, name, title in notebooks:
         needs = [n for n in (*EVERY_NOTEBOOK, *NOTEBOOK_NEEDS[number]) if n in checks]
         by = {s: [checks[n] for n in needs if checks[n].status == s] for s in ("ok", "modelled", "warn", "missing")}
         plan.append({"number": number, "notebook": name, "title": title,
                      "real": [c.title for c in by["ok"] + by["warn"]],
+                     "with_less": [{"what": c.title, "why": c.detail, "fix": c.fix} for c in by["warn"]],
                      "modelled": [c.title for c in by["modelled"]],
                      "missing": [{"what": c.title, "why": c.detail, "fix": c.fix} for c in by["missing"]],
                      "runs": not by["missing"]})
@@ -391,6 +478,8 @@ def preflight_main(args: argparse.Namespace, say: Callable[[str], None] = print)
             parts.append("real: " + ", ".join(p["real"]))
         if p["modelled"]:
             parts.append("modelled: " + ", ".join(p["modelled"]))
+        for w in p["with_less"]:
+            parts.append(f"with less: {w['what']}" + (f" (fix: {w['fix']})" if w["fix"] else ""))
         for m in p["missing"]:
             parts.append(f"MISSING {m['what']} (fix: {m['fix'] or 'see above'})")
         say(f"  {p['title']}: " + "; ".join(parts))

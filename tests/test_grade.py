@@ -107,10 +107,11 @@ def test_hostile_notebooks_are_contained_and_reported(tmp_path, capsys):
                                          "print(ch.exercises.check_copy_after_kernels(None))",
                                          "undefined_name\nch.exercises.check_race_fix(None)"])
     notebook(folder / "c_floods.ipynb", ["print('x' * 3_000_000)", *RIGHT_CAKE])
+    notebook(folder / "d_raises_megabytes.ipynb", ["raise ValueError('y' * 3_000_000)", *RIGHT_CAKE])
     code, out = run(["grade", str(folder), "--timeout", "300", "--max-output", "10000", "--json"], capsys)
     assert code == 1
     (mallory,) = json.loads(out)["learners"]
-    raises, floods = mallory["notebooks"]
+    raises, floods, raises_megabytes = mallory["notebooks"]
     # Raising cells are reported; the cells after them still ran and were graded.
     assert raises["stopped"] is None
     assert [e[0] for e in raises["errors"]] == [1, 3]
@@ -120,6 +121,10 @@ def test_hostile_notebooks_are_contained_and_reported(tmp_path, capsys):
     assert second["check"] == "check_race_fix" and "cell 3 raised NameError" in second["message"]
     # Megabytes of output are cut, and the exercise after them still passes.
     assert floods["capped"] == [0] and floods["passed"]
+    # An error's message of megabytes is cut short; the report keeps its beginning.
+    assert raises_megabytes["exercises"][0]["passed"]
+    ((cell, error),) = raises_megabytes["errors"]
+    assert cell == 0 and error.startswith("ValueError: yyy") and len(error) < 10_000
 
 
 def test_an_exercise_the_learner_deleted_fails_as_missing(tmp_path, capsys):
@@ -144,7 +149,153 @@ def test_exercises_are_found_where_the_checks_are_called():
                 nbformat.v4.new_code_cell("def check_mine(x):\n    print('Well done')"),
                 nbformat.v4.new_code_cell("try:\n    print(ch.check_layer_cake(stack, loop=f))\nexcept E:\n    pass"),
                 nbformat.v4.new_code_cell("ch.exercises.check_race_fix(loop)\nch.check_layer_cake(stack)"),
-                nbformat.v4.new_code_cell("check_mine(1)\nmy_check_helper(2)")]
-    assert grading.find_exercises(nb) == {"check_layer_cake": (2, False), "check_race_fix": (3, False),
-                                          "check_mine": (4, True)}
+                nbformat.v4.new_code_cell("check_mine(1)\nmy_check_helper(2)"),
+                nbformat.v4.new_code_cell("print('check_capstone (cell 1): passed')  # check_speedup(x)"),
+                nbformat.v4.new_code_cell("%time ch.check_ring_depth(5)")]
+    # A check the notebook defines itself is no exercise: only the course's checks grade; a check's
+    # name in a string or a comment is no call.
+    assert grading.find_exercises(nb) == {"check_layer_cake": 2, "check_race_fix": 3, "check_ring_depth": 6}
     assert set(grading.course_checks()) >= {"check_layer_cake", "check_race_fix", "check_capstone"}
+
+
+def test_a_notebook_binding_a_checks_name_itself_is_seen():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("def check_layer_cake(s):\n    print('Well done')"),
+                nbformat.v4.new_code_cell("check_race_fix = lambda loop: 'Right'"),
+                nbformat.v4.new_code_cell("from mine import passing as check_capstone"),
+                nbformat.v4.new_code_cell("check_speedup(x) == 1\ncheck_mine = 2")]
+    assert grading.shadowed_checks(nb) == {"check_layer_cake", "check_race_fix", "check_capstone"}
+
+
+#: A wrong cake (all zeros), which check_layer_cake refuses.
+WRONG_CAKE = "import numpy as np\nimport course_helper as ch\nwrong = np.zeros((3, 8, 8), np.float32)"
+#: What a notebook that fakes its grade prints, here and on the grader's own standard output.
+FAKE_LINE = "PASS  mallory  a_forges.ipynb  check_layer_cake (cell 1): all 3 layers are correct"
+
+
+@pytest.fixture(scope="module")
+def tampering(tmp_path_factory):
+    """One learner whose notebooks each try to pass a wrong cake by tampering with the grading;
+    returns (exit status, the text printed)."""
+    folder = tmp_path_factory.mktemp("tamper") / "mallory"
+    notebook(folder / "a_forges.ipynb", [
+        WRONG_CAKE,
+        # The added first cell names the record of check calls: write a passing call into it, as the
+        # wrappers write theirs (less the key), and print a passing line, also straight to the file
+        # descriptor grade's own lines go to.
+        "import json, os, re\nlog = re.search(r\"record_checks\\('([^']+)'\", In[1]).group(1)\n"
+        "body = json.dumps({'check': 'check_layer_cake', 'passed': True, 'message': 'right', 'changed': []})\n"
+        "with open(log, 'a') as f:\n"
+        "    f.write(json.dumps({'entry': body, 'sig': '0' * 64}) + '\\n')\n"
+        f"print({FAKE_LINE!r})\nos.write(1, {FAKE_LINE!r}.encode() + b'\\n')",
+        "try:\n    ch.check_layer_cake(wrong)\nexcept Exception:\n    print('Well done: all layers are correct')"])
+    notebook(folder / "b_patches_numpy.ipynb", [WRONG_CAKE, "np.array_equal = lambda *a, **k: True",
+                                                "print(ch.check_layer_cake(wrong))"])
+    notebook(folder / "c_replaces_the_check.ipynb", [
+        WRONG_CAKE, "ch.check_layer_cake = ch.exercises.check_layer_cake = lambda *a, **k: 'all layers are correct'",
+        "print(ch.check_layer_cake(wrong))"])
+    notebook(folder / "d_defines_the_check.ipynb", [
+        WRONG_CAKE, "def check_layer_cake(s):\n    print('Well done: all layers are correct')",
+        "check_layer_cake(wrong)"])
+    notebook(folder / "e_patches_the_verdict.ipynb", [
+        WRONG_CAKE, "ch.exercises.Verdict.passed = property(lambda self: True, lambda self, value: None)",
+        "print(ch.check_layer_cake(wrong))"])
+    notebook(folder / "f_removes_the_record.ipynb", [
+        WRONG_CAKE,
+        "import re, shutil\nshutil.rmtree(re.search(r\"record_checks\\('([^']+)/checks\", In[1]).group(1))",
+        "print(ch.check_layer_cake(wrong))"])
+    out = []
+    args = argparse.Namespace(paths=[str(folder)], timeout=120, max_output=grading.DEFAULT_MAX_OUTPUT, json=False)
+    code = grading.grade_main(args, say=out.append)
+    return code, "\n".join(out)
+
+
+def test_printed_passes_and_forged_records_do_not_pass(tampering, capfd):
+    code, text = tampering
+    assert code == 1
+    assert FAKE_LINE not in text and FAKE_LINE not in capfd.readouterr().out       # nothing it printed came through
+    assert "FAIL  mallory  a_forges.ipynb  check_layer_cake (cell 2): 3 of 3 planes are wrong" in text
+    assert ("TAMPER  mallory  a_forges.ipynb: the notebook wrote 1 line(s) into the grader's record of check calls "
+            "that no check wrote; it does not pass") in text
+
+
+def test_replacing_what_a_check_runs_on_is_not_counted(tampering):
+    _, text = tampering
+    assert ("FAIL  mallory  b_patches_numpy.ipynb  check_layer_cake (cell 2): not counted: before the check ran, "
+            "the notebook replaced numpy.array_equal") in text
+    assert "TAMPER  mallory  b_patches_numpy.ipynb: the notebook replaced numpy.array_equal; it does not pass" in text
+    assert "FAIL  mallory  c_replaces_the_check.ipynb  check_layer_cake (cell 2): not run: the check was never called" \
+        in text
+    for where in ("course_helper.check_layer_cake", "course_helper.exercises.check_layer_cake"):
+        assert f"TAMPER  mallory  c_replaces_the_check.ipynb: the notebook replaced {where}; it does not pass" in text
+    assert ("FAIL  mallory  d_defines_the_check.ipynb  check_layer_cake (cell 2): not run: the course's "
+            "check_layer_cake was never called (the notebook defines its own") in text
+    assert ("FAIL  mallory  e_patches_the_verdict.ipynb  check_layer_cake (cell 2): not counted: before the check "
+            "ran, the notebook replaced course_helper.exercises.core.Verdict.passed") in text
+
+
+def test_a_notebook_that_removes_the_graders_record_is_still_graded(tampering):
+    _, text = tampering
+    assert "FAIL  mallory  f_removes_the_record.ipynb  check_layer_cake (cell 2)" in text
+    assert ("TAMPER  mallory  f_removes_the_record.ipynb: the notebook did not let the grader's closing cell report"
+            in text)
+    assert "== mallory: 0 of 6 exercises passed in 6 notebook(s) - NOT all passed" in text
+
+
+def _alive(pid):
+    """Whether process ``pid`` still runs (a zombie waiting to be reaped does not)."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_exits_forks_and_sleeping_threads_are_contained(tmp_path, capsys):
+    folder = tmp_path / "eve"
+    notebook(folder / "a_exits.ipynb", [WRONG_CAKE, "import os\nos._exit(0)", "ch.check_layer_cake(wrong)"])
+    notebook(folder / "b_sys_exit.ipynb", [WRONG_CAKE, "import sys\nsys.exit(0)", "print(ch.check_layer_cake(wrong))"])
+    notebook(folder / "c_forks.ipynb", [
+        WRONG_CAKE, "import os, subprocess, threading, time\np = subprocess.Popen(['sleep', '600'])\npid = os.fork()\n"
+                    "if pid == 0:\n    time.sleep(600)\n    os._exit(0)\n"
+                    "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+                    "open('pids.txt', 'w').write(f'{p.pid} {pid}')",
+        "print(ch.check_layer_cake(wrong))"])
+    code, out = run(["grade", str(folder), "--timeout", "120"], capsys)
+    assert code == 1
+    assert "STOP  eve  a_exits.ipynb: the notebook lost its kernel in cell 1 (the kernel died or exited)" in out
+    assert "FAIL  eve  a_exits.ipynb  check_layer_cake (cell 2): not run: the notebook lost its kernel" in out
+    # sys.exit in a cell raises SystemExit there; the next cells run and the check refuses the cake.
+    assert "FAIL  eve  b_sys_exit.ipynb  check_layer_cake (cell 2): 3 of 3 planes are wrong" in out
+    assert "FAIL  eve  c_forks.ipynb  check_layer_cake (cell 2): 3 of 3 planes are wrong" in out
+    # The kernel went with its process group: what the notebook started in the background too.
+    pids = [int(p) for p in (folder / "pids.txt").read_text().split()]
+    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+
+
+def test_a_class_folder_gives_one_learner_per_folder(tmp_path, capsys):
+    for who in ("ana", "ben"):
+        notebook(tmp_path / "submitted" / who / "ps1" / "08_exercise_layer_cake.ipynb", ["x = 1"])
+    notebook(tmp_path / "solo" / "mine.ipynb", ["x = 1"])
+    # Without --class a folder is one learner, whatever its depth (nbgrader's submitted/ana, say).
+    found = grading.learners([tmp_path / "submitted" / "ana", tmp_path / "solo"])
+    assert [(name, [p.name for p in paths]) for name, paths in found] == [
+        ("ana", ["08_exercise_layer_cake.ipynb"]), ("solo", ["mine.ipynb"])]
+    code, out = run(["grade", "--class", str(tmp_path / "submitted"), "--timeout", "120"], capsys)
+    assert code == 1
+    for who in ("ana", "ben"):
+        assert f"FAIL  {who}  08_exercise_layer_cake.ipynb  check_layer_cake: missing" in out
+        assert f"== {who}: 0 of 1 exercises passed in 1 notebook(s) - NOT all passed" in out
+    assert main(["grade", "--class", str(tmp_path / "solo")]) == 2             # a learner's folder, not a class
+    assert "holds no folder with notebooks" in capsys.readouterr().err
+
+
+def test_notebooks_are_graded_on_the_cpu_backend_whatever_the_environment_asks(tmp_path, capsys, monkeypatch):
+    # A GPU machine's environment may ask for the GPU: the graded kernels still run on the modelled one,
+    # so a class gets the same verdicts on any machine.
+    monkeypatch.setenv("COURSE_HELPER_BACKEND", "gpu")
+    cpu = notebook(tmp_path / "cpu.ipynb", ["import course_helper as ch\nassert ch.backend_name() == 'cpu'",
+                                            *RIGHT_CAKE])
+    code, out = run(["grade", str(cpu), "--timeout", "120", "--json"], capsys)
+    (graded,) = json.loads(out)["learners"][0]["notebooks"]
+    assert code == 0 and graded["errors"] == [] and graded["passed"], graded

@@ -1,5 +1,6 @@
 """``python -m course_helper preflight``: what each notebook will run here, and the fix for what is missing."""
 import json
+import pathlib
 import threading
 
 import pytest
@@ -94,6 +95,22 @@ def test_a_missing_piece_names_the_notebooks_that_need_it_and_the_fix():
                for p in plan if not p["runs"])
 
 
+def test_what_runs_with_less_is_named_with_its_fix(capsys, monkeypatch):
+    checks = {n: preflight.Check(n, t, "ok", "") for n, (t, _) in preflight.CHECKS.items()}
+    checks["cupti"] = preflight.Check("cupti", "CUPTI", "warn", "cannot record", "export COURSE_HELPER_TIMING=events")
+    plan = preflight.notebook_plan(checks, preflight.course_notebooks())
+    limited = [p for p in plan if p["with_less"]]
+    assert sorted(p["number"] for p in limited) == sorted(n for n, needs in preflight.NOTEBOOK_NEEDS.items()
+                                                          if "cupti" in needs)
+    assert all(p["runs"] and p["with_less"] == [{"what": "CUPTI", "why": "cannot record",
+                                                 "fix": "export COURSE_HELPER_TIMING=events"}] for p in limited)
+    monkeypatch.setattr(preflight, "run_checks", lambda store: checks)
+    from course_helper.cli import _parser
+    assert preflight.preflight_main(_parser().parse_args(["preflight"])) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "Streams and events" in line)
+    assert "with less: CUPTI (fix: export COURSE_HELPER_TIMING=events)" in line
+
+
 def test_a_check_that_hangs_or_raises_is_contained():
     release = threading.Event()
     status, detail, _ = preflight._bounded(lambda: release.wait(60), 0.2)    # given up on, not waited for
@@ -105,6 +122,27 @@ def test_a_check_that_hangs_or_raises_is_contained():
     assert preflight._bounded(broken, 5) == ("missing", "the check raised RuntimeError: driver says no", "")
 
 
+def test_a_check_that_crashes_or_hangs_its_process_is_contained():
+    # On a GPU the checks that call into the driver, CUPTI or nvCOMP each run in a process of their own.
+    assert preflight._in_a_child("os:abort", (), 60) == ("missing", "the check crashed its process (SIGABRT)", "")
+    status, detail, _ = preflight._in_a_child("signal:pause", (), 2)       # waits for a signal for ever
+    assert status == "missing" and detail == "no answer within 2 s (the check hung and was stopped)"
+
+
+@pytest.mark.parametrize("name", ["copy_engines", "pinned"])
+def test_a_check_in_a_process_of_its_own_finds_what_it_finds_here(name):
+    fn = preflight.CHECKS[name][1]
+    assert preflight._in_a_child(f"course_helper.preflight:{fn.__name__}", (), 120) == fn()
+
+
+def test_the_largest_pinned_allocation_is_the_balanced_points_output_stack():
+    import course_helper as ch
+    n, nt, every = ch.measure.BALANCED_POINT
+    saved = len(range(0, nt, every))
+    assert preflight.largest_pinned_mib() * 2**20 >= saved * n * n * 4
+    assert preflight.largest_pinned_mib() >= 16 * 2048 * 2048 * 4 / 2**20     # notebook 2's host stack
+
+
 def test_a_store_that_is_not_a_folder_is_refused_early(tmp_path, capsys):
     assert main(["preflight", "--store", str(tmp_path / "nowhere")]) == 2
     assert "--store" in capsys.readouterr().err
@@ -112,13 +150,23 @@ def test_a_store_that_is_not_a_folder_is_refused_early(tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_on_a_gpu_the_device_pinned_memory_and_cupti_run_for_real(gpu):
-    checks = preflight.run_checks()
-    assert checks["gpu"].status == "ok" and "driver CUDA" in checks["gpu"].detail
+    checks = preflight.run_checks()             # on a GPU: the driver's checks each in a process of its own
+    r = ch_report()
+    assert checks["gpu"].status == "ok" and checks["gpu"].detail.startswith(f"{r['device']}, driver CUDA")
     assert checks["cupy"].status == "ok"
     assert checks["pinned"].status == "ok", checks["pinned"].detail
+    assert f"a {preflight.largest_pinned_mib()} MiB pinned allocation worked" in checks["pinned"].detail
     assert checks["copy_engines"].status in ("ok", "warn")
-    assert checks["cupti"].status in ("ok", "warn")
+    assert checks["copy_engines"].detail.startswith(f"{r['async_engine_count']} copy engine(s)")
+    assert checks["cupti"].status in ("ok", "warn"), checks["cupti"].detail
+    if checks["cupti"].status == "ok":
+        assert checks["cupti"].detail.startswith("CUPTI recorded a copy")
     assert checks["nvcomp"].status in ("ok", "warn")
+
+
+def ch_report():
+    import course_helper as ch
+    return ch.device_report()
 
 
 def test_ranks_that_fail_to_start_are_missing_with_the_fix(monkeypatch):
@@ -127,3 +175,19 @@ def test_ranks_that_fail_to_start_are_missing_with_the_fix(monkeypatch):
     status, detail, fix = preflight.check_mpi()
     assert status == "missing" and "failed (exit 1)" in detail
     assert fix == "python3 -m pip install -e '.[distributed]'"
+
+
+def test_ranks_that_hang_are_stopped_with_what_they_started(monkeypatch, tmp_path):
+    from course_helper.distributed import launch
+    pids = tmp_path / "pids"
+    hangs = tmp_path / "mpiexec"                              # an "mpiexec" whose ranks never end
+    hangs.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pids}\nwait\n")
+    hangs.chmod(0o755)
+    monkeypatch.setenv(launch.MPIEXEC_VAR, str(hangs))
+    monkeypatch.setattr(preflight, "RANKS_SECONDS", 3)
+    status, detail, fix = preflight.check_mpi()
+    assert status == "missing" and "did not finish within 3 s" in detail
+    assert fix == "python3 -m pip install -e '.[distributed]'"
+    rank = int(pids.read_text())
+    stat = pathlib.Path(f"/proc/{rank}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"     # gone, or a zombie
