@@ -14,7 +14,7 @@ callbacks that find the learner's lines); inside ``ch.doctor(where=False)`` (the
   copy into a pinned ring of two, ordered by events: kernels of a few µs, so the host sets the
   pace and every µs the doctor adds to a call shows in full (the worst case).
 
-The ratios of the medians (doctor / undiagnosed) are what the doctor costs the block itself; the
+The medians of each round's ratio (doctor / undiagnosed) are what the doctor costs the block itself; the
 doctor's set-up before the block and its analysis after it are timed apart (``setup_ms``,
 ``analysis_ms``, medians), since they do not slow the learner's loop.
 """
@@ -103,12 +103,16 @@ def measure(block, what: str, repeats: int) -> dict:
             ms, dx = once(way)
             times[way].append(ms)
             last = dx if way == "doctor" else last
-    base = statistics.median(times["undiagnosed"])
+    def ratio(way):
+        # the median of each round's ratio: the three ways of a round ran one after the other, on the
+        # machine in one state, where a host-bound block's own time moves from round to round
+        return statistics.median(t / u for t, u in zip(times[way], times["undiagnosed"]))
+
     return {
         "block": what,
         "median_ms": {w: statistics.median(v) for w, v in times.items()},
-        "ratio_doctor": statistics.median(times["doctor"]) / base,
-        "ratio_doctor_no_lines": statistics.median(times["doctor, no lines"]) / base,
+        "ratio_doctor": ratio("doctor"),
+        "ratio_doctor_no_lines": ratio("doctor, no lines"),
         "setup_ms": statistics.median(setup), "analysis_ms": statistics.median(analysis),
         "findings_of_last_run": last.codes if last is not None else None,
         "hidden_of_last_run": last.hidden if last is not None else None,
