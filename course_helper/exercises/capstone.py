@@ -15,7 +15,7 @@ one-stream loop (:func:`sequential_snapshots`; on the CPU backend that is the Nu
 loop, and at least :data:`HIDDEN_NEEDED` of each copy direction hidden under the kernels at the
 capstone's balanced point (:data:`BALANCED_POINT`). Its messages name the learner's own streams, events
 and buffers. :func:`check_depths` checks the ring depths the learner chose against the times
-they measured.
+they measured (times ``ch.elapsed_ms`` returned to them, near the check's own).
 
 A copy's ``level=`` is a label (timelines and messages show it); no check takes it as a claim
 about the data: which level a snapshot holds is judged by its content.
@@ -33,7 +33,8 @@ import numpy as np
 
 from .. import checks, streams
 from ..kernels import RawKernel, source
-from ..memory import InputRing, copy_to_device_async, copy_to_host, device_zeros, is_device_array, pinned_empty
+from ..memory import (InputRing, copy_to_device_async, copy_to_host, copy_to_host_async, device_zeros, is_device_array,
+                      pinned_empty)
 from ..runtime import observe
 from ..runtime.base import byte_span, shares_memory, spans_overlap
 from ..runtime.ops import OpKind
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GrayScott", "launch_gray_scott", "reference_snapshots", "sequential_snapshots", "check_capstone",
            "check_depths", "check_problem", "CapstoneError", "BALANCED_POINT", "CHECK_POINT", "HIDDEN_NEEDED",
-           "USES_PER_BUFFER"]
+           "USES_PER_BUFFER", "TIMES_FACTOR"]
 
 #: The capstone's balanced point: the device sets the pace (each block's kernels take about twice
 #: as long as one copy of a field, in either direction, on the modelled H200), so overlap can hide
@@ -388,18 +389,78 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
             f"the kernels ({measured}; {trace.clock})")
 
 
+#: How far the learner's step and copy times may be from the check's own timing of the same work
+#: (a factor either way): wide enough for a GPU's run-to-run spread and a step timed with its
+#: launch, narrow enough to catch µs for ms, a block's time for a step's, or the two swapped.
+TIMES_FACTOR = 2.0
+
+
+def _positive(name: str, value: Any, whole: bool) -> Any:
+    """``checks``' positive number, its error raised as a :class:`CapstoneError` (the notebook's
+    cell catches only that)."""
+    try:
+        return checks.positive_int(name, value) if whole else checks.positive_float(name, value)
+    except (TypeError, ValueError) as err:
+        what = "a whole number of buffers, 1 or more" if whole else "the time in ms your timing events measured"
+        raise CapstoneError(f"{err}: set it to {what}") from None
+
+
+def _steps_timed(ms: float, times: tuple[float, ...], most: int) -> int | None:
+    """The whole number of steps ``n`` (1 to ``most``) for which ``ms * n`` is one of ``times``
+    (a time ``elapsed_ms`` returned divided by the steps it timed); None when there is none."""
+    for t in times:
+        n = round(t / ms)
+        if 1 <= n <= most and math.isclose(t / n, ms, rel_tol=1e-9):
+            return n
+    return None
+
+
+def _own_times(gs: GrayScott) -> tuple[float, tuple[float, float]]:
+    """The check's own timing at ``gs``'s size (times only): one step (a block of ``feed_every``
+    steps, divided), and one copy of a field each way (to the host, to the device)."""
+    u, v, feed, u_next, v_next = (device_zeros(gs.shape) for _ in range(5))
+    host = pinned_empty(gs.shape)
+    (stream,) = create_streams(1, name="depth check")
+    start, end = streams.create_events(2, timing=True)
+
+    def time_ms(queue):
+        for _ in range(2):                 # the second run: the first one warms up
+            stream.record(start)
+            queue()
+            stream.record(end)
+            end.synchronize()
+        return streams.elapsed_ms(start, end)
+
+    def block():
+        for n in range(gs.feed_every):
+            launch_gray_scott(u, v, feed, u_next, v_next, gs, n, stream)
+    with timing_only():
+        step = time_ms(block) / gs.feed_every
+        down = time_ms(lambda: copy_to_host_async(host, v, stream))
+        up = time_ms(lambda: copy_to_device_async(v, host, stream))
+    return step, (down, up)
+
+
 def check_depths(step_ms: float | None, copy_ms: float | None, in_depth: int | None, out_depth: int | None,
                  gs: GrayScott | None = None) -> str:
     """Check ring depths chosen from measured times (notebook 13's timing cell); raise
     :class:`CapstoneError` saying what is missing or off, or return a one-line verdict.
 
-    At the balanced point (or ``gs``), a feed buffer is taken from its upload to the end of its
-    block, so the next upload must land during the blocks before it: ``1 + ceil(copy_ms /
-    block)`` feed buffers, a block being ``gs.feed_every`` steps. A staging buffer is free once
-    its copy has left: ``ceil(copy_ms / (gs.save_every * step_ms))`` of them. Depths within one
-    of these pass.
+    The times must be the learner's own measurement: ``copy_ms`` a time ``ch.elapsed_ms`` returned
+    in this session, ``step_ms`` one divided by the whole number of steps it timed
+    (:func:`~course_helper.streams.elapsed_times`; a typed-in number is refused, as notebook 3's
+    check refuses rows written by hand), and each within :data:`TIMES_FACTOR` of the check's own
+    timing of one step and one copy at ``gs``'s size (the balanced point by default), so that
+    a time in µs, a block's time for a step's or the two swapped are refused.
 
-    >>> check_depths(0.06, 0.7, 2, 1)
+    From those times, a feed buffer is taken from its upload to the end of its block, so the next
+    upload must land during the blocks before it: ``1 + ceil(copy_ms / block)`` feed buffers, a
+    block being ``gs.feed_every`` steps. A staging buffer is free once its copy has left:
+    ``ceil(copy_ms / (gs.save_every * step_ms))`` of them. Each depth passes when it is that many
+    or one more: fewer cannot hide the copies (:func:`check_capstone` would refuse the loop), and
+    more only hold memory.
+
+    >>> check_depths(step_ms, copy_ms, 2, 1)      # doctest: +SKIP
     'IN_DEPTH = 2 and OUT_DEPTH = 1 fit your times (they ask for 2 and 1)'
     """
     gs = GrayScott.balanced_point() if gs is None else checks.instance("gs", gs, GrayScott, "a GrayScott problem")
@@ -408,17 +469,48 @@ def check_depths(step_ms: float | None, copy_ms: float | None, in_depth: int | N
     if missing:
         raise CapstoneError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set yet: time one step "
                             "and one copy at the balanced point, then choose the depths from those times")
-    step_ms, copy_ms = checks.positive_float("step_ms", step_ms), checks.positive_float("copy_ms", copy_ms)
-    depths = (checks.positive_int("IN_DEPTH", in_depth), checks.positive_int("OUT_DEPTH", out_depth))
-    needed = (1 + math.ceil(copy_ms / (gs.feed_every * step_ms)),
-              max(1, math.ceil(copy_ms / (gs.save_every * step_ms))))
+    step_ms, copy_ms = _positive("step_ms", step_ms, False), _positive("copy_ms", copy_ms, False)
+    depths = (_positive("IN_DEPTH", in_depth, True), _positive("OUT_DEPTH", out_depth, True))
+    own_step, own_copies = _own_times(gs)
+    if (own_step / TIMES_FACTOR <= copy_ms <= own_step * TIMES_FACTOR
+            and any(c / TIMES_FACTOR <= step_ms <= c * TIMES_FACTOR for c in own_copies)):
+        raise CapstoneError(f"step_ms = {step_ms:.4g} and copy_ms = {copy_ms:.4g} look swapped: the check timed one "
+                            f"step at {own_step:.4g} ms and one copy at {own_copies[0]:.4g} ms")
+    times = streams.elapsed_times()
+    how = ("time it with timing events and ch.elapsed_ms (notebook 2) and compute it, in ms, from what elapsed_ms "
+           "returned, rather than typing a number")
+    if _steps_timed(copy_ms, times, 1) is None:
+        raise CapstoneError(f"copy_ms = {copy_ms:g} is not a time ch.elapsed_ms returned in this session: {how}")
+    if _steps_timed(step_ms, times, gs.steps) is None:
+        raise CapstoneError(f"step_ms = {step_ms:g} is not a time ch.elapsed_ms returned in this session, nor one "
+                            f"divided by the number of steps it timed: {how}")
+    size = f"{gs.shape[0]}x{gs.shape[1]}"
+    if not own_step / TIMES_FACTOR <= step_ms <= own_step * TIMES_FACTOR:
+        raise CapstoneError(
+            f"step_ms = {step_ms:.4g} is not one step's time at {size}: the check timed one step at {own_step:.4g} ms "
+            f"(one copy at {own_copies[0]:.4g} ms). Time a block of {gs.feed_every} steps on one stream and divide "
+            "by the steps, in ms")
+    if not any(c / TIMES_FACTOR <= copy_ms <= c * TIMES_FACTOR for c in own_copies):
+        raise CapstoneError(
+            f"copy_ms = {copy_ms:.4g} is not one copy's time of a {size} field: the check timed one copy at "
+            f"{own_copies[0]:.4g} ms (one step at {own_step:.4g} ms). Time one copy of a field between a pinned "
+            "host array and the device, in ms")
+    block = gs.feed_every * step_ms
+    needed = (1 + math.ceil(copy_ms / block), max(1, math.ceil(copy_ms / (gs.save_every * step_ms))))
     asked = f"(they ask for {needed[0]} and {needed[1]})"
-    off = [f"{name} = {d}" for name, d, n in zip(("IN_DEPTH", "OUT_DEPTH"), depths, needed) if abs(d - n) > 1]
-    if off:
-        raise CapstoneError(f"{' and '.join(off)} do{'es' if len(off) == 1 else ''} not fit your times {asked}: one "
-                            f"copy ({copy_ms:.3f} ms) must land during the blocks of {gs.feed_every} steps "
-                            f"({gs.feed_every * step_ms:.3f} ms each) before its own, and leave a staging buffer "
-                            f"within the {gs.save_every} steps ({gs.save_every * step_ms:.3f} ms) between snapshots")
+    why = {"IN_DEPTH": (f"the next upload ({copy_ms:.3f} ms) must land during the blocks of {gs.feed_every} steps "
+                        f"({block:.3f} ms each) before its own, while the kernels read the other feed buffers"),
+           "OUT_DEPTH": (f"a staging buffer is free once its copy ({copy_ms:.3f} ms) has left, and snapshots come "
+                         f"every {gs.save_every} steps ({gs.save_every * step_ms:.3f} ms)")}
+    few = [(name, d, n) for name, d, n in zip(("IN_DEPTH", "OUT_DEPTH"), depths, needed) if d < n]
+    if few:
+        name, d, n = few[0]
+        raise CapstoneError(f"{name} = {d} is too shallow for your times {asked}: {why[name]}; with {d} the "
+                            "kernels would wait for the copies, which would not run under them")
+    many = [f"{name} = {d}" for name, d, n in zip(("IN_DEPTH", "OUT_DEPTH"), depths, needed) if d > n + 1]
+    if many:
+        raise CapstoneError(f"{' and '.join(many)} {'is' if len(many) == 1 else 'are'} deeper than your times need "
+                            f"{asked}: the extra buffers only hold device memory; one more than asked is fine")
     return f"IN_DEPTH = {depths[0]} and OUT_DEPTH = {depths[1]} fit your times {asked}"
 
 

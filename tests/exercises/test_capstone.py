@@ -379,17 +379,87 @@ def test_a_fresh_notebook_is_told_to_write_the_loop(cpu):
 
 
 # -- the ring depths from the measured times -------------------------------------------------------------------
-def test_depths_within_one_of_the_times_pass_and_others_are_told_why(cpu):
+def measured(gs):
+    """Notebook 13's timing cell (the solution's): one step (a block timed, divided by its steps) and
+    one copy at ``gs``'s size, each from what ch.elapsed_ms returned; and the block's time."""
+    u, v, feed, u_next, v_next = (ch.device_zeros(gs.shape) for _ in range(5))
+    host = ch.pinned_empty(gs.shape)
+    (stream,) = ch.create_streams(1, name="timing")
+    start, end = ch.create_events(2, timing=True)
+
+    def time_ms(queue):
+        for _ in range(2):
+            stream.record(start)
+            queue()
+            stream.record(end)
+            end.synchronize()
+        return ch.elapsed_ms(start, end)
+
+    def one_block():
+        for n in range(gs.feed_every):
+            ch.exercises.launch_gray_scott(u, v, feed, u_next, v_next, gs, n, stream)
+    with ch.timing_only():
+        block_ms = time_ms(one_block)
+        copy_ms = time_ms(lambda: ch.copy_to_host_async(host, v, stream))
+    return block_ms / gs.feed_every, copy_ms, block_ms
+
+
+def asked(gs, step, copy):
+    """The depths the times ask for (notebook 13's solution)."""
+    return 1 + int(np.ceil(copy / (gs.feed_every * step))), max(1, int(np.ceil(copy / (gs.save_every * step))))
+
+
+def test_depths_from_the_measured_times_pass_and_one_more(backend):
     gs = capstone.GrayScott.balanced_point()
-    step, copy = 0.06, 0.7                       # a copy takes about a third of a block of 36 steps
-    assert ch.exercises.check_depths(step, copy, 2, 1) == ("IN_DEPTH = 2 and OUT_DEPTH = 1 fit your times "
-                                                           "(they ask for 2 and 1)")
-    assert ch.exercises.check_depths(step, copy, 3, 2, gs).startswith("IN_DEPTH = 3 and OUT_DEPTH = 2 fit")
-    with pytest.raises(ch.exercises.CapstoneError, match=r"IN_DEPTH = 8 does not fit your times \(they ask for 2 and"):
-        ch.exercises.check_depths(step, copy, 8, 1)
-    with pytest.raises(ch.exercises.CapstoneError, match=r"OUT_DEPTH = 1 does not fit.*ask for 4 and 3"):
-        ch.exercises.check_depths(step, 3 * gs.save_every * step, 3, 1)
-    with pytest.raises(ch.exercises.CapstoneError, match="step_ms, IN_DEPTH are not set yet"):
-        ch.exercises.check_depths(None, copy, None, 1)
-    with pytest.raises(ValueError, match="copy_ms"):
-        ch.exercises.check_depths(step, -1.0, 2, 1)
+    step, copy, _ = measured(gs)
+    need_in, need_out = asked(gs, step, copy)
+    assert ch.exercises.check_depths(step, copy, need_in, need_out) == (
+        f"IN_DEPTH = {need_in} and OUT_DEPTH = {need_out} fit your times (they ask for {need_in} and {need_out})")
+    assert ch.exercises.check_depths(step, copy, need_in + 1, need_out + 1).startswith(
+        f"IN_DEPTH = {need_in + 1} and OUT_DEPTH = {need_out + 1} fit")
+
+
+def test_depths_too_shallow_to_hide_the_copies_are_refused(backend):
+    """IN_DEPTH = 1 at the balanced point: the next upload would wait for the whole block, as
+    check_capstone then shows; a ring of snapshots shallower than the copies need likewise."""
+    gs = capstone.GrayScott.balanced_point()
+    step, copy, _ = measured(gs)
+    need_in, need_out = asked(gs, step, copy)
+    assert need_in >= 2
+    with pytest.raises(ch.exercises.CapstoneError, match=f"IN_DEPTH = {need_in - 1} is too shallow for your times"):
+        ch.exercises.check_depths(step, copy, need_in - 1, need_out)
+    with pytest.raises(ch.exercises.CapstoneError, match=f"IN_DEPTH = {need_in + 2} is deeper than your times need"):
+        ch.exercises.check_depths(step, copy, need_in + 2, need_out)
+    short = capstone.GrayScott(n=gs.n, steps=72, feed_every=4, save_every=4)   # a copy outlasts 4 steps
+    step, copy, _ = measured(short)
+    need_in, need_out = asked(short, step, copy)
+    assert need_out >= 2
+    with pytest.raises(ch.exercises.CapstoneError, match=f"OUT_DEPTH = {need_out - 1} is too shallow"):
+        ch.exercises.check_depths(step, copy, need_in, need_out - 1, short)
+
+
+def test_depths_judge_the_learners_own_times(backend):
+    """Typed-in times, a step in µs, a block's time as a step's, or the two swapped are refused."""
+    gs = capstone.GrayScott.balanced_point()
+    step, copy, block = measured(gs)
+    need = asked(gs, step, copy)
+    cases = [((round(step, 3), copy), "step_ms = .* is not a time ch.elapsed_ms returned"),
+             ((step, round(copy, 2) + 0.001), "copy_ms = .* is not a time ch.elapsed_ms returned"),
+             ((step * 1000, copy), "is not a time ch.elapsed_ms returned"),
+             ((block, copy), "is not one step's time at 3072x3072"),
+             ((copy, step), "look swapped")]
+    for (s, c), words in cases:
+        with pytest.raises(ch.exercises.CapstoneError, match=words):
+            ch.exercises.check_depths(s, c, *need)
+
+
+@pytest.mark.parametrize("args, words", [
+    ((None, 0.7, None, 1), "step_ms, IN_DEPTH are not set yet"),
+    ((0.06, -1.0, 2, 1), "copy_ms must be a finite number above 0"),
+    ((0.06, 0.7, 2, 0), "OUT_DEPTH must be at least 1"),
+    ((0.06, 0.7, 2.0, 1), "IN_DEPTH must be a whole number"),
+])
+def test_depths_malformed_are_told_as_the_checks_own_error(cpu, args, words):
+    """The notebook's cell catches only CapstoneError: a malformed value is one, not a ValueError."""
+    with pytest.raises(ch.exercises.CapstoneError, match=words):
+        ch.exercises.check_depths(*args)
