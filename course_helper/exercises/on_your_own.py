@@ -26,7 +26,7 @@ from .. import checks, runtime
 from ..memory import allocated_since, is_device_array, is_pinned, pinned_allocations, to_host, was_measured
 from ..runtime.base import byte_span, shares_memory
 from ..runtime.ops import OpKind
-from ..solver import prepare, solve, timing_only
+from ..solver import MAX_RING, prepare, solve, timing_only
 from ..streams import create_streams, synchronize
 from ..timelines import recording
 from ..wave import WaveProblem
@@ -264,6 +264,11 @@ def check_ring_depth(nscratch: int | None, problem: WaveProblem, every: int, goa
                                        hint="a ring needs at least four buffers (notebook 6.1)")
     except (TypeError, ValueError) as err:
         return Verdict(f"Not yet: {err}.", False)
+    if nscratch > MAX_RING:
+        # solve refuses it (each buffer gets its own IO stream): a verdict, not its traceback
+        return Verdict(f"Not yet: nscratch={nscratch} is more buffers than the streams loop takes (at most "
+                       f"{MAX_RING}, each with its own IO stream), and the exercise asks for the fewest that hide the "
+                       "copies: try far fewer, starting from four.", False)
 
     def hidden(depth):
         # The median of a few traced runs: a GPU's hidden share moves from run to run (the host's

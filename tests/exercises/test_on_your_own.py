@@ -306,6 +306,14 @@ def test_notebook_6_wants_the_fewest_buffers(backend, balanced):
         assert ring_depth > best and not ch.exercises.check_ring_depth(ring_depth, problem, every).passed
 
 
+@pytest.mark.parametrize("nscratch", [on_your_own.MAX_RING + 1, 100])
+def test_notebook_6_answers_a_ring_too_deep_to_run_with_a_verdict(backend, balanced, nscratch):
+    """More buffers than the streams loop takes: the check's own verdict, not solve's ValueError."""
+    problem, every = balanced
+    v = ch.exercises.check_ring_depth(nscratch, problem, every)
+    assert not v.passed and f"nscratch={nscratch} is more buffers than the streams loop takes" in v, v
+
+
 def test_notebook_6_compares_with_a_baseline(cpu, balanced):
     problem, every = balanced
     with ch.timing_only():
