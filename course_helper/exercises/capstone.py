@@ -367,9 +367,19 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
                             f"{len(waits)} times ({describe_waits(waits)}); the rule: the host never waits in the "
                             "loop - let the streams wait for events instead (stream.wait_event(event))")
     checked = f"all {small.nsnapshots} snapshots are right and no race, {_reuse(depths, fewest)}"
-    hidden, trace, set_up = _balanced(run)
+    hidden, trace, set_up, blocking = _balanced(run)
     copied = {OpKind.H2D: "uploads (host to device)", OpKind.D2H: "downloads (device to host)"}
+    instead = {OpKind.H2D: ("ch.to_device", "gs.frames.copy_to_device_async(feed[b], j, upload) on your upload "
+                            "stream, into a ring of feed buffers"),
+               OpKind.D2H: ("ch.copy_to_host", "ch.copy_to_host_async(snapshots[i], staged[s], download) on your "
+                            "download stream")}
     for direction, h in hidden.items():
+        if h.copy_ms == 0 and blocking[direction]:
+            call, fix = instead[direction]
+            n = blocking[direction]
+            raise CapstoneError(f"your loop ran no asynchronous {copied[direction]} at the balanced point: it made "
+                                f"{n} blocking cop{'ies' if n > 1 else 'y'} with {call} inside the loop, so the host "
+                                f"waited for each and nothing ran under the kernels. Queue them with {fix}")
         if h.copy_ms == 0:
             raise CapstoneError(f"your loop ran no {copied[direction]} at the balanced point: every block reads its "
                                 "feed frame from gs.frames (gs.frames.copy_to_device_async) and every snapshot "
@@ -743,11 +753,11 @@ def _compare(program, gs):
         problems.append(f"snapshots {unwritten} were never written: snapshot i is v after step "
                         f"(i + 1) * gs.save_every, copied into snapshots[i]")
     labels = _labels(program, gs)
+    tell = _WhichWrong(gs, expected) if wrong else None
     for i in wrong[:3]:
         found = [k for k in range(gs.nsnapshots) if np.array_equal(snapshots[i], expected[k])]
         if not found:
-            problems.append(f"snapshots[{i}] differs from the one-stream loop's (a step, a field or a feed frame is "
-                            "not the one the loop should use there)")
+            problems.append(f"snapshots[{i}] differs from the one-stream loop's ({tell(i, snapshots[i])})")
             continue
         level = gs.snapshot_steps[found[0]]
         label = labels.get(i)
@@ -756,6 +766,56 @@ def _compare(program, gs):
                          else ""))
     raise CapstoneError(f"{len(unwritten) + len(wrong)} of {gs.nsnapshots} snapshots are wrong, though the race "
                         "sanitizer found no race: the order is right and an index is not. " + "; ".join(problems))
+
+
+class _WhichWrong:
+    """Says what a wrong snapshot holds, where a NumPy run of the small problem can tell: ``u``
+    instead of ``v``, ``v`` after another step (taken before the step, or a step off), or ``v``
+    computed with each block reading another block's feed frame. Compared within a tolerance
+    scaled to the expected snapshot (a GPU's kernel is not NumPy's to the bit)."""
+
+    def __init__(self, gs: GrayScott, expected: np.ndarray):
+        self.gs, self.expected = gs, expected
+        self.runs = {}                        # feed shift -> (u after each step, v after each step)
+
+    def _run(self, shift):
+        if shift not in self.runs:
+            gs = self.gs
+            u, v = gs.initial()
+            us, vs = [u.copy()], [v.copy()]
+            nxt = [np.empty_like(u), np.empty_like(v)]
+            for n in range(gs.steps):
+                j = n // gs.feed_every + shift        # the ring takes it modulo its frames, as an upload does
+                _numpy_step(u, v, gs.frames[j], nxt[0], nxt[1], *gs.scalars())
+                (u, v), nxt = nxt, [u, v]
+                us.append(u.copy())
+                vs.append(v.copy())
+            self.runs[shift] = (us, vs)
+        return self.runs[shift]
+
+    def __call__(self, i: int, got: np.ndarray) -> str:
+        gs = self.gs
+        step = gs.snapshot_steps[i]
+        atol = 1e-5 * max(1.0, float(np.abs(self.expected[i]).max()))
+
+        def same(a, b):
+            return a.shape == b.shape and bool(np.allclose(a, b, rtol=0, atol=atol))
+        us, vs = self._run(0)
+        if not np.isfinite(got).all():
+            return "it holds values that are not numbers: a buffer never written, or read before it was"
+        if same(got, us[step]):
+            return f"it holds u after step {step}, not v: copy the field v"
+        near = [k for k in (step - 1, step + 1, step - 2, step + 2) if 0 <= k <= gs.steps and same(got, vs[k])]
+        if near:
+            k = near[0]
+            when = ("the copy was queued before the step that ends the snapshot; copy v after that step"
+                    if k == step - 1 else "a step off")
+            return f"it holds v after step {k}, not after step {step}: {when}"
+        for shift in (1, -1):
+            if same(got, self._run(shift)[1][step]):
+                return (f"each block's kernels read the feed frame of block j {'+' if shift > 0 else '-'} 1 instead of "
+                        "block j's: upload frame j into the buffer block j reads")
+        return "a step, a field or a feed frame is not the one the loop should use there"
 
 
 def _labels(program, gs):
@@ -770,12 +830,23 @@ def _labels(program, gs):
     return found
 
 
+#: The blocking copies a loop might use instead of queued ones, by what their host access is called.
+_BLOCKING = {"to_device": OpKind.H2D, "copy_to_host": OpKind.D2H}
+
+
 class _SetUp:
     """Observer at the balanced point: counts the uploads queued before the first kernel that
     carry no feed frame (the loop's set-up, e.g. the initial fields). It keeps no arrays."""
 
     def __init__(self, frames):
         self.frames, self.kernels, self.count = byte_span(frames), 0, 0
+        # Blocking copies after the first kernel (ch.to_device, ch.copy_to_host): the host waited for
+        # each, and none is an asynchronous copy a trace can show under the kernels.
+        self.blocking = {OpKind.H2D: 0, OpKind.D2H: 0}
+
+    def host_access(self, array: np.ndarray, mode: str, where: str) -> None:
+        if self.kernels and where in _BLOCKING:
+            self.blocking[_BLOCKING[where]] += 1
 
     def op_queued(self, op: Op) -> None:
         if op.kind == OpKind.KERNEL:
@@ -797,9 +868,10 @@ def _without_set_up(trace: Trace, count: int) -> Trace:
     return Trace([e for e in trace.events if id(e) not in dropped], trace.tracks, trace.meta)
 
 
-def _balanced(run) -> tuple[dict, Trace, int]:
+def _balanced(run) -> tuple[dict, Trace, int, dict]:
     """Run the loop at the balanced point on a timeline: the hidden share of each copy direction
-    (set-up uploads not counted), the trace and how many set-up uploads it had."""
+    (set-up uploads not counted), the trace, how many set-up uploads it had, and how many blocking
+    copies of each direction it made after its first kernel."""
     __tracebackhide__ = True
     gs = GrayScott.balanced_point()
     snapshots = gs.empty_snapshots()
@@ -816,13 +888,29 @@ def _balanced(run) -> tuple[dict, Trace, int]:
             observe.remove(set_up)
     del kept
     trace = handle.trace
-    return hidden_by_direction(_without_set_up(trace, set_up.count)), trace, set_up.count
+    return hidden_by_direction(_without_set_up(trace, set_up.count)), trace, set_up.count, set_up.blocking
 
 
 def _why(program: LoopProgram, direction: str) -> str:
     """Why the copies of ``direction`` could not run during the kernels, in the learner's names."""
     serial = program.why_serial(lambda op: op.kind == direction)
     if serial is None:
+        # A kernel waiting for its block's upload is the rule; one waiting for a download is the stall
+        waited = _kernel_waits_for(program, direction) if direction == OpKind.D2H else None
+        if waited is not None:
+            # Each copy may start under a kernel or two, but a kernel soon after waits for the copy itself:
+            # the kernels idle while it finishes.
+            kernel, event, copy = waited
+            label = program.label_of(event)
+            name = f"`{label}`" if label else "an event"
+            return (f"the kernels wait for each download: before {_name(kernel)} your loop makes "
+                    f"`{program.stream_name(kernel.stream)}` wait for {name}, recorded after {_name(copy)} on "
+                    f"`{program.stream_name(copy.stream)}`, so the kernels idle until each download is done; stage "
+                    "each snapshot into a buffer of its own (a ring of OUT_DEPTH on the device) and copy that out, so "
+                    "that a kernel waits only for the copy out of the staging buffer it overwrites")
+        if _kernel_waits_for(program, OpKind.D2H) is not None:      # uploads, while the kernels wait for downloads
+            return ("nothing orders them before or after the kernels, but the kernels were idle while they ran, "
+                    "waiting for the downloads")
         return ("nothing orders them before or after the kernels, but the kernels were idle while they ran, waiting "
                 "for something else: look at your loop's timeline for what `compute` waits for")
     return explain_serial(program, serial, _name, copies="they", kernels_stream="the stream of the kernels",
@@ -831,6 +919,18 @@ def _why(program: LoopProgram, direction: str) -> str:
                                        "lets the next copy run while this block computes"),
                           ordered=("every copy is ordered before or after every kernel by the events your streams "
                                    "wait for"))
+
+
+def _kernel_waits_for(program: LoopProgram, direction: str) -> tuple[Op, Any, Op] | None:
+    """The first kernel whose stream waited, just before it, for an event recorded after a copy of
+    ``direction``: ``(kernel, event, copy)``, or None when no kernel waits for such a copy."""
+    for op, _, _, waits in program.queued:
+        if op.kind != OpKind.KERNEL:
+            continue
+        for event, follows in waits:
+            if follows is not None and follows.kind == direction:
+                return op, event, follows
+    return None
 
 
 def _name(op: Op) -> str:

@@ -347,6 +347,46 @@ def test_one_feed_buffer_serialises_the_uploads(backend):
     assert "your loop makes `compute` wait for `uploaded[0]`, recorded after the H2D copy of level 0 on `upload`" in msg
 
 
+#: No staging ring: each snapshot copied straight from the field, the kernels waiting for that copy
+#: before the step that overwrites the field (right, and no race, but the kernels wait for each download).
+DIRECT_DOWNLOADS = [
+    ("""            compute.wait_event(saved[s])              # the copy out of staged[s] has left
+            ch.memory.copy_on_device_async(staged[s], v[(n + 1) % 2], compute, level=n + 1)
+            compute.record(ready[s])
+            download.wait_event(ready[s])
+            ch.copy_to_host_async(snapshots[i], staged[s], download, level=n + 1)""",
+     """            download.wait_event(compute.record())
+            ch.copy_to_host_async(snapshots[i], v[(n + 1) % 2], download, level=n + 1)"""),
+    ("        ch.exercises.launch_gray_scott(u[n % 2], v[n % 2]",
+     """        if n > 1 and n % gs.save_every == 1:          # step n overwrites the field the snapshot reads
+            compute.wait_event(saved[0])
+        ch.exercises.launch_gray_scott(u[n % 2], v[n % 2]"""),
+]
+#: The feed uploaded with the blocking ch.to_device inside the loop (each buffer kept, so none is let go).
+BLOCKING_FEED = [
+    ("        gs.frames.copy_to_device_async(feed[b], j, upload)",
+     "        feed[b] = ch.to_device(gs.feed_frame(j % gs.nframes))\n        kept.append(feed[b])"),
+    ("    for j in range(min(IN_DEPTH, gs.nblocks)):", "    kept = []\n    for j in range(min(IN_DEPTH, gs.nblocks)):"),
+    ("return u, v, feed, staged", "return u, v, feed, staged, kept"),
+]
+
+
+def test_kernels_waiting_for_each_download_are_told_so(backend):
+    msg = verdict(loop(*DIRECT_DOWNLOADS))
+    assert "The downloads: the kernels wait for each download: before the kernel" in msg, msg
+    assert "wait for `saved[0]`, recorded after the D2H copy" in msg and "waiting for something else" not in msg, msg
+    if "The uploads:" in msg:           # held up by the kernels' waits for the downloads
+        assert "The uploads: nothing orders them before or after the kernels, but the kernels were idle while they " \
+               "ran, waiting for the downloads" in msg, msg
+
+
+def test_a_blocking_upload_in_the_loop_is_told_so(backend):
+    msg = verdict(loop(*BLOCKING_FEED))
+    assert "your loop ran no asynchronous uploads (host to device) at the balanced point" in msg, msg
+    assert "blocking copies with ch.to_device inside the loop, so the host waited for each" in msg, msg
+    assert "gs.frames.copy_to_device_async(feed[b], j, upload)" in msg, msg
+
+
 def test_a_host_wait_in_the_loop_fails(backend):
     msg = verdict(loop(("download.record(saved[s])", "download.record(saved[s])\n"
                                                       "            download.synchronize()")))
@@ -369,6 +409,22 @@ def test_a_wrong_index_is_found_without_a_race(backend):
     msg = verdict(loop(("ch.copy_to_host_async(snapshots[i]", "ch.copy_to_host_async(snapshots[0]")))
     assert "though the race sanitizer found no race" in msg
     assert "snapshots [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] were never written" in msg
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("copy_on_device_async(staged[s], v[(n + 1) % 2]", "copy_on_device_async(staged[s], u[(n + 1) % 2]",
+     "snapshots[0] differs from the one-stream loop's (it holds u after step 3, not v: copy the field v)"),
+    ("copy_on_device_async(staged[s], v[(n + 1) % 2]", "copy_on_device_async(staged[s], v[n % 2]",
+     "snapshots[0] differs from the one-stream loop's (it holds v after step 2, not after step 3: the copy was "
+     "queued before the step that ends the snapshot"),
+    ("gs.frames.copy_to_device_async(feed[b], j, upload)", "gs.frames.copy_to_device_async(feed[b], j + 1, upload)",
+     "each block's kernels read the feed frame of block j + 1 instead of block j's"),
+])
+def test_a_wrong_snapshot_says_what_it_holds(backend, old, new, words):
+    """The wrong field, a snapshot taken before its step, or the next block's feed: each told apart."""
+    msg = verdict(loop((old, new)))
+    assert "though the race sanitizer found no race" in msg and words in msg, msg
+    assert "a step, a field or a feed frame" not in msg, msg
 
 
 def test_a_fresh_notebook_is_told_to_write_the_loop(cpu):
