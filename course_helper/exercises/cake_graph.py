@@ -103,9 +103,9 @@ def _replay_overlap(capture: Callable[..., Any], shape: tuple[int, ...]) -> str:
     if ov.hidden_fraction >= OVERLAP_NEEDED:
         return ""
     hidden = hidden_by_direction(trace, (OpKind.D2H,))[str(OpKind.D2H)]
-    return (f"in a traced replay ({trace.clock}) the copies took {hidden.copy_ms:.3f} ms and {hidden.copy_fraction:.0%} "
-            f"of that time ran under a bake ({ov.hidden_fraction:.0%} of the shorter of the bakes and the copies ran "
-            f"under the other; notebook 8 asks for {OVERLAP_NEEDED:.0%})")
+    return (f"in a traced replay ({trace.clock}) the copies took {hidden.copy_ms:.3f} ms and "
+            f"{hidden.copy_fraction:.0%} of that time ran under a bake ({ov.hidden_fraction:.0%} of the shorter "
+            f"of the bakes and the copies ran under the other; notebook 8 asks for {OVERLAP_NEEDED:.0%})")
 
 
 def check_cake_graph(capture: Callable[..., Any], nplanes: int = CAKE_GRAPH_PLANES) -> Verdict:
@@ -148,10 +148,10 @@ def check_cake_graph(capture: Callable[..., Any], nplanes: int = CAKE_GRAPH_PLAN
         verdict = Verdict(f"Not yet: after a replay {len(wrong)} planes are wrong or missing, "
                           f"the first is plane {wrong[0]}.", False)
     elif (serial := _replay_overlap(capture, shape)):
-        verdict = Verdict(f"Not yet: every plane is right, but in the graph the copies hardly run while the next planes bake: "
-                          f"{serial}. Capture notebook 8's loop as it is, each copy on its own io[b] stream forked "
-                          "into the capture by its wait for baked[b], so that copies run while the next planes "
-                          "bake.", False)
+        verdict = Verdict("Not yet: every plane is right, but in the graph the copies hardly run while the next "
+                          f"planes bake: {serial}. Capture notebook 8's loop as it is, each copy on its own io[b] "
+                          "stream forked into the capture by its wait for baked[b], so that copies run while the "
+                          "next planes bake.", False)
     elif graph_ms > GRAPH_SHARE * loop_ms:
         verdict = Verdict("Not yet: every plane is right, but the replay took more than half the stream "
                           "loop's time.", False)

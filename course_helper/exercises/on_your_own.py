@@ -81,10 +81,10 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
         if _copy_then_kernel(err.race):
             # The other direction: the copy is ordered after the kernels, but a kernel queued after it
             # overwrites the buffer it reads. The fix is a wait on compute, not on io.
-            return Verdict(f"Not yet: a kernel queued after the copy overwrites the buffer it copies ({err.race.first}, "
-                           f"then {err.race.second}){': ' + note if note else ''}. Before compute overwrites it, make "
-                           "compute wait for an event recorded on io after the copy (or queue no step after the "
-                           "copy: the 20 steps come first).", False)
+            return Verdict(f"Not yet: a kernel queued after the copy overwrites the buffer it copies "
+                           f"({err.race.first}, then {err.race.second}){': ' + note if note else ''}. Before compute "
+                           "overwrites it, make compute wait for an event recorded on io after the copy (or queue no "
+                           "step after the copy: the 20 steps come first).", False)
         return Verdict(f"Not yet: nothing orders the copy after the kernels ({err.race.first}, then "
                        f"{err.race.second}){': ' + note if note else ''}. Make io wait for an event recorded on "
                        "compute after them.", False)
