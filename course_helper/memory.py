@@ -140,6 +140,22 @@ def is_pinned(array: object) -> bool:
     return _pinned_at(array, array.ctypes.data)
 
 
+def pinned_allocations() -> frozenset[tuple[int, int]]:
+    """The byte ranges ``(first, one past last)`` of the pinned allocations alive now. A checker
+    takes them before running a learner's function to tell a buffer made before it (one of these)
+    from one the function allocated itself."""
+    with _pinned_lock:
+        return frozenset(_pinned_ranges.values())
+
+
+def allocated_since(array: np.ndarray, before: frozenset[tuple[int, int]]) -> bool:
+    """True when the pinned host ``array`` lies in none of the allocations ``before``
+    (:func:`pinned_allocations` taken earlier): it was allocated after they were taken."""
+    start = array.ctypes.data
+    end = start + max(array.nbytes, 1)
+    return not any(lo <= start and end <= max(hi, lo + 1) for lo, hi in before)
+
+
 def _pinned_at(array, start):
     """:func:`is_pinned` for a host array whose first byte is at ``start`` (read once by the caller)."""
     global _last_pinned

@@ -14,6 +14,7 @@ semantics. Both go through :mod:`course_helper.runtime`.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .runtime.base import Runtime
 
 __all__ = ["Stream", "Event", "create_streams", "create_events", "default_stream",
-           "current_stream", "elapsed_ms", "stream_priority_range", "synchronize", "placed"]
+           "current_stream", "elapsed_ms", "elapsed_times", "stream_priority_range", "synchronize", "placed"]
 
 _local = threading.local()
 
@@ -140,6 +141,15 @@ class Stream:
             _same_backend(self, event)
         if event.recorded:  # as in CUDA, a never-recorded event counts as complete: nothing to wait for
             if not event.recorded_in_capture and self.runtime.stream_capturing(self.raw):
+                beside = event.recorded_beside_capture
+                if beside is not None:
+                    raise UncapturedDependency(
+                        f"stream {self.name!r} waits, during a graph capture, on an event recorded on stream "
+                        f"{beside!r}, which is not part of the capture: the capture began on another stream and "
+                        f"{beside!r} never waited for an event recorded on a captured stream (a fork), so its work "
+                        f"ran at once instead of being captured. Fork {beside!r} into the capture before its first "
+                        "work in the block (make it wait for an event recorded on the capture stream), or capture "
+                        "on the stream the loop queues its first work on")
                 raise UncapturedDependency(
                     f"stream {self.name!r} waits, during a graph capture, on an event recorded before the "
                     "capture began: a graph can only wait on work it captured itself. Use events recorded "
@@ -219,6 +229,9 @@ class Event:
         self.backend = rt.name
         self.recorded = False
         self.recorded_in_capture = False   # its latest record was captured into a graph, not run
+        # The stream of its latest record when that record ran during a capture on a stream outside
+        # it (never forked into it): a captured wait for it is told so (None otherwise).
+        self.recorded_beside_capture: str | None = None
 
     def record(self, stream: Stream | None = None) -> Event:
         """Mark the current end of ``stream`` (the current stream if None); returns the event."""
@@ -230,6 +243,8 @@ class Event:
         self.runtime.record(self.raw, stream.raw)
         self.recorded = True
         self.recorded_in_capture = self.runtime.stream_capturing(stream.raw)
+        self.recorded_beside_capture = (stream.name if not self.recorded_in_capture and self.runtime.capturing()
+                                        else None)
         if observe.hears("event_recorded"):
             observe.notify("event_recorded", stream, self)
         return self
@@ -378,7 +393,22 @@ def elapsed_ms(start: Event, end: Event) -> float:
             raise RuntimeError(f"the {label} event has not completed yet; call "
                                f"{label}.synchronize() (or the stream's) before reading the time")
     _same_backend(start, end)
-    return start.runtime.elapsed_ms(start.raw, end.raw)
+    ms = start.runtime.elapsed_ms(start.raw, end.raw)
+    _elapsed_returned.append(ms)
+    return ms
+
+
+#: The latest times :func:`elapsed_ms` returned in this process (bounded: an exercise checks a
+#: time measured moments before, not one from hours of solves ago).
+_elapsed_returned: collections.deque[float] = collections.deque(maxlen=4096)
+
+
+def elapsed_times() -> tuple[float, ...]:
+    """The times :func:`elapsed_ms` returned in this process, oldest first (the latest 4096): an
+    exercise check takes a time the learner measured (one of these, or one divided by a whole
+    number of steps) and refuses a typed-in number, as notebook 3's check takes only rows
+    :func:`~course_helper.memory.measure_bandwidth` returned."""
+    return tuple(_elapsed_returned)
 
 
 _default_cache = {}

@@ -15,7 +15,7 @@ one-stream loop (:func:`sequential_snapshots`; on the CPU backend that is the Nu
 loop, and at least :data:`HIDDEN_NEEDED` of each copy direction hidden under the kernels at the
 capstone's balanced point (:data:`BALANCED_POINT`). Its messages name the learner's own streams, events
 and buffers. :func:`check_depths` checks the ring depths the learner chose against the times
-they measured.
+they measured (times ``ch.elapsed_ms`` returned to them, near the check's own).
 
 A copy's ``level=`` is a label (timelines and messages show it); no check takes it as a claim
 about the data: which level a snapshot holds is judged by its content.
@@ -33,7 +33,8 @@ import numpy as np
 
 from .. import checks, streams
 from ..kernels import RawKernel, source
-from ..memory import InputRing, copy_to_device_async, copy_to_host, device_zeros, is_device_array, pinned_empty
+from ..memory import (InputRing, copy_to_device_async, copy_to_host, copy_to_host_async, device_zeros, is_device_array,
+                      pinned_empty)
 from ..runtime import observe
 from ..runtime.base import byte_span, shares_memory, spans_overlap
 from ..runtime.ops import OpKind
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GrayScott", "launch_gray_scott", "reference_snapshots", "sequential_snapshots", "check_capstone",
            "check_depths", "check_problem", "CapstoneError", "BALANCED_POINT", "CHECK_POINT", "HIDDEN_NEEDED",
-           "USES_PER_BUFFER"]
+           "USES_PER_BUFFER", "TIMES_FACTOR"]
 
 #: The capstone's balanced point: the device sets the pace (each block's kernels take about twice
 #: as long as one copy of a field, in either direction, on the modelled H200), so overlap can hide
@@ -366,9 +367,19 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
                             f"{len(waits)} times ({describe_waits(waits)}); the rule: the host never waits in the "
                             "loop - let the streams wait for events instead (stream.wait_event(event))")
     checked = f"all {small.nsnapshots} snapshots are right and no race, {_reuse(depths, fewest)}"
-    hidden, trace, set_up = _balanced(run)
+    hidden, trace, set_up, blocking = _balanced(run)
     copied = {OpKind.H2D: "uploads (host to device)", OpKind.D2H: "downloads (device to host)"}
+    instead = {OpKind.H2D: ("ch.to_device", "gs.frames.copy_to_device_async(feed[b], j, upload) on your upload "
+                            "stream, into a ring of feed buffers"),
+               OpKind.D2H: ("ch.copy_to_host", "ch.copy_to_host_async(snapshots[i], staged[s], download) on your "
+                            "download stream")}
     for direction, h in hidden.items():
+        if h.copy_ms == 0 and blocking[direction]:
+            call, fix = instead[direction]
+            n = blocking[direction]
+            raise CapstoneError(f"your loop ran no asynchronous {copied[direction]} at the balanced point: it made "
+                                f"{n} blocking cop{'ies' if n > 1 else 'y'} with {call} inside the loop, so the host "
+                                f"waited for each and nothing ran under the kernels. Queue them with {fix}")
         if h.copy_ms == 0:
             raise CapstoneError(f"your loop ran no {copied[direction]} at the balanced point: every block reads its "
                                 "feed frame from gs.frames (gs.frames.copy_to_device_async) and every snapshot "
@@ -388,18 +399,78 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
             f"the kernels ({measured}; {trace.clock})")
 
 
+#: How far the learner's step and copy times may be from the check's own timing of the same work
+#: (a factor either way): wide enough for a GPU's run-to-run spread and a step timed with its
+#: launch, narrow enough to catch µs for ms, a block's time for a step's, or the two swapped.
+TIMES_FACTOR = 2.0
+
+
+def _positive(name: str, value: Any, whole: bool) -> Any:
+    """``checks``' positive number, its error raised as a :class:`CapstoneError` (the notebook's
+    cell catches only that)."""
+    try:
+        return checks.positive_int(name, value) if whole else checks.positive_float(name, value)
+    except (TypeError, ValueError) as err:
+        what = "a whole number of buffers, 1 or more" if whole else "the time in ms your timing events measured"
+        raise CapstoneError(f"{err}: set it to {what}") from None
+
+
+def _steps_timed(ms: float, times: tuple[float, ...], most: int) -> int | None:
+    """The whole number of steps ``n`` (1 to ``most``) for which ``ms * n`` is one of ``times``
+    (a time ``elapsed_ms`` returned divided by the steps it timed); None when there is none."""
+    for t in times:
+        n = round(t / ms)
+        if 1 <= n <= most and math.isclose(t / n, ms, rel_tol=1e-9):
+            return n
+    return None
+
+
+def _own_times(gs: GrayScott) -> tuple[float, tuple[float, float]]:
+    """The check's own timing at ``gs``'s size (times only): one step (a block of ``feed_every``
+    steps, divided), and one copy of a field each way (to the host, to the device)."""
+    u, v, feed, u_next, v_next = (device_zeros(gs.shape) for _ in range(5))
+    host = pinned_empty(gs.shape)
+    (stream,) = create_streams(1, name="depth check")
+    start, end = streams.create_events(2, timing=True)
+
+    def time_ms(queue):
+        for _ in range(2):                 # the second run: the first one warms up
+            stream.record(start)
+            queue()
+            stream.record(end)
+            end.synchronize()
+        return streams.elapsed_ms(start, end)
+
+    def block():
+        for n in range(gs.feed_every):
+            launch_gray_scott(u, v, feed, u_next, v_next, gs, n, stream)
+    with timing_only():
+        step = time_ms(block) / gs.feed_every
+        down = time_ms(lambda: copy_to_host_async(host, v, stream))
+        up = time_ms(lambda: copy_to_device_async(v, host, stream))
+    return step, (down, up)
+
+
 def check_depths(step_ms: float | None, copy_ms: float | None, in_depth: int | None, out_depth: int | None,
                  gs: GrayScott | None = None) -> str:
     """Check ring depths chosen from measured times (notebook 13's timing cell); raise
     :class:`CapstoneError` saying what is missing or off, or return a one-line verdict.
 
-    At the balanced point (or ``gs``), a feed buffer is taken from its upload to the end of its
-    block, so the next upload must land during the blocks before it: ``1 + ceil(copy_ms /
-    block)`` feed buffers, a block being ``gs.feed_every`` steps. A staging buffer is free once
-    its copy has left: ``ceil(copy_ms / (gs.save_every * step_ms))`` of them. Depths within one
-    of these pass.
+    The times must be the learner's own measurement: ``copy_ms`` a time ``ch.elapsed_ms`` returned
+    in this session, ``step_ms`` one divided by the whole number of steps it timed
+    (:func:`~course_helper.streams.elapsed_times`; a typed-in number is refused, as notebook 3's
+    check refuses rows written by hand), and each within :data:`TIMES_FACTOR` of the check's own
+    timing of one step and one copy at ``gs``'s size (the balanced point by default), so that
+    a time in µs, a block's time for a step's or the two swapped are refused.
 
-    >>> check_depths(0.06, 0.7, 2, 1)
+    From those times, a feed buffer is taken from its upload to the end of its block, so the next
+    upload must land during the blocks before it: ``1 + ceil(copy_ms / block)`` feed buffers, a
+    block being ``gs.feed_every`` steps. A staging buffer is free once its copy has left:
+    ``ceil(copy_ms / (gs.save_every * step_ms))`` of them. Each depth passes when it is that many
+    or one more: fewer cannot hide the copies (:func:`check_capstone` would refuse the loop), and
+    more only hold memory.
+
+    >>> check_depths(step_ms, copy_ms, 2, 1)      # doctest: +SKIP
     'IN_DEPTH = 2 and OUT_DEPTH = 1 fit your times (they ask for 2 and 1)'
     """
     gs = GrayScott.balanced_point() if gs is None else checks.instance("gs", gs, GrayScott, "a GrayScott problem")
@@ -408,17 +479,48 @@ def check_depths(step_ms: float | None, copy_ms: float | None, in_depth: int | N
     if missing:
         raise CapstoneError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set yet: time one step "
                             "and one copy at the balanced point, then choose the depths from those times")
-    step_ms, copy_ms = checks.positive_float("step_ms", step_ms), checks.positive_float("copy_ms", copy_ms)
-    depths = (checks.positive_int("IN_DEPTH", in_depth), checks.positive_int("OUT_DEPTH", out_depth))
-    needed = (1 + math.ceil(copy_ms / (gs.feed_every * step_ms)),
-              max(1, math.ceil(copy_ms / (gs.save_every * step_ms))))
+    step_ms, copy_ms = _positive("step_ms", step_ms, False), _positive("copy_ms", copy_ms, False)
+    depths = (_positive("IN_DEPTH", in_depth, True), _positive("OUT_DEPTH", out_depth, True))
+    own_step, own_copies = _own_times(gs)
+    if (own_step / TIMES_FACTOR <= copy_ms <= own_step * TIMES_FACTOR
+            and any(c / TIMES_FACTOR <= step_ms <= c * TIMES_FACTOR for c in own_copies)):
+        raise CapstoneError(f"step_ms = {step_ms:.4g} and copy_ms = {copy_ms:.4g} look swapped: the check timed one "
+                            f"step at {own_step:.4g} ms and one copy at {own_copies[0]:.4g} ms")
+    times = streams.elapsed_times()
+    how = ("time it with timing events and ch.elapsed_ms (notebook 2) and compute it, in ms, from what elapsed_ms "
+           "returned, rather than typing a number")
+    if _steps_timed(copy_ms, times, 1) is None:
+        raise CapstoneError(f"copy_ms = {copy_ms:g} is not a time ch.elapsed_ms returned in this session: {how}")
+    if _steps_timed(step_ms, times, gs.steps) is None:
+        raise CapstoneError(f"step_ms = {step_ms:g} is not a time ch.elapsed_ms returned in this session, nor one "
+                            f"divided by the number of steps it timed: {how}")
+    size = f"{gs.shape[0]}x{gs.shape[1]}"
+    if not own_step / TIMES_FACTOR <= step_ms <= own_step * TIMES_FACTOR:
+        raise CapstoneError(
+            f"step_ms = {step_ms:.4g} is not one step's time at {size}: the check timed one step at {own_step:.4g} ms "
+            f"(one copy at {own_copies[0]:.4g} ms). Time a block of {gs.feed_every} steps on one stream and divide "
+            "by the steps, in ms")
+    if not any(c / TIMES_FACTOR <= copy_ms <= c * TIMES_FACTOR for c in own_copies):
+        raise CapstoneError(
+            f"copy_ms = {copy_ms:.4g} is not one copy's time of a {size} field: the check timed one copy at "
+            f"{own_copies[0]:.4g} ms (one step at {own_step:.4g} ms). Time one copy of a field between a pinned "
+            "host array and the device, in ms")
+    block = gs.feed_every * step_ms
+    needed = (1 + math.ceil(copy_ms / block), max(1, math.ceil(copy_ms / (gs.save_every * step_ms))))
     asked = f"(they ask for {needed[0]} and {needed[1]})"
-    off = [f"{name} = {d}" for name, d, n in zip(("IN_DEPTH", "OUT_DEPTH"), depths, needed) if abs(d - n) > 1]
-    if off:
-        raise CapstoneError(f"{' and '.join(off)} do{'es' if len(off) == 1 else ''} not fit your times {asked}: one "
-                            f"copy ({copy_ms:.3f} ms) must land during the blocks of {gs.feed_every} steps "
-                            f"({gs.feed_every * step_ms:.3f} ms each) before its own, and leave a staging buffer "
-                            f"within the {gs.save_every} steps ({gs.save_every * step_ms:.3f} ms) between snapshots")
+    why = {"IN_DEPTH": (f"the next upload ({copy_ms:.3f} ms) must land during the blocks of {gs.feed_every} steps "
+                        f"({block:.3f} ms each) before its own, while the kernels read the other feed buffers"),
+           "OUT_DEPTH": (f"a staging buffer is free once its copy ({copy_ms:.3f} ms) has left, and snapshots come "
+                         f"every {gs.save_every} steps ({gs.save_every * step_ms:.3f} ms)")}
+    few = [(name, d, n) for name, d, n in zip(("IN_DEPTH", "OUT_DEPTH"), depths, needed) if d < n]
+    if few:
+        name, d, n = few[0]
+        raise CapstoneError(f"{name} = {d} is too shallow for your times {asked}: {why[name]}; with {d} the "
+                            "kernels would wait for the copies, which would not run under them")
+    many = [f"{name} = {d}" for name, d, n in zip(("IN_DEPTH", "OUT_DEPTH"), depths, needed) if d > n + 1]
+    if many:
+        raise CapstoneError(f"{' and '.join(many)} {'is' if len(many) == 1 else 'are'} deeper than your times need "
+                            f"{asked}: the extra buffers only hold device memory; one more than asked is fine")
     return f"IN_DEPTH = {depths[0]} and OUT_DEPTH = {depths[1]} fit your times {asked}"
 
 
@@ -651,11 +753,11 @@ def _compare(program, gs):
         problems.append(f"snapshots {unwritten} were never written: snapshot i is v after step "
                         f"(i + 1) * gs.save_every, copied into snapshots[i]")
     labels = _labels(program, gs)
+    tell = _WhichWrong(gs, expected) if wrong else None
     for i in wrong[:3]:
         found = [k for k in range(gs.nsnapshots) if np.array_equal(snapshots[i], expected[k])]
         if not found:
-            problems.append(f"snapshots[{i}] differs from the one-stream loop's (a step, a field or a feed frame is "
-                            "not the one the loop should use there)")
+            problems.append(f"snapshots[{i}] differs from the one-stream loop's ({tell(i, snapshots[i])})")
             continue
         level = gs.snapshot_steps[found[0]]
         label = labels.get(i)
@@ -664,6 +766,56 @@ def _compare(program, gs):
                          else ""))
     raise CapstoneError(f"{len(unwritten) + len(wrong)} of {gs.nsnapshots} snapshots are wrong, though the race "
                         "sanitizer found no race: the order is right and an index is not. " + "; ".join(problems))
+
+
+class _WhichWrong:
+    """Says what a wrong snapshot holds, where a NumPy run of the small problem can tell: ``u``
+    instead of ``v``, ``v`` after another step (taken before the step, or a step off), or ``v``
+    computed with each block reading another block's feed frame. Compared within a tolerance
+    scaled to the expected snapshot (a GPU's kernel is not NumPy's to the bit)."""
+
+    def __init__(self, gs: GrayScott, expected: np.ndarray):
+        self.gs, self.expected = gs, expected
+        self.runs = {}                        # feed shift -> (u after each step, v after each step)
+
+    def _run(self, shift):
+        if shift not in self.runs:
+            gs = self.gs
+            u, v = gs.initial()
+            us, vs = [u.copy()], [v.copy()]
+            nxt = [np.empty_like(u), np.empty_like(v)]
+            for n in range(gs.steps):
+                j = n // gs.feed_every + shift        # the ring takes it modulo its frames, as an upload does
+                _numpy_step(u, v, gs.frames[j], nxt[0], nxt[1], *gs.scalars())
+                (u, v), nxt = nxt, [u, v]
+                us.append(u.copy())
+                vs.append(v.copy())
+            self.runs[shift] = (us, vs)
+        return self.runs[shift]
+
+    def __call__(self, i: int, got: np.ndarray) -> str:
+        gs = self.gs
+        step = gs.snapshot_steps[i]
+        atol = 1e-5 * max(1.0, float(np.abs(self.expected[i]).max()))
+
+        def same(a, b):
+            return a.shape == b.shape and bool(np.allclose(a, b, rtol=0, atol=atol))
+        us, vs = self._run(0)
+        if not np.isfinite(got).all():
+            return "it holds values that are not numbers: a buffer never written, or read before it was"
+        if same(got, us[step]):
+            return f"it holds u after step {step}, not v: copy the field v"
+        near = [k for k in (step - 1, step + 1, step - 2, step + 2) if 0 <= k <= gs.steps and same(got, vs[k])]
+        if near:
+            k = near[0]
+            when = ("the copy was queued before the step that ends the snapshot; copy v after that step"
+                    if k == step - 1 else "a step off")
+            return f"it holds v after step {k}, not after step {step}: {when}"
+        for shift in (1, -1):
+            if same(got, self._run(shift)[1][step]):
+                return (f"each block's kernels read the feed frame of block j {'+' if shift > 0 else '-'} 1 instead of "
+                        "block j's: upload frame j into the buffer block j reads")
+        return "a step, a field or a feed frame is not the one the loop should use there"
 
 
 def _labels(program, gs):
@@ -678,12 +830,23 @@ def _labels(program, gs):
     return found
 
 
+#: The blocking copies a loop might use instead of queued ones, by what their host access is called.
+_BLOCKING = {"to_device": OpKind.H2D, "copy_to_host": OpKind.D2H}
+
+
 class _SetUp:
     """Observer at the balanced point: counts the uploads queued before the first kernel that
     carry no feed frame (the loop's set-up, e.g. the initial fields). It keeps no arrays."""
 
     def __init__(self, frames):
         self.frames, self.kernels, self.count = byte_span(frames), 0, 0
+        # Blocking copies after the first kernel (ch.to_device, ch.copy_to_host): the host waited for
+        # each, and none is an asynchronous copy a trace can show under the kernels.
+        self.blocking = {OpKind.H2D: 0, OpKind.D2H: 0}
+
+    def host_access(self, array: np.ndarray, mode: str, where: str) -> None:
+        if self.kernels and where in _BLOCKING:
+            self.blocking[_BLOCKING[where]] += 1
 
     def op_queued(self, op: Op) -> None:
         if op.kind == OpKind.KERNEL:
@@ -705,9 +868,10 @@ def _without_set_up(trace: Trace, count: int) -> Trace:
     return Trace([e for e in trace.events if id(e) not in dropped], trace.tracks, trace.meta)
 
 
-def _balanced(run) -> tuple[dict, Trace, int]:
+def _balanced(run) -> tuple[dict, Trace, int, dict]:
     """Run the loop at the balanced point on a timeline: the hidden share of each copy direction
-    (set-up uploads not counted), the trace and how many set-up uploads it had."""
+    (set-up uploads not counted), the trace, how many set-up uploads it had, and how many blocking
+    copies of each direction it made after its first kernel."""
     __tracebackhide__ = True
     gs = GrayScott.balanced_point()
     snapshots = gs.empty_snapshots()
@@ -724,13 +888,29 @@ def _balanced(run) -> tuple[dict, Trace, int]:
             observe.remove(set_up)
     del kept
     trace = handle.trace
-    return hidden_by_direction(_without_set_up(trace, set_up.count)), trace, set_up.count
+    return hidden_by_direction(_without_set_up(trace, set_up.count)), trace, set_up.count, set_up.blocking
 
 
 def _why(program: LoopProgram, direction: str) -> str:
     """Why the copies of ``direction`` could not run during the kernels, in the learner's names."""
     serial = program.why_serial(lambda op: op.kind == direction)
     if serial is None:
+        # A kernel waiting for its block's upload is the rule; one waiting for a download is the stall
+        waited = _kernel_waits_for(program, direction) if direction == OpKind.D2H else None
+        if waited is not None:
+            # Each copy may start under a kernel or two, but a kernel soon after waits for the copy itself:
+            # the kernels idle while it finishes.
+            kernel, event, copy = waited
+            label = program.label_of(event)
+            name = f"`{label}`" if label else "an event"
+            return (f"the kernels wait for each download: before {_name(kernel)} your loop makes "
+                    f"`{program.stream_name(kernel.stream)}` wait for {name}, recorded after {_name(copy)} on "
+                    f"`{program.stream_name(copy.stream)}`, so the kernels idle until each download is done; stage "
+                    "each snapshot into a buffer of its own (a ring of OUT_DEPTH on the device) and copy that out, so "
+                    "that a kernel waits only for the copy out of the staging buffer it overwrites")
+        if _kernel_waits_for(program, OpKind.D2H) is not None:      # uploads, while the kernels wait for downloads
+            return ("nothing orders them before or after the kernels, but the kernels were idle while they ran, "
+                    "waiting for the downloads")
         return ("nothing orders them before or after the kernels, but the kernels were idle while they ran, waiting "
                 "for something else: look at your loop's timeline for what `compute` waits for")
     return explain_serial(program, serial, _name, copies="they", kernels_stream="the stream of the kernels",
@@ -739,6 +919,18 @@ def _why(program: LoopProgram, direction: str) -> str:
                                        "lets the next copy run while this block computes"),
                           ordered=("every copy is ordered before or after every kernel by the events your streams "
                                    "wait for"))
+
+
+def _kernel_waits_for(program: LoopProgram, direction: str) -> tuple[Op, Any, Op] | None:
+    """The first kernel whose stream waited, just before it, for an event recorded after a copy of
+    ``direction``: ``(kernel, event, copy)``, or None when no kernel waits for such a copy."""
+    for op, _, _, waits in program.queued:
+        if op.kind != OpKind.KERNEL:
+            continue
+        for event, follows in waits:
+            if follows is not None and follows.kind == direction:
+                return op, event, follows
+    return None
 
 
 def _name(op: Op) -> str:

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import checks, runtime
-from ..memory import is_device_array, to_host, was_measured
+from ..memory import allocated_since, is_device_array, is_pinned, pinned_allocations, to_host, was_measured
 from ..runtime.base import byte_span, shares_memory
 from ..runtime.ops import OpKind
-from ..solver import prepare, solve, timing_only
+from ..solver import MAX_RING, prepare, solve, timing_only
 from ..streams import create_streams, synchronize
 from ..timelines import recording
 from ..wave import WaveProblem
@@ -64,6 +64,7 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
     (compute,) = create_streams(1, name="compute")
     (io,) = create_streams(1, name="io")
     synchronize()
+    made_before = pinned_allocations()      # `last` is one of these; a buffer the loop allocates is not
     try:
         # check_levels=False: a copy's level= only labels it; which level it holds is judged by its data
         program = run_checked(loop, {"compute": compute, "io": io}, _NotYet, "copy the wrong data",
@@ -77,6 +78,13 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
                            "copy_after_kernels only queues the work; leave the host array alone until whoever "
                            "reads it has waited for the copy.", False)
         note = err.race.note if isinstance(err.race, LoopRaceError) else ""
+        if _copy_then_kernel(err.race):
+            # The other direction: the copy is ordered after the kernels, but a kernel queued after it
+            # overwrites the buffer it reads. The fix is a wait on compute, not on io.
+            return Verdict(f"Not yet: a kernel queued after the copy overwrites the buffer it copies "
+                           f"({err.race.first}, then {err.race.second}){': ' + note if note else ''}. Before compute "
+                           "overwrites it, make compute wait for an event recorded on io after the copy (or queue no "
+                           "step after the copy: the 20 steps come first).", False)
         return Verdict(f"Not yet: nothing orders the copy after the kernels ({err.race.first}, then "
                        f"{err.race.second}){': ' + note if note else ''}. Make io wait for an event recorded on "
                        "compute after them.", False)
@@ -104,7 +112,22 @@ def check_copy_after_kernels(loop: Callable[[Any, Any], None] | None) -> Verdict
     if wrong:
         return Verdict(f"Not yet: the copy is ordered after the kernels on io, but {wrong}. Copy the buffer the "
                        "last step wrote.", False)
+    fresh = [op for op in copies if op.writes and is_pinned(op.writes[0])
+             and allocated_since(op.writes[0], made_before)]
+    if fresh:
+        # Ordered and of the right level, but into a buffer nobody outside the function holds: the level is
+        # lost when it returns, and the notebook's `last` keeps what it held before.
+        return Verdict("Not yet: the copy is ordered after the kernels on io and holds the right level, but it "
+                       "copies into a pinned buffer your function allocated itself, which is lost when the function "
+                       "returns: `last` never gets the level. Copy into `last`, the pinned buffer the cell made "
+                       "before the function.", False)
     return Verdict("Right: the copy is ordered after the last kernel by the device, and the host never waited.", True)
+
+
+def _copy_then_kernel(race: RaceError) -> bool:
+    """Whether a race's first access is the copy and its second a kernel (a write after the copy's
+    read), rather than a copy that reads before the kernels wrote."""
+    return "copy" in race.first.split(" on `")[0] and race.second.startswith("the kernel")
 
 
 def _copied_level(program: LoopProgram, kernels: list[Op], copies: list[Op]) -> str:
@@ -241,6 +264,11 @@ def check_ring_depth(nscratch: int | None, problem: WaveProblem, every: int, goa
                                        hint="a ring needs at least four buffers (notebook 6.1)")
     except (TypeError, ValueError) as err:
         return Verdict(f"Not yet: {err}.", False)
+    if nscratch > MAX_RING:
+        # solve refuses it (each buffer gets its own IO stream): a verdict, not its traceback
+        return Verdict(f"Not yet: nscratch={nscratch} is more buffers than the streams loop takes (at most "
+                       f"{MAX_RING}, each with its own IO stream), and the exercise asks for the fewest that hide the "
+                       "copies: try far fewer, starting from four.", False)
 
     def hidden(depth):
         # The median of a few traced runs: a GPU's hidden share moves from run to run (the host's

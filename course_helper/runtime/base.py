@@ -102,8 +102,9 @@ def refuse_host_wait_in_capture(what: str) -> None:
 
 
 class UncapturedDependency(RuntimeError):
-    """A stream being captured was made to wait on an event recorded before the capture began. A
-    graph can only wait on work it captured itself (CUDA refuses it as
+    """A stream being captured was made to wait on an event recorded outside the capture: before it
+    began, or on a stream that is not part of it (never forked into it). A graph can only wait on
+    work it captured itself (CUDA refuses it as
     ``cudaErrorStreamCaptureIsolation``); both runtimes raise this instead."""
 
 

@@ -95,7 +95,41 @@ def waits_on_the_host(stack, compute, io, buffers, baked, copied):
     return cap.graph
 
 
+def copies_on_compute(stack, compute, io, buffers, baked, copied):
+    """Every copy on the compute stream: right planes, a fast replay, but nothing overlaps."""
+    with ch.graphs.capture_graph(compute) as cap:
+        cake_loop(stack, compute, [compute] * len(io), buffers, baked, copied)
+    return cap.graph
+
+
+def io_never_forked(stack, compute, io, buffers, baked, copied):
+    """Only io[0] waits for a bake recorded in the capture: the other io streams are not part of it."""
+    with ch.graphs.capture_graph(compute) as cap:
+        for k in range(len(stack)):
+            b = k % len(buffers)
+            compute.wait_event(copied[b])
+            ch.bake_layer(buffers[b], k, compute)
+            compute.record(baked[b])
+            if k == 0:
+                io[b].wait_event(baked[b])
+            ch.copy_to_host_async(stack[k], buffers[b], io[b], level=k)
+            io[b].record(copied[b])
+        for s in io:
+            compute.wait_stream(s)
+    return cap.graph
+
+
+def captured_on_io(stack, compute, io, buffers, baked, copied):
+    """The capture begins on io[0], but the loop's first work is on compute, never forked into it."""
+    with ch.graphs.capture_graph(io[0]) as cap:
+        cake_loop(stack, compute, io, buffers, baked, copied)
+    return cap.graph
+
+
 @pytest.mark.parametrize("capture, words", [
+    (copies_on_compute, "every plane is right, but in the graph the copies hardly run while the next planes bake"),
+    (io_never_forked, "on an event recorded on stream 'io 1', which is not part of the capture"),
+    (captured_on_io, "on an event recorded on stream 'compute', which is not part of the capture"),
     (unanswered, "Not answered yet: unanswered returns None"),
     (the_capture_not_its_graph, "should return the captured graph (cap.graph), not _Capture"),
     (never_joined, "Not yet: capturing raised RuntimeError: cudaErrorStreamCaptureUnjoined"),

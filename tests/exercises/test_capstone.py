@@ -347,6 +347,46 @@ def test_one_feed_buffer_serialises_the_uploads(backend):
     assert "your loop makes `compute` wait for `uploaded[0]`, recorded after the H2D copy of level 0 on `upload`" in msg
 
 
+#: No staging ring: each snapshot copied straight from the field, the kernels waiting for that copy
+#: before the step that overwrites the field (right, and no race, but the kernels wait for each download).
+DIRECT_DOWNLOADS = [
+    ("""            compute.wait_event(saved[s])              # the copy out of staged[s] has left
+            ch.memory.copy_on_device_async(staged[s], v[(n + 1) % 2], compute, level=n + 1)
+            compute.record(ready[s])
+            download.wait_event(ready[s])
+            ch.copy_to_host_async(snapshots[i], staged[s], download, level=n + 1)""",
+     """            download.wait_event(compute.record())
+            ch.copy_to_host_async(snapshots[i], v[(n + 1) % 2], download, level=n + 1)"""),
+    ("        ch.exercises.launch_gray_scott(u[n % 2], v[n % 2]",
+     """        if n > 1 and n % gs.save_every == 1:          # step n overwrites the field the snapshot reads
+            compute.wait_event(saved[0])
+        ch.exercises.launch_gray_scott(u[n % 2], v[n % 2]"""),
+]
+#: The feed uploaded with the blocking ch.to_device inside the loop (each buffer kept, so none is let go).
+BLOCKING_FEED = [
+    ("        gs.frames.copy_to_device_async(feed[b], j, upload)",
+     "        feed[b] = ch.to_device(gs.feed_frame(j % gs.nframes))\n        kept.append(feed[b])"),
+    ("    for j in range(min(IN_DEPTH, gs.nblocks)):", "    kept = []\n    for j in range(min(IN_DEPTH, gs.nblocks)):"),
+    ("return u, v, feed, staged", "return u, v, feed, staged, kept"),
+]
+
+
+def test_kernels_waiting_for_each_download_are_told_so(backend):
+    msg = verdict(loop(*DIRECT_DOWNLOADS))
+    assert "The downloads: the kernels wait for each download: before the kernel" in msg, msg
+    assert "wait for `saved[0]`, recorded after the D2H copy" in msg and "waiting for something else" not in msg, msg
+    if "The uploads:" in msg:           # held up by the kernels' waits for the downloads
+        assert "The uploads: nothing orders them before or after the kernels, but the kernels were idle while they " \
+               "ran, waiting for the downloads" in msg, msg
+
+
+def test_a_blocking_upload_in_the_loop_is_told_so(backend):
+    msg = verdict(loop(*BLOCKING_FEED))
+    assert "your loop ran no asynchronous uploads (host to device) at the balanced point" in msg, msg
+    assert "blocking copies with ch.to_device inside the loop, so the host waited for each" in msg, msg
+    assert "gs.frames.copy_to_device_async(feed[b], j, upload)" in msg, msg
+
+
 def test_a_host_wait_in_the_loop_fails(backend):
     msg = verdict(loop(("download.record(saved[s])", "download.record(saved[s])\n"
                                                       "            download.synchronize()")))
@@ -371,6 +411,22 @@ def test_a_wrong_index_is_found_without_a_race(backend):
     assert "snapshots [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] were never written" in msg
 
 
+@pytest.mark.parametrize("old, new, words", [
+    ("copy_on_device_async(staged[s], v[(n + 1) % 2]", "copy_on_device_async(staged[s], u[(n + 1) % 2]",
+     "snapshots[0] differs from the one-stream loop's (it holds u after step 3, not v: copy the field v)"),
+    ("copy_on_device_async(staged[s], v[(n + 1) % 2]", "copy_on_device_async(staged[s], v[n % 2]",
+     "snapshots[0] differs from the one-stream loop's (it holds v after step 2, not after step 3: the copy was "
+     "queued before the step that ends the snapshot"),
+    ("gs.frames.copy_to_device_async(feed[b], j, upload)", "gs.frames.copy_to_device_async(feed[b], j + 1, upload)",
+     "each block's kernels read the feed frame of block j + 1 instead of block j's"),
+])
+def test_a_wrong_snapshot_says_what_it_holds(backend, old, new, words):
+    """The wrong field, a snapshot taken before its step, or the next block's feed: each told apart."""
+    msg = verdict(loop((old, new)))
+    assert "though the race sanitizer found no race" in msg and words in msg, msg
+    assert "a step, a field or a feed frame" not in msg, msg
+
+
 def test_a_fresh_notebook_is_told_to_write_the_loop(cpu):
     def run_capstone(gs, snapshots):
         raise NotImplementedError("write your loop here")
@@ -379,17 +435,87 @@ def test_a_fresh_notebook_is_told_to_write_the_loop(cpu):
 
 
 # -- the ring depths from the measured times -------------------------------------------------------------------
-def test_depths_within_one_of_the_times_pass_and_others_are_told_why(cpu):
+def measured(gs):
+    """Notebook 13's timing cell (the solution's): one step (a block timed, divided by its steps) and
+    one copy at ``gs``'s size, each from what ch.elapsed_ms returned; and the block's time."""
+    u, v, feed, u_next, v_next = (ch.device_zeros(gs.shape) for _ in range(5))
+    host = ch.pinned_empty(gs.shape)
+    (stream,) = ch.create_streams(1, name="timing")
+    start, end = ch.create_events(2, timing=True)
+
+    def time_ms(queue):
+        for _ in range(2):
+            stream.record(start)
+            queue()
+            stream.record(end)
+            end.synchronize()
+        return ch.elapsed_ms(start, end)
+
+    def one_block():
+        for n in range(gs.feed_every):
+            ch.exercises.launch_gray_scott(u, v, feed, u_next, v_next, gs, n, stream)
+    with ch.timing_only():
+        block_ms = time_ms(one_block)
+        copy_ms = time_ms(lambda: ch.copy_to_host_async(host, v, stream))
+    return block_ms / gs.feed_every, copy_ms, block_ms
+
+
+def asked(gs, step, copy):
+    """The depths the times ask for (notebook 13's solution)."""
+    return 1 + int(np.ceil(copy / (gs.feed_every * step))), max(1, int(np.ceil(copy / (gs.save_every * step))))
+
+
+def test_depths_from_the_measured_times_pass_and_one_more(backend):
     gs = capstone.GrayScott.balanced_point()
-    step, copy = 0.06, 0.7                       # a copy takes about a third of a block of 36 steps
-    assert ch.exercises.check_depths(step, copy, 2, 1) == ("IN_DEPTH = 2 and OUT_DEPTH = 1 fit your times "
-                                                           "(they ask for 2 and 1)")
-    assert ch.exercises.check_depths(step, copy, 3, 2, gs).startswith("IN_DEPTH = 3 and OUT_DEPTH = 2 fit")
-    with pytest.raises(ch.exercises.CapstoneError, match=r"IN_DEPTH = 8 does not fit your times \(they ask for 2 and"):
-        ch.exercises.check_depths(step, copy, 8, 1)
-    with pytest.raises(ch.exercises.CapstoneError, match=r"OUT_DEPTH = 1 does not fit.*ask for 4 and 3"):
-        ch.exercises.check_depths(step, 3 * gs.save_every * step, 3, 1)
-    with pytest.raises(ch.exercises.CapstoneError, match="step_ms, IN_DEPTH are not set yet"):
-        ch.exercises.check_depths(None, copy, None, 1)
-    with pytest.raises(ValueError, match="copy_ms"):
-        ch.exercises.check_depths(step, -1.0, 2, 1)
+    step, copy, _ = measured(gs)
+    need_in, need_out = asked(gs, step, copy)
+    assert ch.exercises.check_depths(step, copy, need_in, need_out) == (
+        f"IN_DEPTH = {need_in} and OUT_DEPTH = {need_out} fit your times (they ask for {need_in} and {need_out})")
+    assert ch.exercises.check_depths(step, copy, need_in + 1, need_out + 1).startswith(
+        f"IN_DEPTH = {need_in + 1} and OUT_DEPTH = {need_out + 1} fit")
+
+
+def test_depths_too_shallow_to_hide_the_copies_are_refused(backend):
+    """IN_DEPTH = 1 at the balanced point: the next upload would wait for the whole block, as
+    check_capstone then shows; a ring of snapshots shallower than the copies need likewise."""
+    gs = capstone.GrayScott.balanced_point()
+    step, copy, _ = measured(gs)
+    need_in, need_out = asked(gs, step, copy)
+    assert need_in >= 2
+    with pytest.raises(ch.exercises.CapstoneError, match=f"IN_DEPTH = {need_in - 1} is too shallow for your times"):
+        ch.exercises.check_depths(step, copy, need_in - 1, need_out)
+    with pytest.raises(ch.exercises.CapstoneError, match=f"IN_DEPTH = {need_in + 2} is deeper than your times need"):
+        ch.exercises.check_depths(step, copy, need_in + 2, need_out)
+    short = capstone.GrayScott(n=gs.n, steps=72, feed_every=4, save_every=4)   # a copy outlasts 4 steps
+    step, copy, _ = measured(short)
+    need_in, need_out = asked(short, step, copy)
+    assert need_out >= 2
+    with pytest.raises(ch.exercises.CapstoneError, match=f"OUT_DEPTH = {need_out - 1} is too shallow"):
+        ch.exercises.check_depths(step, copy, need_in, need_out - 1, short)
+
+
+def test_depths_judge_the_learners_own_times(backend):
+    """Typed-in times, a step in µs, a block's time as a step's, or the two swapped are refused."""
+    gs = capstone.GrayScott.balanced_point()
+    step, copy, block = measured(gs)
+    need = asked(gs, step, copy)
+    cases = [((round(step, 3), copy), "step_ms = .* is not a time ch.elapsed_ms returned"),
+             ((step, round(copy, 2) + 0.001), "copy_ms = .* is not a time ch.elapsed_ms returned"),
+             ((step * 1000, copy), "is not a time ch.elapsed_ms returned"),
+             ((block, copy), "is not one step's time at 3072x3072"),
+             ((copy, step), "look swapped")]
+    for (s, c), words in cases:
+        with pytest.raises(ch.exercises.CapstoneError, match=words):
+            ch.exercises.check_depths(s, c, *need)
+
+
+@pytest.mark.parametrize("args, words", [
+    ((None, 0.7, None, 1), "step_ms, IN_DEPTH are not set yet"),
+    ((0.06, -1.0, 2, 1), "copy_ms must be a finite number above 0"),
+    ((0.06, 0.7, 2, 0), "OUT_DEPTH must be at least 1"),
+    ((0.06, 0.7, 2.0, 1), "IN_DEPTH must be a whole number"),
+])
+def test_depths_malformed_are_told_as_the_checks_own_error(cpu, args, words):
+    """The notebook's cell catches only CapstoneError: a malformed value is one, not a ValueError."""
+    with pytest.raises(ch.exercises.CapstoneError, match=words):
+        ch.exercises.check_depths(*args)

@@ -426,6 +426,20 @@ SMALL = dict(nplanes=12, shape=(64, 64))
 #: Right loops, each written in a way the lesson does not show; every one overlaps its copies with
 #: the next bakes.
 RIGHT_LOOPS = {
+    # Rule 2's streams swapped: the bakes on io[b], every copy on compute. The same two dependencies per
+    # buffer, no race, the copies free to run under the next bakes: a right loop whose streams are named
+    # otherwise, so it passes (the check judges the order, not the streams' names).
+    "the streams swapped": """
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        io[b].wait_event(copied[b])
+        ch.bake_layer(buffers[b], k, io[b])
+        io[b].record(baked[b])
+        compute.wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], compute, level=k)
+        compute.record(copied[b])
+""",
     "the lesson's loop": """
 def bake_cake():
     for k in range(nplanes):
@@ -592,6 +606,16 @@ def bake_cake():
 
 #: Wrong loops with every layer right, at the same small size: (the loop, nbuf, what the verdict must say).
 WRONG_LOOPS = {
+    "the streams swapped, no wait for the copy": ("""
+def bake_cake():
+    for k in range(nplanes):
+        b = k % nbuf
+        ch.bake_layer(buffers[b], k, io[b])
+        io[b].record(baked[b])
+        compute.wait_event(baked[b])
+        ch.copy_to_host_async(stack[k], buffers[b], compute, level=k)
+        compute.record(copied[b])
+""", 3, "race on buffers[0]"),
     "copies on the bake stream": ("""
 def bake_cake():
     for k in range(nplanes):

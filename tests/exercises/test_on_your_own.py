@@ -47,6 +47,9 @@ COPIES = {
     "on compute": "    ch.copy_to_host_async(last, U[21 % 3], compute)\n",
     "four rows": "    ch.copy_to_host_async(ch.pinned_empty((4, p.shape[1])), U[21 % 3][:4], io)\n",
     "none": "    pass\n",
+    "into a fresh buffer": "    ch.copy_to_host_async(ch.pinned_empty(p.shape), U[21 % 3], io)\n",
+    "then one step more": "    ch.copy_to_host_async(last, U[21 % 3], io)\n"
+                          "    ch.launch_wave2d(U[1], U[2], U[0], V, p, 20, stream=compute)\n",
 }
 
 
@@ -98,6 +101,22 @@ def test_notebook_2_takes_level_as_a_label(backend):
     assert v.passed, v
     v = ch.exercises.check_copy_after_kernels(copy_after_kernels("solution", "level 20, labelled 21"))
     assert not v.passed and "it holds level 20, what U[2] holds" in v and "nothing orders" not in v, v
+
+
+def test_notebook_2_wants_the_level_in_last(backend):
+    """An ordered copy of the right level into a pinned buffer the function allocates itself is
+    lost when it returns (`last` keeps what it held): refused, naming `last`."""
+    v = ch.exercises.check_copy_after_kernels(copy_after_kernels("solution", "into a fresh buffer"))
+    assert not v.passed and "your function allocated itself" in v and "Copy into `last`" in v, v
+
+
+def test_notebook_2_tells_a_step_after_the_copy_to_wait_on_compute(backend):
+    """A kernel queued after the ordered copy overwrites the buffer the copy reads: the fix is compute
+    waiting for the copy, not io waiting for the kernels."""
+    v = ch.exercises.check_copy_after_kernels(copy_after_kernels("solution", "then one step more"))
+    assert not v.passed and "a kernel queued after the copy overwrites" in v, v
+    assert "make compute wait for an event recorded on io after the copy" in v, v
+    assert "Make io wait" not in v, v
 
 
 @pytest.mark.parametrize("wait", ["    io.synchronize()\n", "    compute.synchronize()\n", "    ch.synchronize()\n"])
@@ -295,6 +314,14 @@ def test_notebook_6_wants_the_fewest_buffers(cpu, balanced):
     assert right.passed and "with one buffer fewer for only" in right and "of the shorter" in right
     ring_depth = ch.strategies.ring_depth(*ch.strategies.level_times(problem)[:2])
     assert ring_depth > best and not ch.exercises.check_ring_depth(ring_depth, problem, every).passed
+
+
+@pytest.mark.parametrize("nscratch", [on_your_own.MAX_RING + 1, 100])
+def test_notebook_6_answers_a_ring_too_deep_to_run_with_a_verdict(backend, balanced, nscratch):
+    """More buffers than the streams loop takes: the check's own verdict, not solve's ValueError."""
+    problem, every = balanced
+    v = ch.exercises.check_ring_depth(nscratch, problem, every)
+    assert not v.passed and f"nscratch={nscratch} is more buffers than the streams loop takes" in v, v
 
 
 def test_notebook_6_compares_with_a_baseline(cpu, balanced):
