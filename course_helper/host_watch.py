@@ -165,7 +165,7 @@ def _where(entry):
 def _touch(array, mode, entry):
     """Announce that the host reads (``"r"``) or writes (``"w"``) ``array`` through ``entry``."""
     # an empty part (a[0:0]) holds no byte a copy could be writing
-    if _outermost() and observe.hears("host_access") and getattr(array, "size", 1) != 0:
+    if _outermost() and observe.hears("host_access") and not (isinstance(array, np.ndarray) and array.size == 0):
         observe.notify("host_access", array, mode, _where(entry))
 
 
