@@ -359,6 +359,7 @@ def check_capstone(run: Callable[[GrayScott, np.ndarray], Any]) -> str:
     if run is None:
         raise CapstoneError("`run_capstone` is not written yet: write it, then run this cell again")
     program, small, depths, fewest = _run_reusing(run)
+    _check_renewed(program, run)
     _compare(program, small)
     _check_returned(program, run, small)
     if program.host_waits:
@@ -702,33 +703,48 @@ def _device_spans(value, depth=0):
     return [span for item in items for span in _device_spans(item, depth + 1)]
 
 
+def _unreturned(program):
+    """The device buffers the loop queued work on but did not return, by the name the loop gave them:
+    name -> {span: None}, in order; nothing for a loop that ended with ``ch.synchronize()``, which may
+    let them go."""
+    if program.device_idle:
+        return {}
+    kept = [s for s in _device_spans(program.returned) if s is not None]
+    missing = {}
+    for op, *_ in program.queued:
+        for a in (*op.reads, *op.writes):
+            span = byte_span(a) if is_device_array(a) else None
+            if span is not None and not any(k[0] == span[0] and k[1] <= span[1] and span[2] <= k[2] for k in kept):
+                missing.setdefault(program.names.of(a, span), {})[span] = None
+    return missing
+
+
+def _check_renewed(program, run):
+    """One variable bound to a new device buffer on each turn: each is let go inside the loop, when the
+    variable takes the next, while work queued on it may still run; returning the variable keeps only
+    the last. Judged before the snapshots, since on a GPU the memory pool may already have handed such
+    a buffer to a later allocation and made a snapshot wrong."""
+    __tracebackhide__ = True
+    name = getattr(run, "__name__", "your loop")
+    renewed = [f"`{n}`" for n, spans in _unreturned(program).items()
+               if len(spans) > 1 and "[" not in n and " " not in n]
+    if renewed:
+        raise CapstoneError(f"{' and '.join(renewed)} {'holds' if len(renewed) == 1 else 'hold'} a new device "
+                            f"buffer on each turn of `{name}`: each one is let go when the variable takes the next, "
+                            "while the copies and kernels queued on it may still run, and the memory pool can hand "
+                            "it to the next allocation (notebook 9's buffer let go too early; on a GPU that can "
+                            "make snapshots wrong). Fix: make the ring's buffers once, before the loop, reuse them "
+                            f"in turn, and return them from `{name}` (the rule of section 13.2)")
+
+
 def _check_returned(program, run, gs):
     """Every device buffer the loop queued work on must be among those it returned: when the
     loop returns, its locals go, and a buffer let go while queued work still uses it may be
     handed to the next allocation (the rule of section 13.2). A loop that ended with
     ``ch.synchronize()`` may let them go."""
     __tracebackhide__ = True
-    if program.device_idle:
-        return
-    kept = [s for s in _device_spans(program.returned) if s is not None]
-    missing = {}                 # name -> {span: None}: the buffers it named, in order
-    for op, *_ in program.queued:
-        for a in (*op.reads, *op.writes):
-            span = byte_span(a) if is_device_array(a) else None
-            if span is not None and not any(k[0] == span[0] and k[1] <= span[1] and span[2] <= k[2] for k in kept):
-                missing.setdefault(program.names.of(a, span), {})[span] = None
+    missing = _unreturned(program)
     name = getattr(run, "__name__", "your loop")
-    # One variable bound to a new buffer on each turn: each is let go inside the loop, when the variable takes
-    # the next, while work queued on it may still run. Returning the variable keeps only the last.
-    renewed = [f"`{n}`" for n, spans in missing.items() if len(spans) > 1 and "[" not in n and " " not in n]
-    if renewed:
-        raise CapstoneError(f"all {gs.nsnapshots} snapshots are right, but {' and '.join(renewed)} "
-                            f"{'holds' if len(renewed) == 1 else 'hold'} a new device buffer on each turn of "
-                            f"`{name}`: each one is let go when the variable takes the next, while the copies and "
-                            "kernels queued on it may still run, and the memory pool can hand it to the next "
-                            "allocation (notebook 9's buffer let go too early). Fix: make the ring's buffers once, "
-                            f"before the loop, reuse them in turn, and return them from `{name}` (the rule of "
-                            "section 13.2)")
     if missing:
         listed = ", ".join(list(missing)[:8]) + (", ..." if len(missing) > 8 else "")
         raise CapstoneError(f"all {gs.nsnapshots} snapshots are right, but `{name}` does not return {listed}, "

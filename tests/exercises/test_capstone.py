@@ -160,6 +160,16 @@ def test_a_buffer_made_on_every_turn_is_let_go_inside_the_loop(backend):
     assert "Fix: make the ring's buffers once, before the loop, reuse them in turn, and return them" in msg, msg
 
 
+def test_a_buffer_made_on_every_turn_is_told_before_the_snapshots_it_may_spoil(cpu):
+    """On a GPU the pool hands a let-go `tmp` to the next allocation while its copy still runs, and the
+    snapshots come out wrong: the check names the buffer, the cause, not the wrong snapshots. Here the
+    wrong snapshot is made by hand (the field u instead of v), on the modelled GPU, whose pool waits."""
+    spoiled = [(STAGING, FRESH[0][1].replace("v[(n + 1) % 2], compute", "u[(n + 1) % 2], compute")), FRESH[1]]
+    msg = verdict(loop(*spoiled))
+    assert "`tmp` holds a new device buffer on each turn of `run_capstone`" in msg, msg
+    assert "snapshots are wrong" not in msg, msg
+
+
 def test_buffers_never_reused_are_not_said_to_be_reused(cpu):
     """A new staging buffer for every snapshot, all kept and returned: right, and the verdict does not claim
     the reuse it could not check."""
