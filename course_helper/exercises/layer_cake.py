@@ -271,7 +271,7 @@ def _check_overlap(loop, program, stack):
     # The order lets some copies run during bakes and the host never waited, yet this run showed too
     # little: most likely its planes were too small for the device to get ahead of the host. Judge the
     # order itself.
-    ordered = _ordered_overlap(program)
+    ordered = ordered_overlap(program)
     work = trace.kernels + trace.of_kind(OpKind.D2H)
     per_plane = 1e3 * (max(e.end_ms for e in work) - min(e.start_ms for e in work)) / nplanes
     bake, copy = (1e3 * sum(e.end_ms - e.start_ms for e in es) / len(es)
@@ -293,12 +293,12 @@ def _check_overlap(loop, program, stack):
 
 
 #: The rate (GB/s) of a pinned device-to-host copy on the course's H200 (its profile's ``D2H`` link,
-#: rounded), for the order's schedule (:func:`_ordered_overlap`): only its ratio to ``OVEN_GBPS``
+#: rounded), for the order's schedule (:func:`ordered_overlap`): only its ratio to ``OVEN_GBPS``
 #: matters there.
 _COPY_GBPS = 55.0
 
 
-def _ordered_overlap(program: LoopProgram) -> float:
+def ordered_overlap(program: LoopProgram) -> float:
     """How much of the shorter of the bakes and the device-to-host copies would run under the
     other if the host had queued the whole loop before the device began: the overlap the loop's
     order allows, whatever the size of its planes.
