@@ -17,8 +17,8 @@ import numpy as np
 
 from .. import graphs
 from ..memory import copy_to_host_async, device_empty, pinned_empty
-from ..streams import create_events, create_streams, elapsed_ms, synchronize
-from .core import ExerciseError, Verdict, run_checked
+from ..streams import create_events, create_streams, synchronize
+from .core import ExerciseError, Verdict, run_checked, time_ms
 from .layer_cake import OVERLAP_NEEDED, bake_layer, layer_values, ordered_overlap
 
 if TYPE_CHECKING:
@@ -58,17 +58,6 @@ def cake_kit(nbuf: int = CAKE_GRAPH_BUFFERS, shape: tuple[int, int] = CAKE_GRAPH
     return dict(compute=compute, io=create_streams(nbuf, name="io"),
                 buffers=[device_empty(shape) for _ in range(nbuf)],
                 baked=create_events(nbuf), copied=create_events(nbuf))
-
-
-def time_ms(stream: Stream, queue: Callable[[], None]) -> float:
-    """Device time from ``stream`` reaching this point until the work ``queue()`` adds to it is
-    done (timing events around it on ``stream``; the host waits for the end)."""
-    start, end = create_events(2, timing=True)
-    stream.record(start)
-    queue()
-    stream.record(end)
-    synchronize()
-    return elapsed_ms(start, end)
 
 
 def _stream_loop_ms(shape: tuple[int, ...]) -> float:

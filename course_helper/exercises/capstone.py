@@ -42,7 +42,7 @@ from ..solver import timing_only
 from ..streams import create_streams, synchronize
 from ..timelines import Trace, recording
 from .core import (ExerciseError, LoopProgram, LoopRaceError, describe_waits, explain_serial, hidden_by_direction,
-                   run_checked)
+                   run_checked, time_ms)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -432,23 +432,17 @@ def _own_times(gs: GrayScott) -> tuple[float, tuple[float, float]]:
     u, v, feed, u_next, v_next = (device_zeros(gs.shape) for _ in range(5))
     host = pinned_empty(gs.shape)
     (stream,) = create_streams(1, name="depth check")
-    start, end = streams.create_events(2, timing=True)
-
-    def time_ms(queue):
-        for _ in range(2):                 # the second run: the first one warms up
-            stream.record(start)
-            queue()
-            stream.record(end)
-            end.synchronize()
-        return streams.elapsed_ms(start, end)
+    def warm_time_ms(queue):
+        time_ms(stream, queue)             # the second run: the first one warms up
+        return time_ms(stream, queue)
 
     def block():
         for n in range(gs.feed_every):
             launch_gray_scott(u, v, feed, u_next, v_next, gs, n, stream)
     with timing_only():
-        step = time_ms(block) / gs.feed_every
-        down = time_ms(lambda: copy_to_host_async(host, v, stream))
-        up = time_ms(lambda: copy_to_device_async(v, host, stream))
+        step = warm_time_ms(block) / gs.feed_every
+        down = warm_time_ms(lambda: copy_to_host_async(host, v, stream))
+        up = warm_time_ms(lambda: copy_to_device_async(v, host, stream))
     return step, (down, up)
 
 

@@ -462,6 +462,17 @@ def run_checked(loop: Callable, names: dict[str, Any], error: type[ExerciseError
     return program
 
 
+
+def time_ms(stream: Stream, queue: Callable[[], None]) -> float:
+    """Device time from ``stream`` reaching this point until the work ``queue()`` adds to it is
+    done (timing events around it on ``stream``; the host waits for the end)."""
+    start, end = streams.create_events(2, timing=True)
+    stream.record(start)
+    queue()
+    stream.record(end)
+    synchronize()
+    return streams.elapsed_ms(start, end)
+
 # --------------------------------------------------------------------------
 # Copies hidden under the kernels, per direction: the rule has one home, shared with the overlap
 # doctor (course_helper.timelines.analysis); the checkers reach it here under its old names.
