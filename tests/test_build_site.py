@@ -123,6 +123,24 @@ def test_a_folder_the_build_did_not_make_is_refused_before_anything_is_touched(t
     assert a_file.read_text() == "a file"
 
 
+def _fake_jupyter_book(monkeypatch, says=None):
+    """Stand in for Jupyter Book: a build writes one index.html where it was told, and prints ``says``
+    (``{built}``: the folder it built in) to the output it was given; git still answers for real."""
+    run = subprocess.run
+
+    def jupyter_book(command, **kwargs):
+        if "--path-output" not in command:              # git, asked which files are the course's
+            return run(command, **kwargs)
+        built = pathlib.Path(command[command.index("--path-output") + 1]) / "_build" / "html"
+        built.mkdir(parents=True)
+        (built / "index.html").write_text("<html></html>")
+        if says is not None:
+            kwargs["stdout"].write(says.format(built=built))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(build_site.subprocess, "run", jupyter_book)
+
+
 def _tree(folder):
     """Every path under ``folder`` (links not followed) with its last change, to see nothing changed."""
     return sorted((p.relative_to(folder), os.lstat(p).st_mtime_ns) for p in folder.rglob("*"))
@@ -236,17 +254,7 @@ def test_a_rebuild_removes_links_inside_src_and_html_never_what_they_point_to(tm
         (out / name / "to-a-folder").symlink_to(elsewhere / "folder", target_is_directory=True)
         (out / name / "deeper" / "to-a-file").symlink_to(elsewhere / "notes.txt")
     before = _tree(elsewhere)
-    run = subprocess.run
-
-    def jupyter_book(command, **kwargs):
-        if "--path-output" not in command:              # git, asked which files are the course's
-            return run(command, **kwargs)
-        built = pathlib.Path(command[command.index("--path-output") + 1]) / "_build" / "html"
-        built.mkdir(parents=True)
-        (built / "index.html").write_text("<html></html>")
-        return subprocess.CompletedProcess(command, 0)
-
-    monkeypatch.setattr(build_site.subprocess, "run", jupyter_book)
+    _fake_jupyter_book(monkeypatch)
     build_site.main(["--out", str(out)])
     assert _tree(elsewhere) == before
     assert (elsewhere / "folder" / "thesis.tex").read_text() == "keep me"
@@ -280,19 +288,7 @@ def test_the_build_prints_one_path_and_not_jupyter_book_s_own(tmp_path, monkeypa
     only the build's own line, with the site's real place, is printed."""
     _nh3()
     out = tmp_path / "site"
-
-    run = subprocess.run
-
-    def jupyter_book(command, **kwargs):
-        if "--path-output" not in command:              # git, asked which files are the course's
-            return run(command, **kwargs)
-        built = pathlib.Path(command[command.index("--path-output") + 1]) / "_build" / "html"
-        built.mkdir(parents=True)
-        (built / "index.html").write_text("<html></html>")
-        kwargs["stdout"].write(f"Or paste this line directly into your browser bar:\n    file://{built}/index.html\n")
-        return subprocess.CompletedProcess(command, 0)
-
-    monkeypatch.setattr(build_site.subprocess, "run", jupyter_book)
+    _fake_jupyter_book(monkeypatch, says="Or paste this line directly into your browser bar:\n    file://{built}/index.html\n")
     html = build_site.main(["--out", str(out)])
     printed = capsys.readouterr().out
     assert html == out / "html" and (html / "index.html").is_file()
