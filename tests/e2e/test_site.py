@@ -83,7 +83,7 @@ def browser(site):
 
 def _new_page(site, browser):
     """A page that records (and blocks) every request for another host, and every failed one."""
-    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    pg = browser.new_page(viewport=WIDE)
     pg.set_default_timeout(30_000)
     pg.outside, pg.failed = [], []
 
@@ -106,6 +106,16 @@ def page(site, browser):
     yield pg
     pg.close()
 
+
+#: The window the pages are read in, and the narrower one in which no line may be cut off (its
+#: text column is about 750 px wide).
+WIDE, NARROW = {"width": 1400, "height": 1000}, {"width": 1100, "height": 900}
+#: Every block of code or printed text on a page: a cell's code, its printed output, a page's commands.
+TEXT_BLOCKS = "article.bd-article pre"
+#: The longest line (its first 80 characters) of each of those blocks that hides part of a line past its right edge.
+CUT_LINES = """blocks => [...document.querySelectorAll(blocks)]
+    .filter(p => p.getClientRects().length && p.scrollWidth > p.clientWidth + 1)
+    .map(p => p.innerText.split('\\n').reduce((a, b) => a.length >= b.length ? a : b).slice(0, 80))"""
 
 #: The blocks of a notebook's outputs: each must fit the text column (scrolling inside, if wider).
 OUTPUT_BLOCKS = "div.cell_output, div.cell_output > *, div.cell_output pre, div.cell_output img, div.cell_output table"
@@ -140,8 +150,10 @@ READ_PAGE = """blocks => {
 def walk(site, browser):
     """Every page of the site opened once, as a reader's browser shows it (the network idle, every
     image loaded, lazy ones too), and what the tests below check on it (:data:`READ_PAGE`, plus the
-    requests that went elsewhere or failed while it loaded), by the page's path in the site. One
-    walk serves every test that looks at all the pages: opening a page is what takes the time."""
+    requests that went elsewhere or failed while it loaded), by the page's path in the site; on the
+    front page and the lessons also the lines cut off in a narrower window (:data:`NARROW`: the
+    same page, its window made narrower and wide again). One walk serves every test that looks at
+    all the pages: opening a page is what takes the time."""
     pg = _new_page(site, browser)
     seen = {}
     try:
@@ -151,6 +163,10 @@ def walk(site, browser):
             pg.evaluate("() => document.querySelectorAll('img').forEach(i => { i.loading = 'eager'; })")
             pg.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=30_000)
             seen[name] = dict(pg.evaluate(READ_PAGE, OUTPUT_BLOCKS), outside=list(pg.outside), failed=list(pg.failed))
+            if name == "index.html" or name in LESSONS:
+                pg.set_viewport_size(NARROW)
+                seen[name]["cut"] = pg.evaluate(CUT_LINES, TEXT_BLOCKS)
+                pg.set_viewport_size(WIDE)
             if seen[name]["broken"] or pg.outside or pg.failed:
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 pg.screenshot(path=str(ARTIFACTS / f"site_{name.replace('/', '_')}.png"))
@@ -251,28 +267,12 @@ def test_no_output_is_wider_than_the_text_column(walk):
     assert not too_wide, too_wide
 
 
-#: Every block of code or printed text on a page: a cell's code, its printed output, a page's commands.
-TEXT_BLOCKS = "article.bd-article pre"
-
-
-def test_no_code_or_output_line_is_cut_off_in_a_narrow_column(site, browser):
-    """In a window whose text column is about 750 px wide, no code or output block hides part of a
-    line past its right edge: long lines wrap, so nothing depends on a scrollbar that a browser may
-    not show (headless Chromium, overlay scrollbars). Lesson 7's long print lines and the README's
-    install line were cut off there."""
-    pg = browser.new_page(viewport={"width": 1100, "height": 900})
-    cut = {}
-    try:
-        for name in ["index.html"] + LESSONS:
-            pg.goto(site["url"] + name, wait_until="networkidle")
-            hidden = pg.evaluate("""blocks => [...document.querySelectorAll(blocks)]
-                .filter(p => p.getClientRects().length && p.scrollWidth > p.clientWidth + 1)
-                .map(p => p.innerText.split('\\n').reduce((a, b) => a.length >= b.length ? a : b).slice(0, 80))""",
-                                 TEXT_BLOCKS)
-            if hidden:
-                cut[name] = hidden
-    finally:
-        pg.close()
+def test_no_code_or_output_line_is_cut_off_in_a_narrow_column(walk):
+    """In a window whose text column is about 750 px wide (:data:`NARROW`), no code or output block
+    hides part of a line past its right edge: long lines wrap, so nothing depends on a scrollbar
+    that a browser may not show (headless Chromium, overlay scrollbars). Lesson 7's long print
+    lines and the README's install line were cut off there."""
+    cut = {name: walk[name]["cut"] for name in ["index.html"] + LESSONS if walk[name]["cut"]}
     assert not cut, cut
 
 
