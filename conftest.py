@@ -28,9 +28,11 @@ _peaks = {}               # notebook path -> its kernel's peak resident memory, 
 
 
 def default_workers(cpus=None, gpu=None):
-    """How many workers the suite runs on when the command line does not say: the CPUs this
-    process may use, at most :data:`MAX_WORKERS`; 0 (no worker: the tests run in this process)
-    where that is one, and where the GPU backend runs (``gpu``; by default: unless the CPU
+    """How many workers the suite runs on when the command line does not say: one more than the
+    CPUs this process may use, at most :data:`MAX_WORKERS` (the browser tests and the notebooks
+    spend much of their time waiting for a browser, a Jupyter server or a kernel: on 2 cores, a
+    third worker keeps both busy meanwhile); 0 (no worker: the tests run in this process)
+    where the CPUs are one, and where the GPU backend runs (``gpu``; by default: unless the CPU
     backend is asked for or CuPy is missing), because tests and notebooks that time the GPU
     (notebook 3's check of pinned copies' speed-up, the overlap a timeline shows) would share it
     and time each other. ``$COURSE_TEST_WORKERS`` sets another number."""
@@ -40,8 +42,7 @@ def default_workers(cpus=None, gpu=None):
         return 0
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = min(cpus, MAX_WORKERS)
-    return workers if workers > 1 else 0
+    return min(cpus + 1, MAX_WORKERS) if cpus > 1 else 0
 
 
 @pytest.hookimpl(tryfirst=True)

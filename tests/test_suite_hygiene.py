@@ -157,7 +157,7 @@ def test_the_suite_runs_on_at_most_four_workers_and_on_none_with_one_cpu_or_a_gp
     root_conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(root_conftest)
     monkeypatch.delenv("COURSE_TEST_WORKERS", raising=False)
-    assert [root_conftest.default_workers(cpus, gpu=False) for cpus in (1, 2, 3, 16)] == [0, 2, 3, 4]
+    assert [root_conftest.default_workers(cpus, gpu=False) for cpus in (1, 2, 3, 16)] == [0, 3, 4, 4]
     assert root_conftest.default_workers(16, gpu=True) == 0         # tests that time the GPU would share it
     monkeypatch.setenv("COURSE_TEST_WORKERS", "7")
     assert root_conftest.default_workers(16, gpu=False) == root_conftest.default_workers(16, gpu=True) == 7
