@@ -2,7 +2,9 @@
 the GPU backend too when a GPU works here (skipped cleanly otherwise)."""
 import gc
 import os
+import pathlib
 import threading
+import time
 
 import matplotlib
 import pytest
@@ -81,6 +83,23 @@ def course_threads():
         return []
     gc.collect()
     return alive()
+
+
+def process_ends(pid, seconds=30):
+    """Whether process ``pid`` is gone, or a zombie waiting to be reaped, within ``seconds``. A
+    killed process closes its pipes before the kernel marks it a zombie, so on a busy machine it
+    may still read as running for a moment after what killed it has returned."""
+    stat = pathlib.Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def pytest_report_header(config):

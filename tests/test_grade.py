@@ -10,6 +10,7 @@ import shutil
 
 import nbformat
 import pytest
+from conftest import process_ends
 
 from course_helper import grading
 from course_helper.cli import main
@@ -242,15 +243,6 @@ def test_a_notebook_that_removes_the_graders_record_is_still_graded(tampering):
     assert "== mallory: 0 of 6 exercises passed in 6 notebook(s) - NOT all passed" in text
 
 
-def _alive(pid):
-    """Whether process ``pid`` still runs (a zombie waiting to be reaped does not)."""
-    try:
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 def test_exits_forks_and_sleeping_threads_are_contained(tmp_path, capsys):
     folder = tmp_path / "eve"
     notebook(folder / "a_exits.ipynb", [WRONG_CAKE, "import os\nos._exit(0)", "ch.check_layer_cake(wrong)"])
@@ -270,7 +262,7 @@ def test_exits_forks_and_sleeping_threads_are_contained(tmp_path, capsys):
     assert "FAIL  eve  c_forks.ipynb  check_layer_cake (cell 2): 3 of 3 planes are wrong" in out
     # The kernel went with its process group: what the notebook started in the background too.
     pids = [int(p) for p in (folder / "pids.txt").read_text().split()]
-    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    assert len(pids) == 2 and all(process_ends(p) for p in pids)
 
 
 def test_a_class_folder_gives_one_learner_per_folder(tmp_path, capsys):

@@ -1,10 +1,9 @@
 """``python -m course_helper preflight``: what each notebook will run here, and the fix for what is missing."""
 import json
-import pathlib
 import threading
-import time
 
 import pytest
+from conftest import process_ends
 
 from course_helper import preflight
 from course_helper.cli import main
@@ -190,20 +189,4 @@ def test_ranks_that_hang_are_stopped_with_what_they_started(monkeypatch, tmp_pat
     assert status == "missing" and "did not finish within 3 s" in detail
     assert fix == "python3 -m pip install -e '.[distributed]'"
     rank = int(pids.read_text())
-    assert _ends_within(rank, seconds=30), f"the rank {rank} outlived the killed session"
-
-
-def _ends_within(pid: int, seconds: float) -> bool:
-    """Whether ``pid`` is gone or a zombie within ``seconds``. A killed process closes its pipes
-    before the kernel marks it a zombie, so on a busy machine it may still read as running for a
-    moment after the session that started it has returned."""
-    stat = pathlib.Path(f"/proc/{pid}/stat")
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
+    assert process_ends(rank), f"the rank {rank} outlived the killed session"
